@@ -1,0 +1,36 @@
+"""cbo_jax: a JAX-vectorised simulator of consensus-based optimization.
+
+Every agent (particle) is a row of one stacked pytree; every operation on agents is
+one vectorised kernel; time is a ``lax.scan``.
+
+>>> import jax, cbo_jax as cj
+>>> cfg = cj.CBOConfig(lambda1=1.0, sigma1=1.0, dt=0.01, alpha=30.0)
+>>> x0 = jax.random.uniform(jax.random.key(0), (200, 5), minval=-3, maxval=3)
+>>> res = cj.minimize(cj.objectives.Rastrigin(), x0, jax.random.key(1), 500, cfg)
+"""
+
+from cbo_jax import consensus, objectives, population, schedules, sde
+from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
+from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
+from cbo_jax.simulate import SimulationResult, minimize, simulate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CBOConfig",
+    "CBOState",
+    "Dynamics",
+    "SimulationResult",
+    "cbo",
+    "consensus",
+    "consensus_point",
+    "consensus_weights",
+    "minimize",
+    "objectives",
+    "population",
+    "quantile_mask",
+    "schedules",
+    "sde",
+    "simulate",
+    "subset_consensus",
+]

@@ -1,0 +1,61 @@
+"""Input validation shared by configs and entry points.
+
+Every check runs on the host, before anything is traced or compiled, and names the
+offending parameter in its message.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def finite_number(name: str, value: Any) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return v
+
+
+def non_negative(name: str, value: Any) -> float:
+    v = finite_number(name, value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return v
+
+
+def positive(name: str, value: Any) -> float:
+    v = finite_number(name, value)
+    if v <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return v
+
+
+def positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return int(value)
+
+
+def one_of(name: str, value: Any, choices) -> Any:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def all_finite(name: str, tree: Any) -> None:
+    """Raise if any leaf of ``tree`` holds a NaN or an infinity (host-side check)."""
+    for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+        arr = np.asarray(leaf)
+        if not np.all(np.isfinite(arr)):
+            where = jax.tree_util.keystr(path) or ""
+            bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+            raise ValueError(f"{name}{where} has {bad} non-finite entries (NaN or inf)")

@@ -1,0 +1,155 @@
+"""Consensus kernels: Gibbs weights in log space, consensus points, sub-level masks.
+
+The consensus point of a population ``{x_i}`` with energies ``E_i`` is
+
+.. math::  m_\\alpha = \\sum_i x_i\\, \\omega_\\alpha(x_i) / \\sum_i \\omega_\\alpha(x_i),
+           \\qquad \\omega_\\alpha(x) = e^{-\\alpha E(x)}
+
+(FedCBO eq. (4) and (19); CB²O eq. (1.3) with ``E = G`` restricted to the
+β-quantile set ``Q_β``). The weights are never formed as ``exp(-α E)``: energies are
+shifted by their minimum over the valid agents so that the best agent has log-weight
+exactly ``0`` and every other log-weight is ``-α (E_i - E_min) <= 0``; normalisation is
+a log-sum-exp. The result is the exact normalised Gibbs weight, finite for any
+``α >= 0`` (``1e12`` included) and any finite energies. Agents with a non-finite
+energy, or masked out, get weight exactly ``0``; they can never poison the consensus.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from cbo_jax import population as pop
+
+PyTree = Any
+
+__all__ = [
+    "log_consensus_weights",
+    "consensus_weights",
+    "consensus_point",
+    "subset_consensus",
+    "quantile_mask",
+    "effective_sample_size",
+]
+
+
+def _alpha_col(alpha, energy):
+    alpha = jnp.asarray(alpha, dtype=energy.dtype)
+    # A scalar alpha, or one alpha per row of a batched energy (shape energy.shape[:-1]).
+    return alpha if alpha.ndim == 0 else alpha[..., None]
+
+
+def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
+    """Normalised log-weights ``log(ω_i / Σ_j ω_j)`` along the last axis.
+
+    Args:
+      energy: ``(..., N)`` energies ``E_i``.
+      alpha: inverse temperature ``α >= 0``: a scalar, or one per leading row.
+      mask: optional boolean ``(..., N)``; ``False`` excludes an agent.
+
+    Returns ``(..., N)`` log-weights; excluded and non-finite agents get ``-inf``.
+    If a row has no valid agent at all its weights are NaN (there is no consensus).
+    """
+    energy = jnp.asarray(energy)
+    valid = jnp.isfinite(energy)
+    if mask is not None:
+        valid = valid & mask
+    e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
+    shifted = jnp.where(valid, energy - e_min, 0.0)  # >= 0 on valid agents
+    logw = jnp.where(valid, -_alpha_col(alpha, energy) * shifted, -jnp.inf)
+    # max(logw) == 0 exactly (attained by the best agent), so logsumexp needs no shift
+    # and lies in [0, log N].
+    return logw - jax.nn.logsumexp(logw, axis=-1, keepdims=True)
+
+
+def consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
+    """Normalised Gibbs weights ``ω_i / Σ_j ω_j`` (see :func:`log_consensus_weights`)."""
+    return jnp.exp(log_consensus_weights(energy, alpha, mask))
+
+
+def consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Array | None = None) -> PyTree:
+    """Consensus point ``m_α`` of a population (FedCBO eq. (4), CB²O eq. (1.3)).
+
+    Args:
+      population: stacked pytree or ``(N, d)`` array.
+      energy: ``(N,)`` energies, or ``(K, N)`` for K consensus points at once (for
+        example one per objective of the clustered system, all over the same agents).
+      alpha: scalar, or ``(K,)``.
+      mask: optional boolean of the same shape as ``energy``.
+
+    Returns a pytree without agent axis (``energy`` 1-D) or with leading axis K.
+    """
+    return pop.weighted_mean(population, consensus_weights(energy, alpha, mask))
+
+
+def subset_consensus(
+    population: PyTree,
+    idx: jax.Array,
+    loss: jax.Array,
+    alpha,
+    *,
+    mask: jax.Array | None = None,
+    method: str = "dense",
+) -> PyTree:
+    """Per-agent consensus over a selected subset of agents (FedCBO eq. (19)).
+
+    Agent ``j`` downloaded the models ``idx[j, :]`` (``M`` of them) and measured their
+    losses ``loss[j, :]`` on its own data; its consensus point is
+
+        m_j = Σ_i θ_{idx[j,i]} μ_{j,i} / Σ_i μ_{j,i},   μ_{j,i} = exp(-α loss[j, i]).
+
+    Args:
+      population: stacked pytree with ``N`` agents.
+      idx: integer ``(J, M)`` indices into the agent axis.
+      loss: ``(J, M)`` losses.
+      alpha: scalar or ``(J,)``.
+      mask: optional boolean ``(J, M)``; ``False`` drops a download.
+      method: ``"dense"`` scatters the weights into a ``(J, N)`` matrix and contracts
+        it with the population (one matrix multiply; memory ``J·N + N·P``), best when
+        the population is large per agent. ``"gather"`` gathers the ``J·M`` selected
+        rows (memory ``J·M·P``), best for small models. Both give the same result; a
+        model index repeated in a row counts once per repetition.
+
+    Returns a population with ``J`` agents.
+    """
+    w = consensus_weights(loss, alpha, mask)
+    if method == "dense":
+        n = pop.num_agents(population)
+        rows = jnp.broadcast_to(jnp.arange(idx.shape[0])[:, None], idx.shape)
+        dense = jnp.zeros((idx.shape[0], n), w.dtype).at[rows, idx].add(w)
+        return pop.weighted_mean(population, dense)
+    if method == "gather":
+        selected = pop.gather(population, idx)  # leaves (J, M, ...)
+        return jax.tree_util.tree_map(
+            lambda leaf: jnp.einsum("jm,jm...->j...", w.astype(leaf.dtype), leaf), selected
+        )
+    raise ValueError(f"method must be 'dense' or 'gather', got {method!r}")
+
+
+def quantile_mask(energy: jax.Array, beta, mask: jax.Array | None = None) -> jax.Array:
+    """β-quantile sub-level set ``Q_β = {i : E_i <= q_β}`` (CB²O eq. (1.4)).
+
+    ``q_β`` is the β-quantile (linear interpolation, as ``numpy.quantile``) of the
+    energies of the valid agents (finite, and ``mask`` where given) along the last
+    axis. ``β = 1`` keeps every valid agent (plain CBO). Returns a boolean array of
+    the shape of ``energy``; invalid agents are never in the set.
+    """
+    energy = jnp.asarray(energy)
+    valid = jnp.isfinite(energy)
+    if mask is not None:
+        valid = valid & mask
+    q = jnp.nanquantile(jnp.where(valid, energy, jnp.nan), beta, axis=-1, keepdims=True)
+    return valid & (energy <= q)
+
+
+def effective_sample_size(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
+    """Effective sample size ``J_eff(α) = (Σ ω_i)² / Σ ω_i²`` of the Gibbs weights.
+
+    Lies in ``[1, N]``; it is ``N`` at ``α = 0`` and decreases to the number of
+    minimising agents as ``α → ∞`` (Carrillo, Hoffmann, Stuart, Vaes 2022).
+    Computed from normalised log-weights: ``J_eff = 1 / Σ_i w_i²``.
+    """
+    logw = log_consensus_weights(energy, alpha, mask)
+    return jnp.exp(-jax.nn.logsumexp(2.0 * logw, axis=-1))

@@ -1,0 +1,280 @@
+"""Single-objective consensus-based optimization as a pure ``(init, step)`` pair.
+
+The particle system is FedCBO eq. (4) for one objective ``L`` (with ``λ2 = σ2 = 0``
+it is the CBO model of Pinnau, Totzeck, Tse and Martin, 2017):
+
+    dθ = -λ1 (θ - m_α) dt - λ2 ∇L(θ) dt + σ1 D(θ - m_α) dB + σ2 |∇L(θ)| dB~,
+    m_α = Σ_i θ_i e^{-α L(θ_i)} / Σ_i e^{-α L(θ_i)},
+
+discretised by Euler–Maruyama, eq. (15). ``init`` and ``step`` handle one run; vmap
+them for ``M`` independent runs (:func:`cbo_jax.simulate` does). Nothing is hidden:
+the whole state is the :class:`CBOState` named tuple.
+
+Order within a step (as CBXpy, so that both libraries run the same scheme): the
+consensus point uses the energies of the current particles and the current α; the
+particles move; α is updated from those same energies; the objective is evaluated
+once at the new particles (and the best-so-far tracker updated with it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
+from cbo_jax import population as pop
+from cbo_jax.consensus import consensus_point
+from cbo_jax.schedules import as_schedule
+from cbo_jax.sde import NOISE_KINDS, euler_maruyama
+
+PyTree = Any
+
+__all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo"]
+
+RNG_MODES = ("fast", "partitionable")
+
+
+@dataclasses.dataclass(frozen=True)
+class CBOConfig:
+    """Parameters of the CBO dynamics, validated on construction.
+
+    Attributes:
+      lambda1: consensus drift strength ``λ1 >= 0``.
+      sigma1: consensus noise strength ``σ1 >= 0``.
+      dt: time step ``γ > 0``.
+      alpha: inverse temperature: a number ``>= 0`` (constant) or a schedule from
+        :mod:`cbo_jax.schedules`.
+      noise: ``"anisotropic"`` (σ1 (θ - m) ∘ dB), ``"isotropic"`` (σ1 |θ - m| dB) or
+        ``"none"``.
+      lambda2: gradient drift ``λ2 >= 0`` (``-λ2 ∇L dt``); needs a differentiable objective.
+      sigma2: gradient noise ``σ2 >= 0`` (``σ2 |∇L| dB~``).
+      energy_tol: stop a run once its best energy is ``<= energy_tol``.
+      diff_tol: stop a run once its consensus point moves by less than ``diff_tol``
+        (Euclidean norm) in one step.
+      max_abs: clip particle coordinates to ``[-max_abs, max_abs]`` after each step
+        (NaN becomes ``max_abs``), as CBXpy's default post-processing (``1e8``).
+        ``None`` disables it.
+      dtype: ``"float32"`` (default) or ``"float64"`` (needs ``jax_enable_x64``).
+      rng: ``"fast"`` draws noise with JAX's non-partitionable threefry layout, about
+        2.3x faster on CPU for one device; ``"partitionable"`` uses the layout that
+        shards well across devices. Both are exact threefry2x32 streams.
+    """
+
+    lambda1: float = 1.0
+    sigma1: float = 1.0
+    dt: float = 0.01
+    alpha: Any = 1.0
+    noise: str = "anisotropic"
+    lambda2: float = 0.0
+    sigma2: float = 0.0
+    energy_tol: float | None = None
+    diff_tol: float | None = None
+    max_abs: float | None = None
+    dtype: str = "float32"
+    rng: str = "fast"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("lambda1", _checks.non_negative("lambda1", self.lambda1))
+        set_("sigma1", _checks.non_negative("sigma1", self.sigma1))
+        set_("dt", _checks.positive("dt", self.dt))
+        set_("lambda2", _checks.non_negative("lambda2", self.lambda2))
+        set_("sigma2", _checks.non_negative("sigma2", self.sigma2))
+        set_("alpha", as_schedule(self.alpha))
+        _checks.one_of("noise", self.noise, NOISE_KINDS)
+        _checks.one_of("dtype", self.dtype, ("float32", "float64"))
+        _checks.one_of("rng", self.rng, RNG_MODES)
+        for name in ("energy_tol", "diff_tol"):
+            if getattr(self, name) is not None:
+                set_(name, _checks.finite_number(name, getattr(self, name)))
+        if self.diff_tol is not None and self.diff_tol < 0:
+            raise ValueError(f"diff_tol must be >= 0, got {self.diff_tol}")
+        if self.max_abs is not None:
+            set_("max_abs", _checks.positive("max_abs", self.max_abs))
+
+    @property
+    def uses_gradient(self) -> bool:
+        return self.lambda2 > 0 or self.sigma2 > 0
+
+    @property
+    def early_stop(self) -> bool:
+        return self.energy_tol is not None or self.diff_tol is not None
+
+
+class CBOState(NamedTuple):
+    """State of one CBO run (vmapped runs carry a leading run axis on every field).
+
+    Attributes:
+      x: particles, a population with ``N`` agents.
+      energy: ``(N,)`` energies ``L(x_i)`` of the current particles.
+      grad: ``∇L(x_i)`` (same structure as ``x``) when gradient terms are on, else ``None``.
+      consensus: the consensus point used by the last step (at ``init``: that of ``x0``).
+      alpha: α for the next step.
+      key: PRNG key for the next step.
+      step: number of steps taken (frozen runs stop counting).
+      best_x: best particle seen so far.
+      best_energy: its energy.
+      active: ``False`` once an early-stop criterion fired; the state is then frozen.
+    """
+
+    x: PyTree
+    energy: jax.Array
+    grad: PyTree | None
+    consensus: PyTree
+    alpha: jax.Array
+    key: jax.Array
+    step: jax.Array
+    best_x: PyTree
+    best_energy: jax.Array
+    active: jax.Array
+
+
+class Dynamics(NamedTuple):
+    """A particle system as a pure pair plus what built it.
+
+    ``init(x0, key) -> state`` and ``step(state) -> state`` for a single run; both are
+    jittable and vmappable. ``objective`` maps a population to ``(N,)`` energies.
+    """
+
+    init: Callable[[PyTree, jax.Array], Any]
+    step: Callable[[Any], Any]
+    config: Any
+    objective: Callable[[PyTree], jax.Array]
+
+
+def _best_row(energy):
+    return jnp.argmin(jnp.where(jnp.isnan(energy), jnp.inf, energy))
+
+
+def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides) -> Dynamics:
+    """Build the CBO dynamics for ``objective``.
+
+    Args:
+      objective: maps a population (an ``(N, d)`` array or a stacked pytree) to the
+        ``(N,)`` energies; every function of :mod:`cbo_jax.objectives` qualifies, and
+        :func:`cbo_jax.population.per_agent` lifts a single-agent function.
+      config: a :class:`CBOConfig`; keyword ``overrides`` replace its fields (or build
+        one from defaults when ``config`` is ``None``).
+
+    Returns a :class:`Dynamics` whose ``init``/``step`` act on one run.
+    """
+    config = dataclasses.replace(config, **overrides) if config is not None else CBOConfig(**overrides)
+    dtype = jnp.dtype(config.dtype)
+    schedule = config.alpha
+
+    if config.uses_gradient:
+
+        def evaluate(x):
+            def total(x):
+                e = objective(x)
+                return jnp.sum(e), e
+
+            (_, e), g = jax.value_and_grad(total, has_aux=True)(x)
+            return e, g
+
+    else:
+
+        def evaluate(x):
+            return objective(x), None
+
+    def init(x0: PyTree, key: jax.Array) -> CBOState:
+        x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
+        energy, grad = evaluate(x0)
+        alpha = jnp.asarray(schedule.init(), dtype)
+        best = _best_row(energy)
+        return CBOState(
+            x=x0,
+            energy=energy,
+            grad=grad,
+            consensus=consensus_point(x0, energy, alpha),
+            alpha=alpha,
+            key=key,
+            step=jnp.zeros((), jnp.int32),
+            best_x=jax.tree_util.tree_map(lambda leaf: leaf[best], x0),
+            best_energy=energy[best],
+            active=jnp.ones((), bool),
+        )
+
+    def step(state: CBOState) -> CBOState:
+        m = consensus_point(state.x, state.energy, state.alpha)
+        key, sub = jax.random.split(state.key)
+        x = euler_maruyama(
+            sub,
+            state.x,
+            m,
+            dt=config.dt,
+            lambda1=config.lambda1,
+            sigma1=config.sigma1,
+            noise=config.noise,
+            grad=state.grad,
+            lambda2=config.lambda2,
+            sigma2=config.sigma2,
+        )
+        if config.max_abs is not None:
+            c = config.max_abs
+            x = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
+        energy, grad = evaluate(x)
+        row = _best_row(energy)
+        improved = energy[row] < state.best_energy
+        best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, new[row], old), x, state.best_x)
+        best_energy = jnp.where(improved, energy[row], state.best_energy)
+        new = CBOState(
+            x=x,
+            energy=energy,
+            grad=grad,
+            consensus=m,
+            alpha=schedule.update(state.alpha, state.energy).astype(dtype),
+            key=key,
+            step=state.step + 1,
+            best_x=best_x,
+            best_energy=best_energy,
+            active=state.active,
+        )
+        if not config.early_stop:
+            return new
+        stop = jnp.zeros((), bool)
+        if config.energy_tol is not None:
+            stop = stop | (best_energy <= config.energy_tol)
+        if config.diff_tol is not None:
+            moved = pop.norms(jax.tree_util.tree_map(lambda a, b: (a - b)[None], m, state.consensus))[0]
+            stop = stop | ((state.step > 0) & (moved < config.diff_tol))
+        new = new._replace(active=~stop)
+        # A stopped run keeps its state exactly (including its key and step count).
+        return jax.tree_util.tree_map(lambda n, o: jnp.where(state.active, n, o), new, state)
+
+    return Dynamics(init=init, step=step, config=config, objective=objective)
+
+
+def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None) -> int:
+    """Host-side checks before compilation; returns ``N``.
+
+    ``x0`` must have a leading agent axis (after the run axis when ``num_runs`` is
+    given), hold only finite values, and ``objective`` must map it to ``(N,)``.
+    """
+    leaves = jax.tree_util.tree_leaves(x0)
+    if not leaves:
+        raise ValueError(f"{name} has no array leaves")
+    lead = 2 if num_runs is not None else 1
+    for leaf in leaves:
+        shape = np.shape(leaf)
+        if len(shape) < lead + (1 if isinstance(x0, (np.ndarray, jax.Array)) else 0):
+            want = "(M, N, d)" if num_runs is not None else "(N, d)"
+            raise ValueError(f"{name} must have shape {want} (or be a stacked pytree), got shape {shape}")
+        if num_runs is not None and shape[0] != num_runs:
+            raise ValueError(f"{name} has {shape[0]} runs on its leading axis, but num_runs={num_runs}")
+    single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
+    n = pop.num_agents(single)
+    if n < 1:
+        raise ValueError(f"{name} needs at least one particle (N >= 1), got N={n}")
+    _checks.all_finite(name, x0)
+    try:
+        out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
+    except Exception as err:  # noqa: BLE001 - re-raised with context
+        raise ValueError(f"objective failed on a population shaped like {name}: {err}") from err
+    if tuple(out.shape) != (n,):
+        raise ValueError(f"objective must return one energy per particle, shape ({n},); got {tuple(out.shape)}")
+    return n

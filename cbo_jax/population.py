@@ -1,0 +1,167 @@
+"""Populations as stacked pytrees.
+
+A *population* of ``N`` agents (particles) is any pytree whose leaves all carry a
+leading axis of size ``N``: row ``i`` of every leaf belongs to agent ``i``. A plain
+``(N, d)`` array is the simplest population; a stacked Flax parameter dict of ``N``
+networks is another. Every helper here is one vectorised kernel over that axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+PyTree = Any
+
+__all__ = [
+    "num_agents",
+    "weighted_mean",
+    "mean",
+    "gather",
+    "sq_norms",
+    "norms",
+    "tree_sub",
+    "tree_add",
+    "tree_scale_rows",
+    "ravel",
+    "unravel_fn",
+    "pad_agents",
+    "per_agent",
+    "tree_isfinite_rows",
+]
+
+
+def num_agents(population: PyTree) -> int:
+    """Return ``N``, the shared leading-axis size of every leaf.
+
+    Raises ``ValueError`` if the population has no leaves, a scalar leaf, or leaves
+    that disagree on ``N``.
+    """
+    leaves = jax.tree_util.tree_leaves(population)
+    if not leaves:
+        raise ValueError("population has no array leaves")
+    sizes = set()
+    for leaf in leaves:
+        shape = np.shape(leaf)
+        if len(shape) == 0:
+            raise ValueError("population leaves need a leading agent axis; got a scalar leaf")
+        sizes.add(shape[0])
+    if len(sizes) != 1:
+        raise ValueError(f"population leaves disagree on the agent axis size: {sorted(sizes)}")
+    return sizes.pop()
+
+
+def _contract_rows(w: jax.Array, leaf: jax.Array) -> jax.Array:
+    # sum_i w[..., i] * leaf[i, ...]  as a single dot over the agent axis.
+    return jnp.tensordot(w.astype(leaf.dtype), leaf, axes=([w.ndim - 1], [0]))
+
+
+def weighted_mean(population: PyTree, weights: jax.Array) -> PyTree:
+    """Weighted combination ``sum_i weights[..., i] * x_i`` over the agent axis.
+
+    ``weights`` has shape ``(N,)`` (one combination, result has no agent axis) or
+    ``(K, N)`` (K combinations at once, e.g. one consensus point per agent or per
+    class; the result carries a leading axis K). Weights are used as given: pass
+    normalised weights (see :func:`cbo_jax.consensus.consensus_weights`) for a mean.
+    """
+    return jax.tree_util.tree_map(lambda leaf: _contract_rows(weights, leaf), population)
+
+
+def mean(population: PyTree) -> PyTree:
+    """Plain (unweighted) mean over the agent axis."""
+    return jax.tree_util.tree_map(lambda leaf: jnp.mean(leaf, axis=0), population)
+
+
+def gather(population: PyTree, idx: jax.Array) -> PyTree:
+    """Rows ``idx`` of every leaf. ``idx`` of shape ``S`` gives leaves ``S + leaf.shape[1:]``."""
+    return jax.tree_util.tree_map(lambda leaf: jnp.take(leaf, idx, axis=0), population)
+
+
+def sq_norms(population: PyTree) -> jax.Array:
+    """Per-agent squared Euclidean norm over all leaves: shape ``(N,)``."""
+    leaves = jax.tree_util.tree_leaves(population)
+    return sum(jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)) ** 2, axis=1) for leaf in leaves)
+
+
+def norms(population: PyTree) -> jax.Array:
+    """Per-agent Euclidean norm ``|x_i|`` over all leaves (the whole parameter vector)."""
+    return jnp.sqrt(sq_norms(population))
+
+
+def tree_sub(a: PyTree, b: PyTree) -> PyTree:
+    """Leafwise ``a - b`` with broadcasting (e.g. population minus a consensus point)."""
+    return jax.tree_util.tree_map(jnp.subtract, a, b)
+
+
+def tree_add(a: PyTree, b: PyTree) -> PyTree:
+    """Leafwise ``a + b``."""
+    return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def tree_scale_rows(population: PyTree, s: jax.Array) -> PyTree:
+    """Multiply row ``i`` of every leaf by the scalar ``s[i]``."""
+
+    def scale(leaf):
+        return leaf * jnp.reshape(s, s.shape + (1,) * (leaf.ndim - s.ndim)).astype(leaf.dtype)
+
+    return jax.tree_util.tree_map(scale, population)
+
+
+def tree_isfinite_rows(population: PyTree) -> jax.Array:
+    """Boolean ``(N,)``: agent ``i`` has only finite entries in every leaf."""
+    leaves = jax.tree_util.tree_leaves(population)
+    out = None
+    for leaf in leaves:
+        ok = jnp.all(jnp.isfinite(jnp.reshape(leaf, (leaf.shape[0], -1))), axis=1)
+        out = ok if out is None else out & ok
+    return out
+
+
+def ravel(population: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:
+    """Flatten a population to an ``(N, D)`` matrix.
+
+    Returns the matrix and ``unravel`` mapping an ``(N', D)`` matrix back to a
+    population of the same structure with ``N'`` agents.
+    """
+    n = num_agents(population)
+    first = jax.tree_util.tree_map(lambda leaf: leaf[0], population)
+    _, unravel_one = ravel_pytree(first)
+    flat = jnp.concatenate(
+        [jnp.reshape(leaf, (n, -1)) for leaf in jax.tree_util.tree_leaves(population)], axis=1
+    )
+    return flat, unravel_fn(unravel_one)
+
+
+def unravel_fn(unravel_one: Callable[[jax.Array], PyTree]) -> Callable[[jax.Array], PyTree]:
+    """Lift a single-agent ``unravel`` (from ``ravel_pytree``) to ``(N, D)`` matrices."""
+    return jax.vmap(unravel_one)
+
+
+def pad_agents(population: PyTree, multiple: int) -> tuple[PyTree, jax.Array]:
+    """Pad the agent axis with zero rows up to a multiple of ``multiple``.
+
+    Returns the padded population and a boolean ``(N_padded,)`` mask that is
+    ``True`` on the real agents (used to keep padding agents inert, e.g. when
+    sharding the agent axis over devices).
+    """
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    n = num_agents(population)
+    n_pad = (-n) % multiple
+    padded = jax.tree_util.tree_map(
+        lambda leaf: jnp.concatenate([leaf, jnp.zeros((n_pad,) + leaf.shape[1:], leaf.dtype)]), population
+    )
+    mask = jnp.arange(n + n_pad) < n
+    return padded, mask
+
+
+def per_agent(f: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:
+    """Turn a single-agent objective ``f(params) -> scalar`` into a population one.
+
+    ``per_agent(f)(population)`` returns the ``(N,)`` vector ``f(x_i)``.
+    """
+    return jax.vmap(f)

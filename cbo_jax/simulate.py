@@ -1,0 +1,168 @@
+"""Run a particle system: ``lax.scan`` over chunks of steps, ``vmap`` over runs.
+
+:func:`simulate` is the loop every dynamics shares. Each chunk of ``chunk_size``
+steps is one jitted ``lax.scan`` (compiled once per chunk length and reused), the
+``M`` independent runs are a ``vmap``, and between chunks the host updates a
+progress bar and stops early when every run has met its stopping criterion.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
+from cbo_jax.dynamics.cbo import Dynamics, check_population
+
+__all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
+
+PyTree = Any
+
+
+class SimulationResult(NamedTuple):
+    """What :func:`simulate` returns.
+
+    Attributes:
+      state: the final state (leading run axis on every field when ``num_runs`` is set).
+      history: dict of NumPy arrays with one row per step taken: ``best_energy``,
+        ``min_energy`` (best energy among the current particles), ``alpha``, ``active``
+        (shape ``(T,)`` or ``(T, M)``), and ``consensus`` if requested.
+      steps: number of steps simulated (below the requested number when every run
+        stopped early; a run's own count is ``state.step``).
+      seconds: wall time of the simulation, compilation included.
+    """
+
+    state: Any
+    history: dict
+    steps: int
+    seconds: float
+
+
+def rng_context(config) -> contextlib.AbstractContextManager:
+    """Trace-time PRNG layout selected by ``config.rng`` (see :class:`CBOConfig`)."""
+    mode = getattr(config, "rng", "partitionable")
+    return jax.threefry_partitionable(mode == "partitionable")
+
+
+def _record(state, with_consensus: bool) -> dict:
+    rec = {
+        "best_energy": state.best_energy,
+        "min_energy": jnp.min(jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy), axis=-1),
+        "alpha": state.alpha,
+        "active": state.active,
+    }
+    if with_consensus:
+        rec["consensus"] = state.consensus
+    return rec
+
+
+@functools.partial(jax.jit, static_argnames=("step", "length", "batched", "with_consensus"), donate_argnums=(0,))
+def _run_chunk(state, *, step, length: int, batched: bool, with_consensus: bool):
+    step_fn = jax.vmap(step) if batched else step
+
+    def body(s, _):
+        s = step_fn(s)
+        return s, _record(s, with_consensus)
+
+    return jax.lax.scan(body, state, None, length=length)
+
+
+@functools.partial(jax.jit, static_argnames=("init", "batched"))
+def _init(x0, key, *, init, batched: bool):
+    if batched:
+        keys = jax.random.split(key, jax.tree_util.tree_leaves(x0)[0].shape[0])
+        return jax.vmap(init)(x0, keys)
+    return init(x0, key)
+
+
+def simulate(
+    dynamics: Dynamics,
+    x0: PyTree,
+    key: jax.Array,
+    num_steps: int,
+    *,
+    num_runs: int | None = None,
+    chunk_size: int = 500,
+    progress: bool = False,
+    record_consensus: bool = False,
+    desc: str = "cbo",
+) -> SimulationResult:
+    """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
+
+    Args:
+      dynamics: an ``(init, step)`` pair, e.g. from :func:`cbo_jax.cbo`.
+      x0: initial population ``(N, d)`` or stacked pytree; with ``num_runs=M``, every
+        leaf carries a leading run axis ``M`` (``(M, N, d)``) and the runs are vmapped.
+      key: PRNG key (split once per run, then once per step).
+      num_steps: maximum number of steps (``>= 0``).
+      chunk_size: steps per compiled scan; the host checks progress and early
+        stopping between chunks.
+      progress: show a progress bar (tqdm) with the best energy so far.
+      record_consensus: also record the consensus point after every step.
+    """
+    if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
+        raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    _checks.positive_int("chunk_size", chunk_size)
+    if num_runs is not None:
+        _checks.positive_int("num_runs", num_runs)
+    check_population("x0", x0, dynamics.objective, num_runs)
+    config = dynamics.config
+    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(
+            "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
+            "at start-up (the CLI's --dtype float64 does this)"
+        )
+    batched = num_runs is not None
+    t0 = time.perf_counter()
+    with rng_context(config):
+        state = _init(x0, key, init=dynamics.init, batched=batched)
+        chunks: list[dict] = []
+        done = 0
+        bar = _progress_bar(num_steps, desc) if progress else None
+        try:
+            while done < num_steps:
+                length = min(chunk_size, num_steps - done)
+                state, rec = _run_chunk(
+                    state, step=dynamics.step, length=length, batched=batched, with_consensus=record_consensus
+                )
+                chunks.append(rec)
+                done += length
+                if bar is not None:
+                    bar.update(length)
+                    bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
+                if getattr(config, "early_stop", False) and not bool(jnp.any(state.active)):
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+        jax.block_until_ready(state)
+    history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
+    return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _progress_bar(total: int, desc: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+
+def minimize(objective, x0: PyTree, key: jax.Array, num_steps: int, config=None, **kwargs) -> SimulationResult:
+    """Convenience: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
+
+    ``kwargs`` are split between :class:`CBOConfig` fields and :func:`simulate` options.
+    The best particle is ``result.state.best_x``.
+    """
+    import dataclasses
+
+    from cbo_jax.dynamics.cbo import CBOConfig, cbo
+
+    fields = {f.name for f in dataclasses.fields(CBOConfig)}
+    cfg_kw = {k: v for k, v in kwargs.items() if k in fields}
+    sim_kw = {k: v for k, v in kwargs.items() if k not in fields}
+    return simulate(cbo(objective, config, **cfg_kw), x0, key, num_steps, **sim_kw)
