@@ -11,7 +11,9 @@ shifted by their minimum over the valid agents so that the best agent has log-we
 exactly ``0`` and every other log-weight is ``-α (E_i - E_min) <= 0``; normalisation is
 a log-sum-exp. The result is the exact normalised Gibbs weight, finite for any
 ``α >= 0`` (``1e12`` included) and any finite energies. Agents with a non-finite
-energy, or masked out, get weight exactly ``0``; they can never poison the consensus.
+energy, or masked out, get weight exactly ``0``, and so does an agent whose parameters hold a NaN or an infinity: its
+row is zeroed before the contraction (``0 · NaN`` would otherwise be NaN), so such an
+agent can never poison the consensus.
 """
 
 from __future__ import annotations
@@ -69,6 +71,15 @@ def consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -
     return jnp.exp(log_consensus_weights(energy, alpha, mask))
 
 
+def _finite_population(population: PyTree, mask):
+    """Zero the non-finite rows of ``population`` and drop them from ``mask``."""
+    ok = pop.tree_isfinite_rows(population)
+    clean = jax.tree_util.tree_map(
+        lambda leaf: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (leaf.ndim - 1)), leaf, 0), population
+    )
+    return clean, ok if mask is None else mask & ok
+
+
 def consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Array | None = None) -> PyTree:
     """Consensus point ``m_α`` of a population (FedCBO eq. (4), CB²O eq. (1.3)).
 
@@ -80,7 +91,9 @@ def consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Arra
       mask: optional boolean of the same shape as ``energy``.
 
     Returns a pytree without agent axis (``energy`` 1-D) or with leading axis K.
+    Agents with non-finite parameters or energies get weight zero.
     """
+    population, mask = _finite_population(population, mask)
     return pop.weighted_mean(population, consensus_weights(energy, alpha, mask))
 
 
@@ -112,9 +125,12 @@ def subset_consensus(
         rows (memory ``J·M·P``), best for small models. Both give the same result; a
         model index repeated in a row counts once per repetition.
 
-    Returns a population with ``J`` agents.
+    Returns a population with ``J`` agents. Downloads of agents with non-finite
+    parameters or losses get weight zero.
     """
-    w = consensus_weights(loss, alpha, mask)
+    population, ok = _finite_population(population, None)
+    sel_ok = jnp.take(ok, idx)
+    w = consensus_weights(loss, alpha, sel_ok if mask is None else mask & sel_ok)
     if method == "dense":
         n = pop.num_agents(population)
         rows = jnp.broadcast_to(jnp.arange(idx.shape[0])[:, None], idx.shape)

@@ -75,10 +75,7 @@ def _run_chunk(state, *, step, length: int, batched: bool, with_consensus: bool)
 
 @functools.partial(jax.jit, static_argnames=("init", "batched"))
 def _init(x0, key, *, init, batched: bool):
-    if batched:
-        keys = jax.random.split(key, jax.tree_util.tree_leaves(x0)[0].shape[0])
-        return jax.vmap(init)(x0, keys)
-    return init(x0, key)
+    return jax.vmap(init)(x0, key) if batched else init(x0, key)
 
 
 def simulate(
@@ -99,7 +96,9 @@ def simulate(
       dynamics: an ``(init, step)`` pair, e.g. from :func:`cbo_jax.cbo`.
       x0: initial population ``(N, d)`` or stacked pytree; with ``num_runs=M``, every
         leaf carries a leading run axis ``M`` (``(M, N, d)``) and the runs are vmapped.
-      key: PRNG key (split once per run, then once per step).
+      key: PRNG key. With ``num_runs=M``, run ``r`` starts from
+        ``jax.random.split(key, M)[r]`` (split with JAX's default settings), so a
+        batched run equals the single run started from that key.
       num_steps: maximum number of steps (``>= 0``).
       chunk_size: steps per compiled scan; the host checks progress and early
         stopping between chunks.
@@ -120,6 +119,8 @@ def simulate(
         )
     batched = num_runs is not None
     t0 = time.perf_counter()
+    if batched:
+        key = jax.random.split(key, num_runs)
     with rng_context(config):
         state = _init(x0, key, init=dynamics.init, batched=batched)
         chunks: list[dict] = []

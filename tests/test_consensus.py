@@ -1,0 +1,139 @@
+"""Consensus kernels against float64 NumPy references and their limits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import consensus
+
+
+def np_consensus(x, e, alpha):
+    """Float64 reference: exp(-α E) normalised, with the usual max-shift."""
+    x = np.asarray(x, np.float64)
+    e = np.asarray(e, np.float64)
+    logw = -alpha * (e - e.min())
+    w = np.exp(logw - logw.max())
+    w /= w.sum()
+    return w @ x, w
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 3.0, 30.0])
+def test_consensus_point_matches_float64_numpy(seed, alpha):
+    rng = np.random.default_rng(seed)
+    n, d = rng.integers(2, 200), rng.integers(1, 12)
+    x = rng.normal(size=(n, d)) * 3
+    e = rng.exponential(size=n) * 2
+    ref, wref = np_consensus(x, e, alpha)
+    m = cj.consensus_point(jnp.asarray(x, jnp.float32), jnp.asarray(e, jnp.float32), alpha)
+    w = cj.consensus_weights(jnp.asarray(e, jnp.float32), alpha)
+    np.testing.assert_allclose(np.asarray(w), wref, rtol=2e-4, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(m), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_alpha_zero_is_plain_mean_and_large_alpha_is_argmin():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(50, 4)).astype(np.float32)
+    e = rng.uniform(0.0, 10.0, size=50).astype(np.float32)
+    np.testing.assert_allclose(cj.consensus_point(x, e, 0.0), x.mean(0), rtol=1e-5, atol=1e-6)
+    for alpha in (1e6, 1e9, 1e12):
+        np.testing.assert_array_equal(np.asarray(cj.consensus_point(x, e, alpha)), x[np.argmin(e)])
+
+
+def test_extreme_alpha_and_energy_range_stay_finite_and_exact():
+    # Energies spanning 1e-8 .. 1e8; alpha up to 1e12: the naive exp(-αE) underflows to
+    # 0/0 for every particle, the log-space kernel must not.
+    e64 = np.logspace(-8, 8, 33)
+    rng = np.random.default_rng(2)
+    rng.shuffle(e64)
+    x64 = rng.normal(size=(33, 3))
+    for alpha in (1.0, 1e4, 1e8, 1e12):
+        with np.errstate(under="ignore", over="ignore", invalid="ignore"):
+            naive = np.exp(-alpha * e64.astype(np.float32))
+        w = np.asarray(cj.consensus_weights(jnp.asarray(e64, jnp.float32), alpha))
+        m = np.asarray(cj.consensus_point(jnp.asarray(x64, jnp.float32), jnp.asarray(e64, jnp.float32), alpha))
+        assert np.all(np.isfinite(w)) and np.all(np.isfinite(m))
+        ref_m, ref_w = np_consensus(x64, e64, alpha)
+        np.testing.assert_allclose(w, ref_w, atol=1e-6)
+        np.testing.assert_allclose(m, ref_m, rtol=1e-5, atol=1e-6)
+        if alpha == 1e12:
+            assert naive.sum() == 0.0  # the raw form would divide 0 by 0 here
+    # Large energies times large alpha overflow float32 products: still exact.
+    e = jnp.asarray([1e8, 3e7, 5e7], jnp.float32)
+    w = cj.consensus_weights(e, 1e12)
+    np.testing.assert_array_equal(np.asarray(w), [0.0, 1.0, 0.0])
+
+
+def test_nonfinite_and_masked_agents_get_zero_weight():
+    x = jnp.asarray([[1.0, 1.0], [np.nan, 5.0], [3.0, 3.0], [100.0, 100.0]])
+    e = jnp.asarray([1.0, np.nan, 1.0, -np.inf])  # -inf energy would win naively
+    m = cj.consensus_point(x, e, 1.0, mask=jnp.asarray([True, True, True, True]))
+    np.testing.assert_allclose(np.asarray(m), [2.0, 2.0])
+    m2 = cj.consensus_point(x, jnp.asarray([1.0, 0.0, 1.0, 0.0]), 1.0, mask=jnp.asarray([True, False, True, False]))
+    np.testing.assert_allclose(np.asarray(m2), [2.0, 2.0])
+
+
+def test_batched_energies_give_one_consensus_per_row():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(30, 5)).astype(np.float32)
+    e = rng.uniform(size=(4, 30)).astype(np.float32)
+    alphas = np.array([0.0, 1.0, 10.0, 100.0], np.float32)
+    m = np.asarray(cj.consensus_point(x, e, alphas))
+    for k in range(4):
+        np.testing.assert_allclose(m[k], np_consensus(x, e[k], alphas[k])[0], rtol=1e-4, atol=1e-5)
+
+
+def test_pytree_population_consensus_matches_flat():
+    rng = np.random.default_rng(4)
+    tree = {"w": rng.normal(size=(20, 3, 2)).astype(np.float32), "b": rng.normal(size=(20, 2)).astype(np.float32)}
+    e = rng.uniform(size=20).astype(np.float32)
+    m = cj.consensus_point(tree, e, 2.0)
+    flat, unravel = cj.population.ravel(tree)
+    mf = cj.consensus_point(flat, e, 2.0)
+    back = unravel(mf[None])
+    np.testing.assert_allclose(np.asarray(m["w"]), np.asarray(back["w"][0]), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(m["b"]), np.asarray(back["b"][0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["dense", "gather"])
+def test_subset_consensus_matches_numpy(method):
+    rng = np.random.default_rng(5)
+    n, m_sel, d = 12, 4, 3
+    x = rng.normal(size=(n, d))
+    idx = np.stack([rng.choice(np.delete(np.arange(n), j), m_sel, replace=False) for j in range(n)])
+    loss = rng.uniform(size=(n, m_sel))
+    alpha = 5.0
+    ref = np.stack([np_consensus(x[idx[j]], loss[j], alpha)[0] for j in range(n)])
+    out = consensus.subset_consensus(jnp.asarray(x, jnp.float32), jnp.asarray(idx), jnp.asarray(loss, jnp.float32), alpha, method=method)
+    np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_subset_consensus_large_alpha_picks_best_download():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(8, 2)).astype(np.float32)
+    idx = np.array([[j for j in range(8) if j != i] for i in range(8)])
+    loss = rng.uniform(size=(8, 7)).astype(np.float32)
+    out = np.asarray(consensus.subset_consensus(x, idx, loss, 1e12))
+    np.testing.assert_array_equal(out, x[idx[np.arange(8), loss.argmin(1)]])
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.25, 0.5, 0.9, 1.0])
+def test_quantile_mask_matches_numpy_quantile(beta):
+    rng = np.random.default_rng(7)
+    e = rng.normal(size=(3, 101)).astype(np.float32)
+    mask = np.asarray(cj.quantile_mask(jnp.asarray(e), beta))
+    q = np.quantile(e, beta, axis=-1, keepdims=True)
+    np.testing.assert_array_equal(mask, e <= q)
+    e2 = e[0].copy()
+    e2[:5] = np.nan
+    mask2 = np.asarray(cj.quantile_mask(jnp.asarray(e2), beta))
+    assert not mask2[:5].any()
+    np.testing.assert_array_equal(mask2[5:], e2[5:] <= np.quantile(e2[5:], beta))
+
+
+def test_effective_sample_size_limits():
+    e = jnp.asarray(np.random.default_rng(8).uniform(size=64), jnp.float32)
+    assert float(consensus.effective_sample_size(e, 0.0)) == pytest.approx(64.0, rel=1e-5)
+    assert float(consensus.effective_sample_size(e, 1e9)) == pytest.approx(1.0, rel=1e-5)

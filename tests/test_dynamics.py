@@ -1,0 +1,204 @@
+"""CBO dynamics: runs, pytrees, precision, trackers, early stop, bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives, schedules
+
+RASTRIGIN_CFG = cj.CBOConfig(
+    lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic", alpha=schedules.Multiplicative(30.0, 1.05, 1e5)
+)
+
+
+def _x0(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-3, 3, size=shape).astype(np.float32)
+
+
+def test_rastrigin_success_small():
+    """CBXpy's reference check (REFERENCE_NOTES §4) on 20 runs instead of 100."""
+    res = cj.simulate(cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG), _x0((20, 40, 20)), jax.random.key(0), 5000, num_runs=20)
+    dist = np.max(np.abs(np.asarray(res.state.consensus)), axis=-1)
+    assert np.sum(dist < 0.25) >= 19
+    assert np.all(np.asarray(res.state.alpha) == 1e5)
+
+
+def test_vmapped_runs_equal_single_runs():
+    dyn = cj.cbo(objectives.Ackley(), RASTRIGIN_CFG)
+    x0 = _x0((3, 16, 4))
+    key = jax.random.key(7)
+    batched = cj.simulate(dyn, x0, key, 50, num_runs=3)
+    keys = jax.random.split(key, 3)
+    for r in range(3):
+        single = cj.simulate(dyn, x0[r], keys[r], 50)
+        np.testing.assert_allclose(np.asarray(batched.state.x[r]), np.asarray(single.state.x), rtol=1e-5, atol=1e-6)
+
+
+def test_same_seed_same_result_and_chunking_invariance():
+    dyn = cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG)
+    x0 = _x0((32, 5))
+    a = cj.simulate(dyn, x0, jax.random.key(1), 120, chunk_size=120)
+    b = cj.simulate(dyn, x0, jax.random.key(1), 120, chunk_size=50)
+    np.testing.assert_array_equal(np.asarray(a.state.x), np.asarray(b.state.x))
+    c = cj.simulate(dyn, x0, jax.random.key(2), 120)
+    assert not np.array_equal(np.asarray(a.state.x), np.asarray(c.state.x))
+
+
+def test_pytree_population_equals_array_population():
+    """Without noise the dynamics are deterministic: a dict population must move exactly as
+    the same numbers laid out as an (N, d) array."""
+    x0 = _x0((24, 5))
+    tree0 = {"w": x0[:, :3].reshape(24, 3, 1), "b": x0[:, 3:]}
+    rast = objectives.Rastrigin()
+
+    def tree_objective(t):
+        return rast(jnp.concatenate([t["w"].reshape(t["w"].shape[0], -1), t["b"]], axis=1))
+
+    cfg = dataclasses.replace(RASTRIGIN_CFG, noise="none", lambda2=0.1)
+    a = cj.simulate(cj.cbo(rast, cfg), x0, jax.random.key(0), 60)
+    t = cj.simulate(cj.cbo(tree_objective, cfg), tree0, jax.random.key(0), 60)
+    flat = np.concatenate([np.asarray(t.state.x["w"]).reshape(24, 3), np.asarray(t.state.x["b"])], axis=1)
+    np.testing.assert_allclose(flat, np.asarray(a.state.x), rtol=1e-5, atol=1e-6)
+
+
+def test_per_agent_objective_on_stacked_pytree():
+    single = lambda p: jnp.sum((p["w"] - 1.0) ** 2) + jnp.sum(p["b"] ** 2)  # noqa: E731
+    x0 = {"w": _x0((50, 2, 2)), "b": _x0((50, 3), seed=1)}
+    cfg = cj.CBOConfig(lambda1=1.0, sigma1=0.5, lambda2=0.5, dt=0.05, alpha=100.0, noise="anisotropic")
+    res = cj.simulate(cj.cbo(cj.population.per_agent(single), cfg), x0, jax.random.key(0), 600)
+    np.testing.assert_allclose(np.asarray(res.state.best_x["w"]), 1.0, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(res.state.best_x["b"]), 0.0, atol=1e-3)
+    assert res.state.grad["w"].shape == (50, 2, 2)
+
+
+def test_float64_on_request():
+    cfg = dataclasses.replace(RASTRIGIN_CFG, dtype="float64")
+    dyn = cj.cbo(objectives.Sphere(), cfg)
+    with pytest.raises(ValueError, match="jax_enable_x64"):
+        cj.simulate(dyn, _x0((8, 3)), jax.random.key(0), 5)
+    with jax.enable_x64(True):
+        res = cj.simulate(dyn, _x0((8, 3)), jax.random.key(0), 5)
+        assert res.state.x.dtype == jnp.float64
+        assert res.state.energy.dtype == jnp.float64
+    res32 = cj.simulate(cj.cbo(objectives.Sphere(), RASTRIGIN_CFG), _x0((8, 3)), jax.random.key(0), 5)
+    assert res32.state.x.dtype == jnp.float32
+
+
+def test_best_so_far_tracker_is_running_minimum():
+    dyn = cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG)
+    x0 = _x0((4, 30, 6))
+    res = cj.simulate(dyn, x0, jax.random.key(3), 300, num_runs=4)
+    h = res.history
+    e0 = np.asarray(objectives.Rastrigin()(x0)).min(axis=1)
+    expected = np.minimum.accumulate(np.vstack([e0, h["min_energy"]]), axis=0)[1:]
+    np.testing.assert_allclose(h["best_energy"], expected, rtol=1e-6)
+    best_x = np.asarray(res.state.best_x)
+    np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(best_x)), h["best_energy"][-1], rtol=1e-4, atol=1e-4)
+
+
+def test_energy_tol_stops_runs_and_freezes_them():
+    cfg = dataclasses.replace(RASTRIGIN_CFG, sigma1=2.0, energy_tol=1e-3)
+    res = cj.simulate(cj.cbo(objectives.Sphere(), cfg), _x0((3, 40, 4)), jax.random.key(0), 5000, num_runs=3, chunk_size=100)
+    assert res.steps < 5000
+    assert not np.any(np.asarray(res.state.active))
+    assert np.all(np.asarray(res.state.best_energy) <= 1e-3)
+    steps = np.asarray(res.state.step)
+    assert np.all(steps < res.steps + 1) and np.all(steps > 0)
+
+
+def test_diff_tol_stops_when_consensus_settles():
+    cfg = cj.CBOConfig(lambda1=1.0, sigma1=0.0, dt=0.1, alpha=10.0, noise="none", diff_tol=1e-6)
+    res = cj.simulate(cj.cbo(objectives.Sphere(), cfg), _x0((40, 3)), jax.random.key(0), 10_000, chunk_size=200)
+    assert res.steps < 10_000 and not bool(res.state.active)
+
+
+def test_alpha_schedules():
+    m = schedules.Multiplicative(30.0, 1.05, 1e5)
+    a = m.init()
+    for _ in range(300):
+        a = m.update(a, None)
+    assert float(a) == 1e5
+    e = jnp.asarray(np.random.default_rng(0).exponential(size=200), jnp.float32)
+    ess = schedules.EffectiveSampleSize(eta=0.3)
+    alpha = ess.update(jnp.float32(1.0), e)
+    assert float(cj.consensus.effective_sample_size(e, alpha)) == pytest.approx(60.0, rel=1e-2)
+    res = cj.simulate(
+        cj.cbo(objectives.Ackley(), dataclasses.replace(RASTRIGIN_CFG, sigma1=1.0, alpha=ess)), _x0((50, 3)), jax.random.key(0), 50
+    )
+    assert np.all(np.isfinite(res.history["alpha"])) and np.all(res.history["alpha"] > 0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"dt": 0.0}, "dt"),
+        ({"dt": -1.0}, "dt"),
+        ({"sigma1": -0.1}, "sigma1"),
+        ({"sigma2": -1.0}, "sigma2"),
+        ({"lambda1": float("nan")}, "lambda1"),
+        ({"alpha": -1.0}, "alpha"),
+        ({"noise": "pink"}, "noise"),
+        ({"dtype": "float16"}, "dtype"),
+    ],
+)
+def test_bad_config_raises_naming_parameter(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cj.CBOConfig(**kwargs)
+
+
+def test_bad_schedules_raise():
+    with pytest.raises(ValueError, match="alpha0"):
+        schedules.Multiplicative(-1.0)
+    with pytest.raises(ValueError, match="eta"):
+        schedules.EffectiveSampleSize(eta=1.5)
+
+
+def test_bad_initial_particles_raise_before_compilation():
+    calls = []
+
+    def objective(x):
+        calls.append(1)
+        return objectives.Sphere()(x)
+
+    dyn = cj.cbo(objective, RASTRIGIN_CFG)
+    bad = _x0((10, 3))
+    bad[2, 1] = np.nan
+    with pytest.raises(ValueError, match="x0.*non-finite"):
+        cj.simulate(dyn, bad, jax.random.key(0), 10)
+    assert not calls  # rejected before the objective was ever traced
+    with pytest.raises(ValueError, match="N >= 1"):
+        cj.simulate(dyn, np.zeros((0, 3), np.float32), jax.random.key(0), 10)
+    with pytest.raises(ValueError, match=r"shape \(N, d\)"):
+        cj.simulate(dyn, np.zeros((5,), np.float32), jax.random.key(0), 10)
+    with pytest.raises(ValueError, match="num_runs"):
+        cj.simulate(dyn, _x0((4, 10, 3)), jax.random.key(0), 10, num_runs=3)
+    with pytest.raises(ValueError, match="num_steps"):
+        cj.simulate(dyn, _x0((10, 3)), jax.random.key(0), -1)
+    with pytest.raises(ValueError, match="one energy per particle"):
+        cj.simulate(cj.cbo(lambda x: jnp.sum(x), RASTRIGIN_CFG), _x0((10, 3)), jax.random.key(0), 10)
+
+
+@pytest.mark.parametrize("name", sorted(objectives.OBJECTIVES))
+def test_objectives_minimisers(name):
+    d = 7
+    obj = objectives.get_objective(name, shift=0.25)
+    xstar = obj.minimiser(d)
+    with jax.enable_x64(True):
+        f_star = float(obj(jnp.asarray(xstar[None], jnp.float64))[0])
+        assert f_star == pytest.approx(obj.minimum(d), abs=1e-9)
+        pert = xstar[None] + 0.05 * np.random.default_rng(0).normal(size=(64, d))
+        assert np.all(np.asarray(obj(jnp.asarray(pert))) > f_star)
+    # batched over runs too
+    assert obj(jnp.zeros((3, 5, d))).shape == (3, 5)
+
+
+def test_rastrigin_forms_are_named_apart():
+    x = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(x)), [5.0, 25.0, 61.0], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(objectives.RastriginNormalized()(x)), [2.5, 12.5, 30.5], atol=1e-4)
+    with pytest.raises(ValueError, match="unknown objective"):
+        objectives.get_objective("rastrigon")

@@ -1,0 +1,107 @@
+"""Statistics of the Euler–Maruyama increments and closed-form contraction.
+
+Noise tests draw n = 200 000 increments of one particle and compare sample moments
+with the exact Gaussian ones. Tolerance: 6 standard errors of the estimator (for a
+mean, sd/sqrt(n); for a variance s², s² sqrt(2/(n-1)); for a covariance of
+independent components, s_a s_b / sqrt(n)), so a correct kernel fails with
+probability below 1e-8 per check, while a wrong scale (for example a missing √dt,
+or |u|² instead of |u|) is off by hundreds of standard errors.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbo_jax import sde
+
+N_SAMPLES = 200_000
+K_SE = 6.0
+
+
+def _increments(noise, u, dt, lambda1, sigma1, grad=None, lambda2=0.0, sigma2=0.0, seed=0):
+    d = u.shape[0]
+    m = jnp.zeros((d,), jnp.float32)
+    x = jnp.broadcast_to(jnp.asarray(u, jnp.float32), (N_SAMPLES, d))
+    g = None if grad is None else jnp.broadcast_to(jnp.asarray(grad, jnp.float32), (N_SAMPLES, d))
+    new = sde.euler_maruyama(
+        jax.random.key(seed), x, m, dt=dt, lambda1=lambda1, sigma1=sigma1, noise=noise, grad=g, lambda2=lambda2, sigma2=sigma2
+    )
+    return np.asarray(new, np.float64) - np.asarray(x, np.float64)
+
+
+def _check_moments(inc, mean, cov):
+    n = inc.shape[0]
+    emp_mean = inc.mean(0)
+    emp_cov = np.cov(inc.T)
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_array_less(np.abs(emp_mean - mean), K_SE * sd / np.sqrt(n) + 1e-7)
+    var_se = np.diag(cov) * np.sqrt(2.0 / (n - 1))
+    np.testing.assert_array_less(np.abs(np.diag(emp_cov) - np.diag(cov)), K_SE * var_se + 1e-9)
+    off = ~np.eye(len(mean), dtype=bool)
+    assert np.all(np.abs(emp_cov[off] - cov[off]) < K_SE * np.outer(sd, sd)[off] / np.sqrt(n) + 1e-9)
+
+
+def test_anisotropic_noise_mean_and_covariance():
+    u = np.array([0.5, -2.0, 1.5, 0.0], np.float64)  # θ - m; a zero component gets no noise
+    dt, lam, sig = 0.01, 1.0, 3.0
+    inc = _increments("anisotropic", u, dt, lam, sig)
+    _check_moments(inc, -lam * dt * u, np.diag(sig**2 * dt * u**2))
+    assert np.all(inc[:, 3] == 0.0)
+
+
+def test_isotropic_noise_mean_and_covariance():
+    u = np.array([0.5, -2.0, 1.5], np.float64)
+    dt, lam, sig = 0.05, 2.0, 0.7
+    inc = _increments("isotropic", u, dt, lam, sig)
+    _check_moments(inc, -lam * dt * u, np.eye(3) * sig**2 * dt * np.sum(u**2))
+
+
+def test_gradient_drift_and_gradient_noise_moments():
+    u = np.array([1.0, -1.0, 0.5], np.float64)
+    g = np.array([0.3, 2.0, -1.0], np.float64)
+    dt, lam1, sig1, lam2, sig2 = 0.02, 1.0, 0.5, 3.0, 0.8
+    inc = _increments("anisotropic", u, dt, lam1, sig1, grad=g, lambda2=lam2, sigma2=sig2)
+    mean = -lam1 * dt * u - lam2 * dt * g
+    cov = np.diag(sig1**2 * dt * u**2) + np.eye(3) * sig2**2 * dt * np.sum(g**2)
+    _check_moments(inc, mean, cov)
+
+
+def test_pytree_isotropic_noise_uses_whole_vector_norm():
+    u = {"a": jnp.full((N_SAMPLES, 2), 1.0), "b": jnp.full((N_SAMPLES, 1), 2.0)}
+    m = {"a": jnp.zeros(2), "b": jnp.zeros(1)}
+    new = sde.euler_maruyama(jax.random.key(3), u, m, dt=0.04, lambda1=0.0, sigma1=1.0, noise="isotropic")
+    var = np.var(np.asarray(new["b"][:, 0]) - 2.0)
+    expected = 0.04 * (1 + 1 + 4)  # σ² dt |u|² with |u|² over both leaves
+    assert abs(var - expected) < K_SE * expected * np.sqrt(2.0 / N_SAMPLES)
+
+
+@pytest.mark.parametrize("lam,dt", [(1.0, 0.01), (3.0, 0.001)])
+def test_noiseless_drift_contracts_as_exp_minus_lambda_t(lam, dt):
+    """With α = 0 the consensus is the plain mean, which the noiseless drift keeps fixed;
+    then θ_i(t) - m = e^{-λ t} (θ_i(0) - m) exactly in continuous time and
+    (1 - λ dt)^k (θ_i(0) - m) for Euler–Maruyama."""
+    import cbo_jax as cj
+
+    rng = np.random.default_rng(0)
+    x0 = rng.normal(size=(64, 5)).astype(np.float64)
+    steps = int(round(1.0 / dt))
+    cfg = cj.CBOConfig(lambda1=lam, sigma1=0.0, dt=dt, alpha=0.0, noise="none", dtype="float32")
+    res = cj.simulate(cj.cbo(cj.objectives.Rastrigin(), cfg), x0, jax.random.key(0), steps)
+    m = x0.mean(0)
+    got = np.asarray(res.state.x, np.float64) - m
+    np.testing.assert_allclose(got, (1 - lam * dt) ** steps * (x0 - m), rtol=2e-4, atol=1e-5)
+    t = steps * dt
+    # Euler–Maruyama vs the flow: relative error ≈ λ² t dt / 2.
+    rel = np.abs((1 - lam * dt) ** steps / np.exp(-lam * t) - 1)
+    assert rel < lam**2 * t * dt
+    np.testing.assert_allclose(got, np.exp(-lam * t) * (x0 - m), rtol=2 * rel + 2e-4, atol=1e-5)
+
+
+def test_gradient_drift_alone_is_gradient_descent():
+    import cbo_jax as cj
+
+    x0 = np.random.default_rng(1).normal(size=(10, 3))
+    cfg = cj.CBOConfig(lambda1=0.0, sigma1=0.0, lambda2=2.0, dt=0.01, alpha=1.0, noise="none")
+    res = cj.simulate(cj.cbo(cj.objectives.Quadratic(shift=0.5), cfg), x0, jax.random.key(0), 100)
+    np.testing.assert_allclose(np.asarray(res.state.x), 0.5 + (1 - 0.02) ** 100 * (x0 - 0.5), rtol=1e-4, atol=1e-5)
