@@ -1,0 +1,199 @@
+"""The ``cbo-jax`` command.
+
+    cbo-jax optimize --objective rastrigin --dim 20 [options]
+    cbo-jax reproduce --list
+    cbo-jax reproduce NAME [options]
+
+``reproduce`` prints, as its very last line, one JSON object with the measured
+numbers, and saves it under ``--output`` (default ``results/NAME/summary.json``).
+Progress bars go to standard error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def _add_optimize(sub) -> None:
+    from cbo_jax.objectives import OBJECTIVES
+
+    p = sub.add_parser("optimize", help="minimise a test objective with CBO",
+                       description="Minimise a batched test objective with CBO (FedCBO eq. (4)/(15) with one objective).")
+    p.add_argument("--objective", default="rastrigin", choices=sorted(OBJECTIVES))
+    p.add_argument("--dim", type=_positive_int, default=20, help="dimension d")
+    p.add_argument("--shift", type=float, default=0.0, help="move the minimiser by this amount in every coordinate")
+    p.add_argument("--particles", "-N", type=_positive_int, default=100, help="particles per run N")
+    p.add_argument("--runs", "-M", type=_positive_int, default=1, help="independent runs, vmapped")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--dt", type=float, default=0.01)
+    p.add_argument("--lambda1", type=float, default=1.0, help="consensus drift λ1")
+    p.add_argument("--sigma1", type=float, default=1.0, help="consensus noise σ1")
+    p.add_argument("--noise", default="anisotropic", choices=["anisotropic", "isotropic", "none"])
+    p.add_argument("--lambda2", type=float, default=0.0, help="gradient drift λ2")
+    p.add_argument("--sigma2", type=float, default=0.0, help="gradient noise σ2")
+    p.add_argument("--alpha", type=float, default=30.0, help="α (initial α for schedules)")
+    p.add_argument("--alpha-schedule", default="multiplicative", choices=["constant", "multiplicative", "ess"])
+    p.add_argument("--alpha-factor", type=float, default=1.05)
+    p.add_argument("--alpha-max", type=float, default=1e5)
+    p.add_argument("--ess-eta", type=float, default=0.5, help="target effective sample size share for --alpha-schedule ess")
+    p.add_argument("--init-low", type=float, default=-3.0)
+    p.add_argument("--init-high", type=float, default=3.0)
+    p.add_argument("--energy-tol", type=float, default=None)
+    p.add_argument("--diff-tol", type=float, default=None)
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", type=Path, default=None, help="directory for summary.json and history.npz")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_optimize)
+
+
+def _cmd_optimize(args) -> int:
+    if args.dtype == "float64":
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+    import jax
+    import numpy as np
+
+    from cbo_jax import schedules
+    from cbo_jax.dynamics.cbo import CBOConfig, cbo
+    from cbo_jax.objectives import get_objective
+    from cbo_jax.simulate import simulate
+
+    if not args.init_low < args.init_high:
+        raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
+    if args.alpha_schedule == "constant":
+        alpha = schedules.Constant(args.alpha)
+    elif args.alpha_schedule == "multiplicative":
+        alpha = schedules.Multiplicative(args.alpha, args.alpha_factor, args.alpha_max)
+    else:
+        alpha = schedules.EffectiveSampleSize(eta=args.ess_eta, alpha0=args.alpha, alpha_max=args.alpha_max)
+    cfg = CBOConfig(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha, noise=args.noise,
+                    lambda2=args.lambda2, sigma2=args.sigma2, energy_tol=args.energy_tol, diff_tol=args.diff_tol,
+                    dtype=args.dtype)
+    objective = get_objective(args.objective, shift=args.shift)
+    k_init, k_run = jax.random.split(jax.random.key(args.seed))
+    shape = (args.runs, args.particles, args.dim)
+    x0 = jax.random.uniform(k_init, shape, jax.numpy.dtype(args.dtype), args.init_low, args.init_high)
+    res = simulate(cbo(objective, cfg), x0, k_run, args.steps, num_runs=args.runs, progress=not args.no_progress,
+                   desc=f"cbo {args.objective}")
+    xstar = objective.minimiser(args.dim)
+    best_x = np.asarray(res.state.best_x, np.float64)
+    cons = np.asarray(res.state.consensus, np.float64)
+    best_e = np.asarray(res.state.best_energy, np.float64)
+    summary = {
+        "objective": args.objective,
+        "dim": args.dim,
+        "particles": args.particles,
+        "runs": args.runs,
+        "steps": res.steps,
+        "best_energy": float(best_e.min()),
+        "best_energy_per_run_median": float(np.median(best_e)),
+        "consensus_distance_inf_median": float(np.median(np.max(np.abs(cons - xstar), axis=-1))),
+        "best_distance_inf_median": float(np.median(np.max(np.abs(best_x - xstar), axis=-1))),
+        "known_minimum": objective.minimum(args.dim),
+        "seconds": round(res.seconds, 3),
+        "particle_steps_per_s": args.runs * args.particles * res.steps / max(res.seconds, 1e-9),
+    }
+    best_run = int(np.argmin(best_e))
+    coords = ", ".join(f"{v:.4g}" for v in best_x[best_run][:6]) + (", ..." if args.dim > 6 else "")
+    print(f"objective      {args.objective} (d={args.dim}, known minimum {objective.minimum(args.dim):.6g})")
+    print(f"particles      N={args.particles} x M={args.runs} runs, {res.steps} steps, dt={args.dt}")
+    print(f"best energy    {summary['best_energy']:.6g} (run {best_run}); median over runs {summary['best_energy_per_run_median']:.6g}")
+    print(f"best particle  [{coords}]")
+    print(f"|m - x*|_inf   median over runs {summary['consensus_distance_inf_median']:.3g}")
+    print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
+    if args.output is not None:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
+        print(f"saved          {args.output}/summary.json, history.npz")
+    print(json.dumps(summary))
+    return 0
+
+
+def _add_reproduce(sub) -> None:
+    p = sub.add_parser("reproduce", help="run a named reproduction of a published result",
+                       description="Run a named, configured reproduction; the last line printed is one JSON object.")
+    p.add_argument("name", nargs="?", help="reproduction name (see --list)")
+    p.add_argument("--list", action="store_true", help="list the reproductions")
+    p.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_cmd_reproduce)
+
+
+def _cmd_reproduce(args, extra: list[str]) -> int:
+    from cbo_jax.experiments import registry
+
+    reg = registry()
+    if args.list or args.name is None:
+        width = max(len(n) for n in reg)
+        for name, exp in reg.items():
+            print(f"{name:<{width}}  {exp.summary}\n{'':<{width}}  published: {exp.published}")
+        return 0 if args.list else 2
+    if args.name not in reg:
+        print(f"cbo-jax reproduce: unknown name {args.name!r}; choose from {sorted(reg)}", file=sys.stderr)
+        return 2
+    exp = reg[args.name]
+    p = argparse.ArgumentParser(prog=f"cbo-jax reproduce {exp.name}", description=exp.summary)
+    exp.add_arguments(p)
+    opts = p.parse_args(extra, namespace=argparse.Namespace(**vars(args)))
+    t0 = time.perf_counter()
+    result = exp.run(opts)
+    result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
+    out_dir = args.output or Path("results") / exp.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
+    print(json.dumps(_json_safe(result)))
+    return 0
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_optimize(sub)
+    _add_reproduce(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        if args.command == "reproduce":
+            return _cmd_reproduce(args, extra)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return args.func(args)
+    except ValueError as err:
+        print(f"cbo-jax: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Named, configured reproductions of published results (``cbo-jax reproduce NAME``).
+
+Each entry is an :class:`Experiment`: a name, what it reproduces, the published
+number, command-line options, and a ``run`` function returning a JSON-serialisable
+dict of measured numbers. The CLI prints that dict as the last line of its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str
+    summary: str
+    published: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], dict]
+
+
+def registry() -> dict[str, Experiment]:
+    from cbo_jax.experiments import rastrigin_success
+
+    entries = [rastrigin_success.EXPERIMENT]
+    return {e.name: e for e in entries}

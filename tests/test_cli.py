@@ -1,0 +1,73 @@
+"""The cbo-jax command: optimize, reproduce --list, reproduce NAME, errors."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from cbo_jax.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_optimize_prints_summary_and_saves(tmp_path, capsys):
+    rc = main(["optimize", "--objective", "sphere", "--dim", "5", "--particles", "50", "--runs", "3",
+               "--steps", "300", "--sigma1", "2", "--no-progress", "--output", str(tmp_path)])
+    assert rc == 0
+    summary = _last_json(capsys.readouterr().out)
+    assert summary["runs"] == 3 and summary["steps"] == 300
+    assert summary["best_energy"] < 1e-2
+    assert json.loads((tmp_path / "summary.json").read_text())["objective"] == "sphere"
+    assert (tmp_path / "history.npz").exists()
+
+
+def test_optimize_bad_input_is_a_clear_error(capsys):
+    assert main(["optimize", "--dt", "0", "--no-progress"]) == 2
+    assert "dt must be > 0" in capsys.readouterr().err
+    assert main(["optimize", "--sigma1", "-1", "--no-progress"]) == 2
+    assert "sigma1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["optimize", "--particles", "0"])
+
+
+def test_reproduce_list_names_every_entry(capsys):
+    assert main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "rastrigin-success" in out and "100/100" in out
+
+
+def test_reproduce_unknown_name(capsys):
+    assert main(["reproduce", "no-such-thing"]) == 2
+    assert "unknown name" in capsys.readouterr().err
+
+
+def test_reproduce_rastrigin_success_small(tmp_path, capsys):
+    rc = main(["reproduce", "rastrigin-success", "--runs", "10", "--no-progress", "--output", str(tmp_path)])
+    assert rc == 0
+    result = _last_json(capsys.readouterr().out)
+    assert result["experiment"] == "rastrigin-success"
+    assert result["successes"] >= 9
+    assert json.loads((tmp_path / "summary.json").read_text())["successes"] == result["successes"]
+
+
+def test_readme_has_exactly_two_setup_commands():
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- setup-commands -->(.*?)<!-- /setup-commands -->", text, re.S).group(1)
+    cmds = [ln for ln in block.splitlines() if re.match(r"^(pip|python|cbo-jax)", ln)]
+    assert len(cmds) == 2
+    assert "pytest" in cmds[1]
+
+
+def test_readme_python_example_runs(capsys):
+    text = (ROOT / "README.md").read_text()
+    code = re.search(r"## Python API in 20 lines\s+```python\n(.*?)```", text, re.S).group(1)
+    assert len(code.strip().splitlines()) <= 22
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    out = capsys.readouterr().out
+    assert int(re.search(r"successes: (\d+)", out).group(1)) >= 95
