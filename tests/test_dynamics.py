@@ -10,6 +10,9 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
+# jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
+enable_x64 = getattr(jax, "enable_x64", None) or __import__("jax.experimental", fromlist=["enable_x64"]).enable_x64
+
 RASTRIGIN_CFG = cj.CBOConfig(
     lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic", alpha=schedules.Multiplicative(30.0, 1.05, 1e5)
 )
@@ -80,7 +83,7 @@ def test_float64_on_request():
     dyn = cj.cbo(objectives.Sphere(), cfg)
     with pytest.raises(ValueError, match="jax_enable_x64"):
         cj.simulate(dyn, _x0((8, 3)), jax.random.key(0), 5)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         res = cj.simulate(dyn, _x0((8, 3)), jax.random.key(0), 5)
         assert res.state.x.dtype == jnp.float64
         assert res.state.energy.dtype == jnp.float64
@@ -187,7 +190,7 @@ def test_objectives_minimisers(name):
     d = 7
     obj = objectives.get_objective(name, shift=0.25)
     xstar = obj.minimiser(d)
-    with jax.enable_x64(True):
+    with enable_x64(True):
         f_star = float(obj(jnp.asarray(xstar[None], jnp.float64))[0])
         assert f_star == pytest.approx(obj.minimum(d), abs=1e-9)
         pert = xstar[None] + 0.05 * np.random.default_rng(0).normal(size=(64, d))

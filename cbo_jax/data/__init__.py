@@ -1,0 +1,1 @@
+"""Data shipped with the package (see README.md in this folder)."""

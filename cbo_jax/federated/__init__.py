@@ -1,0 +1,1 @@
+"""Federated learning on stacked agents (data sources so far; algorithms to come)."""

@@ -1,0 +1,168 @@
+"""Real MNIST from three sources: IDX files, tensorflow-datasets, a bundled subset.
+
+* :func:`load_idx_dir` reads the four standard IDX files (gzip-compressed or not)
+  from a directory, as distributed by LeCun et al. (in CI: ``$CBO_JAX_DATA_DIR/mnist``).
+* :func:`load_tfds` reads MNIST through tensorflow-datasets (needs a prepared tfds
+  data directory, or network access on the first call).
+* :func:`load_bundled` reads the small real-MNIST subset shipped inside the package
+  (built from the IDX files by ``scripts/build_mnist_subset.py``), so examples and the
+  main command work offline on a fresh machine.
+
+Every loader returns a :class:`MNIST` with ``uint8`` images ``(n, 28, 28)`` and
+``int32`` labels. Corrupt or missing files raise :class:`DataError` naming the file.
+
+MNIST: Y. LeCun, L. Bottou, Y. Bengio and P. Haffner, "Gradient-based learning applied
+to document recognition", Proc. IEEE 86(11), 1998.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["MNIST", "DataError", "read_idx", "load_idx_dir", "load_tfds", "load_bundled", "load_mnist", "BUNDLED_PATH"]
+
+BUNDLED_PATH = Path(__file__).resolve().parent.parent / "data" / "mnist_subset.npz"
+
+_FILES = {
+    "train_images": "train-images-idx3-ubyte",
+    "train_labels": "train-labels-idx1-ubyte",
+    "test_images": "t10k-images-idx3-ubyte",
+    "test_labels": "t10k-labels-idx1-ubyte",
+}
+_MAGIC = {3: 2051, 1: 2049}  # unsigned-byte IDX files with 3 (images) or 1 (labels) dimensions
+
+
+class DataError(ValueError):
+    """A data file is missing, truncated or not in the expected format."""
+
+
+class MNIST(NamedTuple):
+    train_images: np.ndarray  # (n_train, 28, 28) uint8
+    train_labels: np.ndarray  # (n_train,) int32
+    test_images: np.ndarray  # (n_test, 28, 28) uint8
+    test_labels: np.ndarray  # (n_test,) int32
+    source: str
+
+
+def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
+    """Read one unsigned-byte IDX file (``.gz`` or raw) with ``ndim`` dimensions.
+
+    Checks the magic number (2051 for images, 2049 for labels) and that the data
+    length equals the product of the dimensions; raises :class:`DataError` naming
+    ``path`` otherwise.
+    """
+    path = Path(path)
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as fh:
+            raw = fh.read()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file not found") from None
+    except (OSError, EOFError) as err:
+        raise DataError(f"{path}: cannot read ({err})") from None
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: {len(raw)} bytes is too short for an IDX header")
+    magic = int.from_bytes(raw[:4], "big")
+    if magic != _MAGIC[ndim]:
+        raise DataError(f"{path}: bad magic number {magic}, expected {_MAGIC[ndim]} (unsigned-byte, {ndim}-D IDX)")
+    dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    expected = int(np.prod(dims))
+    if len(raw) - header != expected:
+        raise DataError(f"{path}: {len(raw) - header} data bytes, but the header's dimensions {dims} need {expected}")
+    return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
+
+
+def _find(directory: Path, stem: str) -> Path:
+    for candidate in (directory / f"{stem}.gz", directory / stem, directory / "mnist" / f"{stem}.gz", directory / "mnist" / stem):
+        if candidate.exists():
+            return candidate
+    raise DataError(f"{directory / stem}[.gz]: file not found (also looked in {directory / 'mnist'})")
+
+
+def load_idx_dir(directory: str | os.PathLike) -> MNIST:
+    """Load MNIST from the four IDX files in ``directory`` (or its ``mnist/`` subfolder)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DataError(f"{directory}: not a directory")
+    arrays = {}
+    for name, stem in _FILES.items():
+        path = _find(directory, stem)
+        arr = read_idx(path, 3 if name.endswith("images") else 1)
+        if name.endswith("images") and arr.shape[1:] != (28, 28):
+            raise DataError(f"{path}: images are {arr.shape[1:]}, expected 28x28")
+        if name.endswith("labels"):
+            if arr.size and arr.max() > 9:
+                raise DataError(f"{path}: label {int(arr.max())} outside 0..9")
+            arr = arr.astype(np.int32)
+        arrays[name] = arr
+    for split in ("train", "test"):
+        if len(arrays[f"{split}_images"]) != len(arrays[f"{split}_labels"]):
+            raise DataError(
+                f"{directory}: {split} has {len(arrays[f'{split}_images'])} images but {len(arrays[f'{split}_labels'])} labels"
+            )
+    return MNIST(**arrays, source=f"idx:{directory}")
+
+
+def load_tfds(data_dir: str | os.PathLike | None = None, download: bool = False) -> MNIST:
+    """Load MNIST through tensorflow-datasets (``pip install 'cbo-jax[data]'``).
+
+    Uses ``tfds.data_source`` (random access on array_record files), which needs no
+    TensorFlow. ``download=True`` lets tfds fetch and prepare the data on first use.
+    """
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError as err:
+        raise DataError("tensorflow-datasets is not installed: pip install 'cbo-jax[data]'") from err
+    out = {}
+    for split in ("train", "test"):
+        try:
+            source = tfds.data_source("mnist", split=split, data_dir=data_dir, download=download)
+        except Exception as err:  # noqa: BLE001 - tfds raises many types for a missing dataset
+            raise DataError(f"tensorflow-datasets could not provide mnist/{split}: {err}") from err
+        examples = [source[i] for i in range(len(source))]
+        images = [np.asarray(ex["image"]) for ex in examples]
+        labels = [int(ex["label"]) for ex in examples]
+        arr = np.stack(images) if images else np.zeros((0, 28, 28), np.uint8)
+        out[f"{split}_images"] = (arr[..., 0] if arr.ndim == 4 else arr).astype(np.uint8)
+        out[f"{split}_labels"] = np.asarray(labels, np.int32)
+    return MNIST(**out, source="tfds")
+
+
+def load_bundled() -> MNIST:
+    """The real-MNIST subset shipped with the package (see ``cbo_jax/data/README.md``)."""
+    if not BUNDLED_PATH.exists():
+        raise DataError(f"{BUNDLED_PATH}: bundled subset missing (rebuild with scripts/build_mnist_subset.py)")
+    with np.load(BUNDLED_PATH) as z:
+        return MNIST(
+            train_images=z["train_images"],
+            train_labels=z["train_labels"].astype(np.int32),
+            test_images=z["test_images"],
+            test_labels=z["test_labels"].astype(np.int32),
+            source="bundled",
+        )
+
+
+def load_mnist(source: str = "auto", data_dir: str | os.PathLike | None = None) -> MNIST:
+    """Load MNIST from ``source``: ``"idx"``, ``"tfds"``, ``"bundled"`` or ``"auto"``.
+
+    ``"auto"`` uses the IDX files in ``data_dir`` (or ``$CBO_JAX_DATA_DIR``) when
+    given, else the bundled subset.
+    """
+    data_dir = data_dir or os.environ.get("CBO_JAX_DATA_DIR")
+    if source == "auto":
+        source = "idx" if data_dir else "bundled"
+    if source == "idx":
+        if not data_dir:
+            raise DataError("source='idx' needs data_dir or the CBO_JAX_DATA_DIR environment variable")
+        return load_idx_dir(data_dir)
+    if source == "tfds":
+        return load_tfds(data_dir)
+    if source == "bundled":
+        return load_bundled()
+    raise ValueError(f"source must be 'auto', 'idx', 'tfds' or 'bundled', got {source!r}")

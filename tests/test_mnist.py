@@ -1,0 +1,101 @@
+"""MNIST sources: IDX reader (and its errors), bundled subset, tfds (mocked), real files."""
+
+import gzip
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cbo_jax.federated import mnist
+
+
+def _write_idx(path: Path, arr: np.ndarray, magic: int | None = None, gz: bool = True, truncate: int = 0):
+    magic = magic if magic is not None else {3: 2051, 1: 2049}[arr.ndim]
+    raw = magic.to_bytes(4, "big") + b"".join(int(n).to_bytes(4, "big") for n in arr.shape) + arr.astype(np.uint8).tobytes()
+    raw = raw[: len(raw) - truncate]
+    (gzip.open if gz else open)(path, "wb").write(raw)
+
+
+def _fake_dir(tmp_path: Path, n_train=30, n_test=10, **bad) -> Path:
+    rng = np.random.default_rng(0)
+    files = {
+        "train-images-idx3-ubyte": rng.integers(0, 256, (n_train, 28, 28)),
+        "train-labels-idx1-ubyte": rng.integers(0, 10, n_train),
+        "t10k-images-idx3-ubyte": rng.integers(0, 256, (n_test, 28, 28)),
+        "t10k-labels-idx1-ubyte": rng.integers(0, 10, n_test),
+    }
+    for stem, arr in files.items():
+        _write_idx(tmp_path / f"{stem}.gz", arr, **bad.get(stem, {}))
+    return tmp_path
+
+
+def test_read_idx_roundtrip_gz_and_raw(tmp_path):
+    arr = np.arange(2 * 28 * 28).reshape(2, 28, 28) % 256
+    _write_idx(tmp_path / "a.gz", arr)
+    _write_idx(tmp_path / "b", arr, gz=False)
+    np.testing.assert_array_equal(mnist.read_idx(tmp_path / "a.gz", 3), arr)
+    np.testing.assert_array_equal(mnist.read_idx(tmp_path / "b", 3), arr)
+
+
+def test_idx_dir_loads(tmp_path):
+    data = mnist.load_idx_dir(_fake_dir(tmp_path))
+    assert data.train_images.shape == (30, 28, 28) and data.test_labels.shape == (10,)
+    assert data.train_labels.dtype == np.int32
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [
+        ({"train-images-idx3-ubyte": {"magic": 2049}}, "train-images-idx3-ubyte.gz: bad magic number 2049"),
+        ({"t10k-labels-idx1-ubyte": {"truncate": 3}}, "t10k-labels-idx1-ubyte.gz: 7 data bytes"),
+    ],
+)
+def test_corrupt_files_name_the_file(tmp_path, bad, match):
+    with pytest.raises(mnist.DataError, match=match):
+        mnist.load_idx_dir(_fake_dir(tmp_path, **bad))
+
+
+def test_missing_file_and_dir_are_named(tmp_path):
+    d = _fake_dir(tmp_path)
+    (d / "t10k-images-idx3-ubyte.gz").unlink()
+    with pytest.raises(mnist.DataError, match="t10k-images-idx3-ubyte.*not found"):
+        mnist.load_idx_dir(d)
+    with pytest.raises(mnist.DataError, match="not a directory"):
+        mnist.load_idx_dir(tmp_path / "nope")
+    (tmp_path / "x.gz").write_bytes(b"not gzip at all")
+    with pytest.raises(mnist.DataError, match="x.gz: cannot read"):
+        mnist.read_idx(tmp_path / "x.gz", 1)
+
+
+def test_bundled_subset_is_real_stratified_mnist():
+    data = mnist.load_bundled()
+    assert data.train_images.shape == (10_000, 28, 28) and data.test_images.shape == (2_000, 28, 28)
+    assert np.all(np.bincount(data.train_labels, minlength=10) == 1000)
+    assert np.all(np.bincount(data.test_labels, minlength=10) == 200)
+    # MNIST pixel statistics (REFERENCE data README: mean 33.3 train, 33.8 test).
+    assert 31.0 < data.train_images.mean() < 36.0
+    assert mnist.BUNDLED_PATH.stat().st_size < 5e6
+
+
+def test_tfds_source_with_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=12):
+        data = mnist.load_tfds()
+    assert data.train_images.shape == (12, 28, 28) and data.train_images.dtype == np.uint8
+    assert data.test_labels.shape == (12,) and data.source == "tfds"
+
+
+DATA_DIR = os.environ.get("CBO_JAX_DATA_DIR")
+
+
+@pytest.mark.skipif(not DATA_DIR, reason="CBO_JAX_DATA_DIR is not set (real MNIST IDX files)")
+def test_real_mnist_idx_files_match_published_facts():
+    data = mnist.load_mnist("auto")
+    assert data.train_images.shape == (60_000, 28, 28) and data.test_images.shape == (10_000, 28, 28)
+    assert np.bincount(data.train_labels, minlength=10).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert np.bincount(data.test_labels, minlength=10).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+    bundled = mnist.load_bundled()
+    with np.load(mnist.BUNDLED_PATH) as z:
+        idx = z["train_index"]
+    np.testing.assert_array_equal(bundled.train_images, data.train_images[idx])
