@@ -1,0 +1,83 @@
+"""Agent selection: uniform and ε-greedy (FedCBO Remark 3), likelihood update (21)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbo_jax.federated import selection
+
+
+def _distinct_others(idx):
+    n = idx.shape[0]
+    for j in range(n):
+        assert j not in idx[j]
+        assert len(set(idx[j].tolist())) == idx.shape[1]
+
+
+def test_uniform_picks_distinct_others_uniformly():
+    n, m = 12, 4
+    counts = np.zeros((n, n))
+    for s in range(300):
+        idx = np.asarray(selection.uniform(jax.random.key(s), n, m))
+        _distinct_others(idx)
+        np.add.at(counts, (np.repeat(np.arange(n), m), idx.ravel()), 1)
+    off = counts[~np.eye(n, dtype=bool)]
+    expected = 300 * m / (n - 1)  # 109.1, binomial sd ≈ 9.9
+    assert np.all(np.abs(off - expected) < 5 * np.sqrt(expected))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.25, 0.5, 1.0])
+def test_epsilon_greedy_counts_and_top_p(eps):
+    n, m = 20, 8
+    rng = np.random.default_rng(0)
+    P = rng.normal(size=(n, n)).astype(np.float32)
+    np.fill_diagonal(P, -np.inf)
+    idx, is_rand = selection.epsilon_greedy(jax.random.key(1), jnp.asarray(P), m, eps)
+    idx, is_rand = np.asarray(idx), np.asarray(is_rand)
+    _distinct_others(idx)
+    n_rand = int(round(eps * m))
+    assert np.all(is_rand.sum(1) == n_rand)
+    for j in range(n):
+        rand = idx[j][is_rand[j]]
+        greedy = idx[j][~is_rand[j]]
+        rest = [i for i in range(n) if i != j and i not in rand]
+        top = sorted(rest, key=lambda i: -P[j, i])[: m - n_rand]
+        assert sorted(greedy.tolist()) == sorted(top)
+
+
+def test_round_zero_ties_are_uniform():
+    n, m = 10, 3
+    P = selection.init_likelihood(n)
+    counts = np.zeros((n, n))
+    for s in range(300):
+        idx, _ = selection.epsilon_greedy(jax.random.key(s), P, m, 0.0)
+        np.add.at(counts, (np.repeat(np.arange(n), m), np.asarray(idx).ravel()), 1)
+    off = counts[~np.eye(n, dtype=bool)]
+    expected = 300 * m / (n - 1)
+    assert np.all(np.abs(off - expected) < 5 * np.sqrt(expected))
+
+
+def test_likelihood_update_eq21():
+    P = selection.init_likelihood(4)
+    idx = jnp.asarray([[1, 2], [0, 3], [3, 1], [2, 0]])
+    own = jnp.asarray([1.0, 2.0, 3.0, 4.0])
+    loss = jnp.asarray([[0.5, 2.0], [1.0, 1.5], [4.0, 2.0], [3.0, 5.0]])
+    P2 = np.asarray(selection.update_likelihood(P, idx, own, loss))
+    assert P2[0, 1] == 1.5 and P2[0, 2] == 0.0 and P2[1, 0] == 2.0 and P2[3, 0] == 0.0
+    assert np.all(np.isneginf(np.diag(P2)))
+    P3 = np.asarray(selection.update_likelihood(P, idx, own, loss, active=jnp.asarray([True, False, True, True])))
+    assert P3[1, 0] == 1.0 and P3[0, 1] == 1.5
+
+
+def test_epsilon_schedule():
+    assert float(selection.epsilon_schedule(0)) == 0.5
+    assert float(selection.epsilon_schedule(20)) == pytest.approx(0.3)
+    assert float(selection.epsilon_schedule(100)) == pytest.approx(0.1)
+
+
+def test_m_out_of_range():
+    with pytest.raises(ValueError, match="1 <= M <= N - 1"):
+        selection.uniform(jax.random.key(0), 5, 5)
+    with pytest.raises(ValueError, match="M="):
+        selection.epsilon_greedy(jax.random.key(0), selection.init_likelihood(5), 0, 0.5)
