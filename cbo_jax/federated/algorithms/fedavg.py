@@ -1,0 +1,65 @@
+"""FedAvg (McMahan et al. 2017): one global model, averaged by data size.
+
+Per round: the agents of ``G_n`` start from the global model, train locally (τ
+epochs), and the server replaces the global model by the average of their models
+weighted by their numbers of samples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cbo_jax import _checks
+from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, weighted_rows_mean
+from cbo_jax.federated.local import LocalSGDConfig, local_train
+
+PyTree = Any
+
+__all__ = ["FedAvgConfig", "fedavg"]
+
+
+@dataclasses.dataclass(frozen=True)
+class FedAvgConfig:
+    participation: float = 1.0
+    local: LocalSGDConfig = LocalSGDConfig()
+
+    def __post_init__(self):
+        if not 0 < _checks.positive("participation", self.participation) <= 1:
+            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+
+
+class FedAvgState(NamedTuple):
+    params: PyTree  # the global model (no agent axis)
+    round: jax.Array
+    key: jax.Array
+
+
+def broadcast(params: PyTree, n: int) -> PyTree:
+    return jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (n,) + leaf.shape), params)
+
+
+def fedavg(model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
+    n = _checks.positive_int("num_agents", num_agents)
+
+    def init(key):
+        k_model, k_state = jax.random.split(key)
+        return FedAvgState(model.init(k_model), jnp.zeros((), jnp.int32), k_state)
+
+    def round_fn(state: FedAvgState, data: AgentData):
+        key, k_part, k_local = jax.random.split(state.key, 3)
+        active = participants(k_part, n, cfg.participation)
+        trained = local_train(model, cfg.local, broadcast(state.params, n), None, data.x, data.y, data.counts, k_local)
+        weights = jnp.where(active, data.counts, 0).astype(jnp.float32)
+        params = weighted_rows_mean(trained.params, weights)
+        info = RoundInfo(active, jnp.zeros((n, 0), jnp.int32), jnp.zeros((n, 0), bool), jnp.zeros(()), trained.loss,
+                         jnp.zeros((n,), jnp.int32))
+        return FedAvgState(params, state.round + 1, key), info
+
+    def eval_models(state):
+        return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.params)
+
+    return Algorithm("fedavg", init, round_fn, eval_models, cfg)

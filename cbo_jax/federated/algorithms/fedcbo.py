@@ -1,0 +1,190 @@
+"""FedCBO: consensus-based optimization for clustered federated learning.
+
+Algorithm 1 of Carrillo, García Trillos, Li and Zhu (REFERENCE_NOTES §1.2), the
+splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
+
+1. ``G_n``: the participating agents (all of them in the paper).
+2. LocalUpdate: τ epochs of mini-batch SGD (step ``λ2 γ``) on each agent's data.
+3. LocalAggregation, for every ``j`` in ``G_n`` synchronously (from the old models):
+   a. ``A_n``: ``M`` other agents by ε-greedy sampling on ``P^j`` (Remark 3);
+   b. ``L_j^i``: loss of each downloaded ``θ_i`` on ``j``'s own training data;
+   c. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α L_j^i)``              (19)
+   d. ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` [+ Appendix E noise
+      ``σ1 √γ |θ_j - m_j| z`` (isotropic) or ``σ1 √γ (θ_j - m_j) ∘ z`` (anisotropic)] (20)
+   e. ``P^{j,i} ← P^{j,i} + (L_j^j - L_j^i)`` for ``i ∈ A_n``                 (21)
+
+The weights of (19) are computed in log space (:mod:`cbo_jax.consensus`): identical to
+the reference code's ``exp(-α L)`` whenever that does not underflow, and finite when
+it does. A downloaded model with non-finite parameters or loss gets weight zero.
+
+The losses of the ``N × M`` downloaded models are evaluated in chunks of
+``eval_chunk`` agents (``lax.map``), each chunk gathering its ``(chunk, M)`` models
+once and reusing them for the losses and for ``m_j``; peak memory is about
+``eval_chunk · M · P`` floats for ``P`` parameters per model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cbo_jax import _checks
+from cbo_jax import population as pop
+from cbo_jax.consensus import consensus_weights
+from cbo_jax.federated import selection
+from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, tree_where_rows
+from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
+from cbo_jax.models import Model, init_population
+from cbo_jax.sde import diffusion, normal_like
+
+PyTree = Any
+
+__all__ = ["FedCBOConfig", "FedCBOState", "fedcbo", "aggregate"]
+
+LOSS_REDUCTIONS = ("mean", "sum_of_batch_means")
+
+
+@dataclasses.dataclass(frozen=True)
+class FedCBOConfig:
+    """FedCBO parameters (defaults: REFERENCE_NOTES §1.3 and the reference script).
+
+    Attributes:
+      M: downloads per agent per round (``1 <= M <= N - 1``).
+      lambda1, gamma: the aggregation step is ``λ1 γ`` (reference script: 0.98).
+      alpha: α of the weights μ = exp(-α L), eq. (19).
+      selection: ``"epsilon_greedy"`` (Remark 3) or ``"uniform"``.
+      eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
+      noise: Appendix E aggregation noise, ``"none"``, ``"isotropic"`` or ``"anisotropic"``.
+      sigma1: its strength σ1.
+      loss_reduction: ``"mean"`` (paper) or ``"sum_of_batch_means"`` (reference code)
+        for the losses in (19) and (21).
+      participation: share of agents in ``G_n`` each round (1 = all, as the paper).
+      eval_chunk: agents per chunk when evaluating downloaded models.
+      local: the local SGD configuration.
+    """
+
+    M: int = 200
+    lambda1: float = 1.0
+    gamma: float = 0.98
+    alpha: float = 10.0
+    selection: str = "epsilon_greedy"
+    eps0: float = 0.5
+    eps_decay: float = 0.01
+    eps_min: float = 0.1
+    noise: str = "none"
+    sigma1: float = 0.0
+    loss_reduction: str = "mean"
+    participation: float = 1.0
+    eval_chunk: int = 16
+    local: LocalSGDConfig = LocalSGDConfig()
+
+    def __post_init__(self):
+        _checks.positive_int("M", self.M)
+        _checks.non_negative("lambda1", self.lambda1)
+        _checks.positive("gamma", self.gamma)
+        _checks.non_negative("alpha", self.alpha)
+        _checks.one_of("selection", self.selection, ("epsilon_greedy", "uniform"))
+        for name in ("eps0", "eps_decay", "eps_min"):
+            _checks.non_negative(name, getattr(self, name))
+        _checks.one_of("noise", self.noise, ("none", "isotropic", "anisotropic"))
+        _checks.non_negative("sigma1", self.sigma1)
+        _checks.one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
+        p = _checks.positive("participation", self.participation)
+        if p > 1:
+            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+        _checks.positive_int("eval_chunk", self.eval_chunk)
+
+    @property
+    def step(self) -> float:
+        """The aggregation step λ1 γ of eq. (20)."""
+        return self.lambda1 * self.gamma
+
+
+class FedCBOState(NamedTuple):
+    params: PyTree  # (N, ...) every agent's model θ_j
+    opt_state: PyTree  # (N, ...) kept only when local.reset_optimizer is False
+    P: jax.Array  # (N, N) likelihood matrix of eq. (21)
+    round: jax.Array  # rounds done
+    key: jax.Array
+
+
+def aggregate(model: Model, cfg: FedCBOConfig, params: PyTree, idx: jax.Array, data: AgentData):
+    """Eq. (19) for every agent: losses of the downloads and the consensus points.
+
+    Returns ``(loss (N, M), own_loss (N,), m)`` with ``m`` a stacked population (the
+    consensus point of every agent), all computed from ``params`` (synchronous).
+    """
+    b = cfg.local.batch_size
+
+    def loss_of(p, x, y, c):
+        return agent_loss(model, p, x, y, c, batch_size=b, reduction=cfg.loss_reduction)
+
+    def one_agent(args):
+        idx_j, x_j, y_j, c_j, theta_j = args
+        downloads = pop.gather(params, idx_j)  # (M, ...)
+        finite = pop.tree_isfinite_rows(downloads)
+        clean = jax.tree_util.tree_map(
+            lambda leaf: jnp.where(jnp.reshape(finite, finite.shape + (1,) * (leaf.ndim - 1)), leaf, 0), downloads
+        )
+        loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(clean)
+        loss = jnp.where(finite, loss, jnp.inf)
+        w = consensus_weights(loss, cfg.alpha)
+        m_j = pop.weighted_mean(clean, w)
+        return loss, loss_of(theta_j, x_j, y_j, c_j), m_j
+
+    return jax.lax.map(one_agent, (idx, data.x, data.y, data.counts, params), batch_size=cfg.eval_chunk)
+
+
+def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
+    """Build FedCBO for ``num_agents`` agents training ``model``."""
+    n = _checks.positive_int("num_agents", num_agents)
+    if cfg.M > n - 1:
+        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
+
+    def init(key: jax.Array) -> FedCBOState:
+        k_model, k_state = jax.random.split(key)
+        params = init_population(model, k_model, n)
+        return FedCBOState(
+            params=params,
+            opt_state=jax.vmap(make_optimizer(cfg.local).init)(params),
+            P=selection.init_likelihood(n),
+            round=jnp.zeros((), jnp.int32),
+            key=k_state,
+        )
+
+    def round_fn(state: FedCBOState, data: AgentData):
+        key, k_part, k_local, k_sel, k_noise = jax.random.split(state.key, 5)
+        active = participants(k_part, n, cfg.participation)
+        trained = local_train(model, cfg.local, state.params, state.opt_state, data.x, data.y, data.counts, k_local)
+        params = tree_where_rows(active, trained.params, state.params)
+        opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
+        if cfg.selection == "epsilon_greedy":
+            eps = selection.epsilon_schedule(state.round, cfg.eps0, cfg.eps_decay, cfg.eps_min)
+            idx, is_random = selection.epsilon_greedy(k_sel, state.P, cfg.M, eps)
+        else:
+            eps = jnp.ones(())
+            idx = selection.uniform(k_sel, n, cfg.M)
+            is_random = jnp.ones(idx.shape, bool)
+        loss, own_loss, m = aggregate(model, cfg, params, idx, data)
+        diff = pop.tree_sub(params, m)
+        new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
+        if cfg.noise != "none" and cfg.sigma1 > 0:
+            z = normal_like(k_noise, diff)
+            scale = cfg.sigma1 * jnp.sqrt(cfg.gamma)
+            new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
+        params = tree_where_rows(active, new, params)
+        P = selection.update_likelihood(state.P, idx, own_loss, loss, active)
+        info = RoundInfo(
+            active=active,
+            idx=idx,
+            is_random=is_random,
+            eps=jnp.asarray(eps, jnp.float32),
+            train_loss=trained.loss,
+            assignment=jnp.zeros((n,), jnp.int32),
+        )
+        return FedCBOState(params, opt_state, P, state.round + 1, key), info
+
+    return Algorithm(name="fedcbo", init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg)

@@ -1,0 +1,56 @@
+"""Local training: every agent trains alone on its own data; no communication."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from cbo_jax import _checks
+from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, tree_where_rows
+from cbo_jax.federated.local import LocalSGDConfig, local_train, make_optimizer
+from cbo_jax.models import init_population
+
+PyTree = Any
+
+__all__ = ["LocalConfig", "local_only"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalConfig:
+    participation: float = 1.0
+    local: LocalSGDConfig = LocalSGDConfig()
+
+    def __post_init__(self):
+        if not 0 < _checks.positive("participation", self.participation) <= 1:
+            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+
+
+class LocalState(NamedTuple):
+    params: PyTree
+    opt_state: PyTree
+    round: jax.Array
+    key: jax.Array
+
+
+def local_only(model, cfg: LocalConfig, num_agents: int) -> Algorithm:
+    n = _checks.positive_int("num_agents", num_agents)
+
+    def init(key):
+        k_model, k_state = jax.random.split(key)
+        params = init_population(model, k_model, n)
+        return LocalState(params, jax.vmap(make_optimizer(cfg.local).init)(params), jnp.zeros((), jnp.int32), k_state)
+
+    def round_fn(state: LocalState, data: AgentData):
+        key, k_part, k_local = jax.random.split(state.key, 3)
+        active = participants(k_part, n, cfg.participation)
+        trained = local_train(model, cfg.local, state.params, state.opt_state, data.x, data.y, data.counts, k_local)
+        params = tree_where_rows(active, trained.params, state.params)
+        opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
+        info = RoundInfo(active, jnp.zeros((n, 0), jnp.int32), jnp.zeros((n, 0), bool), jnp.zeros(()), trained.loss,
+                         jnp.zeros((n,), jnp.int32))
+        return LocalState(params, opt_state, state.round + 1, key), info
+
+    return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg)

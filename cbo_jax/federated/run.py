@@ -1,0 +1,174 @@
+"""The round loop: a jitted ``lax.scan`` over chunks of communication rounds.
+
+:func:`run_federated` scans ``eval_every`` rounds at a time (one compiled program,
+reused), then evaluates test accuracy, appends one JSON line per round to
+``metrics.jsonl`` (the evaluation fields on evaluation rounds), updates a progress
+bar, and optionally checkpoints the state. Per-round selection metrics (SR_n and its
+oracle, selection frequency by cluster, IFCA's cluster purity) are computed inside
+the scan from the true cluster ids, which are passed to the loop, never to the
+algorithm.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import pickle
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
+from cbo_jax.federated import metrics as fm
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm
+from cbo_jax.federated.data import FederatedData
+from cbo_jax.models import Model
+
+__all__ = ["RunResult", "run_federated", "save_checkpoint", "load_checkpoint"]
+
+
+class RunResult(NamedTuple):
+    state: Any
+    history: list  # one dict per round
+    summary: dict
+
+
+@functools.partial(jax.jit, static_argnames=("round_fn", "length", "num_clusters"), donate_argnums=(0,))
+def _scan_rounds(state, data: AgentData, cluster, *, round_fn, length: int, num_clusters: int):
+    def body(s, _):
+        s, info = round_fn(s, data)
+        rec = {"train_loss": jnp.mean(info.train_loss), "eps": info.eps, "participants": jnp.sum(info.active)}
+        if info.idx.shape[1] > 0:
+            rec["sr"] = fm.selection_rate(info.idx, cluster)
+            rec["sr_oracle"] = fm.oracle_selection_rate(info.eps, cluster)
+            rec["selection_frequency"] = fm.selection_frequency(info.idx, cluster, num_clusters)
+        rec["assignment"] = info.assignment
+        return s, rec
+
+    return jax.lax.scan(body, state, None, length=length)
+
+
+def _to_py(v):
+    v = np.asarray(v)
+    return v.item() if v.ndim == 0 else v.tolist()
+
+
+def run_federated(
+    algorithm: Algorithm,
+    model: Model,
+    data: FederatedData,
+    rounds: int,
+    key: jax.Array,
+    *,
+    eval_every: int = 1,
+    eval_chunk: int = 8,
+    test_size: int | None = None,
+    out_dir: str | Path | None = None,
+    checkpoint_every: int | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
+
+    Args:
+      algorithm: an ``(init, round)`` pair from :mod:`cbo_jax.federated.algorithms`.
+      model: the model the algorithm trains (for evaluation).
+      data: the federated data (cluster ids used for metrics only).
+      key: PRNG key of the run.
+      eval_every: evaluate test accuracy every this many rounds (and after the last).
+      eval_chunk: models evaluated at once.
+      test_size: evaluate on the first ``test_size`` images of each test set (all if None).
+      out_dir: if given, ``metrics.jsonl`` is appended there round by round.
+      checkpoint_every: with ``out_dir``, pickle the state every this many rounds.
+    """
+    _checks.positive_int("rounds", rounds)
+    _checks.positive_int("eval_every", eval_every)
+    agent_data = AgentData.from_federated(data)
+    cluster = jnp.asarray(data.cluster)
+    test_x, test_y = data.test_x, data.test_y
+    if test_size is not None:
+        test_x, test_y = test_x[:, :test_size], test_y[:, :test_size]
+    k = data.num_clusters
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("")
+    t0 = time.perf_counter()
+    state = jax.jit(algorithm.init)(key)
+    history: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rounds, desc=algorithm.name, unit="round", dynamic_ncols=True)
+    done = 0
+    last_eval: dict = {}
+    try:
+        while done < rounds:
+            length = min(eval_every, rounds - done)
+            state, rec = _scan_rounds(state, agent_data, cluster, round_fn=algorithm.round, length=length, num_clusters=k)
+            rec = jax.device_get(rec)
+            kind, params = algorithm.eval_models(state)
+            last_eval = fm.evaluate(model, kind, params, test_x, test_y, cluster, chunk=eval_chunk)
+            for i in range(length):
+                row = {"round": done + i + 1}
+                for name, val in rec.items():
+                    if name == "assignment":
+                        if algorithm.name == "ifca":
+                            row["cluster_purity"] = fm.cluster_purity(val[i], data.cluster)
+                        continue
+                    row[name] = _to_py(val[i])
+                if i == length - 1:
+                    row.update(last_eval)
+                    row["elapsed_s"] = round(time.perf_counter() - t0, 3)
+                history.append(row)
+                if out is not None:
+                    with open(out / "metrics.jsonl", "a") as fh:
+                        fh.write(json.dumps(row) + "\n")
+            done += length
+            if bar is not None:
+                bar.update(length)
+                post = {"acc": f"{last_eval['test_acc']:.2f}"}
+                if "sr" in history[-1]:
+                    post["SR"] = f"{history[-1]['sr']:.2f}"
+                bar.set_postfix(post)
+            if out is not None and checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
+                save_checkpoint(out / "checkpoint.pkl", state, done)
+    finally:
+        if bar is not None:
+            bar.close()
+    summary = {
+        "algorithm": algorithm.name,
+        "rounds": rounds,
+        "num_agents": data.num_agents,
+        "num_clusters": k,
+        "final_test_acc": last_eval.get("test_acc"),
+        "final_test_acc_per_cluster": last_eval.get("test_acc_per_cluster"),
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
+    if "sr" in history[-1]:
+        summary["final_sr"] = history[-1]["sr"]
+        summary["final_sr_oracle"] = history[-1]["sr_oracle"]
+    if "cluster_purity" in history[-1]:
+        summary["final_cluster_purity"] = history[-1]["cluster_purity"]
+    return RunResult(state=state, history=history, summary=summary)
+
+
+def save_checkpoint(path: str | Path, state, rounds_done: int) -> None:
+    """Pickle the state (as NumPy arrays; PRNG keys as key data) and the round count."""
+    leaves, treedef = jax.tree_util.tree_flatten(state)
+    host = [
+        ("key", np.asarray(jax.random.key_data(x))) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else ("arr", np.asarray(x))
+        for x in leaves
+    ]
+    Path(path).write_bytes(pickle.dumps({"treedef": treedef, "leaves": host, "rounds_done": rounds_done}))
+
+
+def load_checkpoint(path: str | Path):
+    """Inverse of :func:`save_checkpoint`: returns ``(state, rounds_done)``."""
+    blob = pickle.loads(Path(path).read_bytes())
+    leaves = [jax.random.wrap_key_data(v) if kind == "key" else jnp.asarray(v) for kind, v in blob["leaves"]]
+    return jax.tree_util.tree_unflatten(blob["treedef"], leaves), blob["rounds_done"]
