@@ -22,7 +22,7 @@ class Experiment:
 
 
 def registry() -> dict[str, Experiment]:
-    from cbo_jax.experiments import rastrigin_success
+    from cbo_jax.experiments import fedcbo_table1, rastrigin_success
 
-    entries = [rastrigin_success.EXPERIMENT]
+    entries = [rastrigin_success.EXPERIMENT, fedcbo_table1.TABLE1, fedcbo_table1.NOISE]
     return {e.name: e for e in entries}

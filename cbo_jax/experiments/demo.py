@@ -1,0 +1,62 @@
+"""The main demo: FedCBO against FedAvg, IFCA and local training, offline.
+
+Rotated MNIST (4 rotations) built from the real-MNIST subset shipped in the package:
+N = 40 agents (10 per rotation) of 200 images, an MLP 784-200-10 per agent, the same
+local SGD for every method, a few communication rounds. Prints a comparison table and
+writes each method's results directory under ``out``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from cbo_jax.experiments.federated import FedRunConfig, load_data, run_experiment
+
+DEMO = FedRunConfig(
+    source="bundled",
+    agents=40,
+    clusters=4,
+    samples_per_agent=200,
+    epochs=2,
+    batch_size=64,
+    lr=0.05,
+    M=8,
+    alpha=10.0,
+    eps0=0.5,
+    eps_decay=0.05,
+    eps_min=0.1,
+    rounds=15,
+    eval_every=5,
+    test_size=1000,
+    eval_chunk=8,
+)
+
+
+def run_demo(out: Path, seed: int = 0, progress: bool = True, base: FedRunConfig = DEMO) -> dict:
+    out = Path(out)
+    base = base.replace(seed=seed)
+    data = load_data(base)
+    rows = {}
+    t0 = time.perf_counter()
+    for algo in ("fedcbo", "ifca", "fedavg", "local"):
+        res = run_experiment(base.replace(algorithm=algo), out / algo, progress=progress, data=data)
+        rows[algo] = res.summary
+    width = 8
+    print()
+    print(f"Rotated MNIST (bundled real subset): {base.agents} agents, {base.clusters} rotations, "
+          f"{base.samples_per_agent} images each, {base.rounds} rounds, tau={base.epochs} epochs")
+    print(f"{'method':<{width}}  {'test acc %':>10}  {'per rotation (0/90/180/270)':<30}  {'seconds':>7}")
+    for algo, s in rows.items():
+        per = " / ".join(f"{a:.1f}" for a in s["final_test_acc_per_cluster"])
+        print(f"{algo:<{width}}  {s['final_test_acc']:>10.2f}  {per:<30}  {s['seconds']:>7.1f}")
+    if "final_sr" in rows["fedcbo"]:
+        print(f"FedCBO successful selection rate {rows['fedcbo']['final_sr']:.3f} "
+              f"(oracle {rows['fedcbo']['final_sr_oracle']:.3f})")
+    print(f"published (paper scale, Table 1): FedCBO 96.51, IFCA 94.44, FedAvg 85.50, Local 81.27; results in {out}/")
+    result = {algo: round(s["final_test_acc"], 2) for algo, s in rows.items()}
+    result["sr_final"] = rows["fedcbo"].get("final_sr")
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    (out / "demo.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
