@@ -37,6 +37,14 @@ def positive(name: str, value: Any) -> float:
     return v
 
 
+def fraction(name: str, value: Any) -> float:
+    """A number in ``(0, 1]`` (a share of agents, for example)."""
+    v = finite_number(name, value)
+    if not 0 < v <= 1:
+        raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
+    return v
+
+
 def positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {value!r}")

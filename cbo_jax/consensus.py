@@ -73,10 +73,7 @@ def consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -
 
 def _finite_population(population: PyTree, mask):
     """Zero the non-finite rows of ``population`` and drop them from ``mask``."""
-    ok = pop.tree_isfinite_rows(population)
-    clean = jax.tree_util.tree_map(
-        lambda leaf: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (leaf.ndim - 1)), leaf, 0), population
-    )
+    clean, ok = pop.zero_nonfinite_rows(population)
     return clean, ok if mask is None else mask & ok
 
 
@@ -128,7 +125,7 @@ def subset_consensus(
     Returns a population with ``J`` agents. Downloads of agents with non-finite
     parameters or losses get weight zero.
     """
-    population, ok = _finite_population(population, None)
+    population, ok = pop.zero_nonfinite_rows(population)
     sel_ok = jnp.take(ok, idx)
     w = consensus_weights(loss, alpha, sel_ok if mask is None else mask & sel_ok)
     if method == "dense":

@@ -32,6 +32,7 @@ __all__ = [
     "pad_agents",
     "per_agent",
     "tree_isfinite_rows",
+    "zero_nonfinite_rows",
 ]
 
 
@@ -119,6 +120,19 @@ def tree_isfinite_rows(population: PyTree) -> jax.Array:
         ok = jnp.all(jnp.isfinite(jnp.reshape(leaf, (leaf.shape[0], -1))), axis=1)
         out = ok if out is None else out & ok
     return out
+
+
+def zero_nonfinite_rows(population: PyTree) -> tuple[PyTree, jax.Array]:
+    """Zero every agent that holds a NaN or an infinity; return ``(clean, ok)``.
+
+    ``ok`` is the ``(N,)`` mask of agents that were finite. Weighting a zeroed row by
+    ``0`` gives ``0`` where ``0 · NaN`` would give NaN.
+    """
+    ok = tree_isfinite_rows(population)
+    clean = jax.tree_util.tree_map(
+        lambda leaf: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (leaf.ndim - 1)), leaf, 0), population
+    )
+    return clean, ok
 
 
 def ravel(population: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:

@@ -28,8 +28,7 @@ class FedAvgConfig:
     local: LocalSGDConfig = LocalSGDConfig()
 
     def __post_init__(self):
-        if not 0 < _checks.positive("participation", self.participation) <= 1:
-            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+        _checks.fraction("participation", self.participation)
 
 
 class FedAvgState(NamedTuple):

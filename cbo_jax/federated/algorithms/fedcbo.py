@@ -92,9 +92,7 @@ class FedCBOConfig:
         _checks.one_of("noise", self.noise, ("none", "isotropic", "anisotropic"))
         _checks.non_negative("sigma1", self.sigma1)
         _checks.one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
-        p = _checks.positive("participation", self.participation)
-        if p > 1:
-            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+        _checks.fraction("participation", self.participation)
         _checks.positive_int("eval_chunk", self.eval_chunk)
 
     @property
@@ -124,11 +122,7 @@ def aggregate(model: Model, cfg: FedCBOConfig, params: PyTree, idx: jax.Array, d
 
     def one_agent(args):
         idx_j, x_j, y_j, c_j, theta_j = args
-        downloads = pop.gather(params, idx_j)  # (M, ...)
-        finite = pop.tree_isfinite_rows(downloads)
-        clean = jax.tree_util.tree_map(
-            lambda leaf: jnp.where(jnp.reshape(finite, finite.shape + (1,) * (leaf.ndim - 1)), leaf, 0), downloads
-        )
+        clean, finite = pop.zero_nonfinite_rows(pop.gather(params, idx_j))  # (M, ...)
         loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(clean)
         loss = jnp.where(finite, loss, jnp.inf)
         w = consensus_weights(loss, cfg.alpha)

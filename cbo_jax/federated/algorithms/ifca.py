@@ -36,8 +36,7 @@ class IFCAConfig:
 
     def __post_init__(self):
         _checks.positive_int("k", self.k)
-        if not 0 < _checks.positive("participation", self.participation) <= 1:
-            raise ValueError(f"participation must lie in (0, 1], got {self.participation}")
+        _checks.fraction("participation", self.participation)
 
 
 class IFCAState(NamedTuple):
