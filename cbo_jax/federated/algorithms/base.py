@@ -10,14 +10,30 @@ test distribution picking the one with the smallest loss (FedAvg, IFCA; as the p
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from cbo_jax import _checks
+from cbo_jax.federated.local import LocalSGDConfig
+
 PyTree = Any
 
-__all__ = ["AgentData", "RoundInfo", "Algorithm", "participants", "tree_where_rows", "weighted_rows_mean"]
+__all__ = ["AgentData", "RoundInfo", "Algorithm", "BaselineConfig", "participants", "tree_where_rows",
+           "weighted_rows_mean"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BaselineConfig:
+    """What every baseline needs: the share of agents per round and the local SGD."""
+
+    participation: float = 1.0
+    local: LocalSGDConfig = LocalSGDConfig()
+
+    def __post_init__(self):
+        _checks.fraction("participation", self.participation)
 
 
 class AgentData(NamedTuple):

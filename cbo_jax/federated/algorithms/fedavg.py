@@ -7,28 +7,23 @@ weighted by their numbers of samples.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, weighted_rows_mean
-from cbo_jax.federated.local import LocalSGDConfig, local_train
+from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
+                                               weighted_rows_mean)
+from cbo_jax.federated.local import local_train
 
 PyTree = Any
 
 __all__ = ["FedAvgConfig", "fedavg"]
 
 
-@dataclasses.dataclass(frozen=True)
-class FedAvgConfig:
-    participation: float = 1.0
-    local: LocalSGDConfig = LocalSGDConfig()
-
-    def __post_init__(self):
-        _checks.fraction("participation", self.participation)
+class FedAvgConfig(BaselineConfig):
+    """FedAvg: share of agents per round and local SGD."""
 
 
 class FedAvgState(NamedTuple):

@@ -17,8 +17,9 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, weighted_rows_mean
-from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train
+from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
+                                               weighted_rows_mean)
+from cbo_jax.federated.local import agent_loss, local_train
 from cbo_jax.models import init_population
 
 PyTree = Any
@@ -27,16 +28,14 @@ __all__ = ["IFCAConfig", "ifca"]
 
 
 @dataclasses.dataclass(frozen=True)
-class IFCAConfig:
+class IFCAConfig(BaselineConfig):
     """``k``: number of server models (the paper uses the true number of clusters)."""
 
     k: int = 4
-    participation: float = 1.0
-    local: LocalSGDConfig = LocalSGDConfig()
 
     def __post_init__(self):
+        super().__post_init__()
         _checks.positive_int("k", self.k)
-        _checks.fraction("participation", self.participation)
 
 
 class IFCAState(NamedTuple):

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, tree_where_rows
-from cbo_jax.federated.local import LocalSGDConfig, local_train, make_optimizer
+from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
+                                               tree_where_rows)
+from cbo_jax.federated.local import local_train, make_optimizer
 from cbo_jax.models import init_population
 
 PyTree = Any
@@ -18,13 +18,8 @@ PyTree = Any
 __all__ = ["LocalConfig", "local_only"]
 
 
-@dataclasses.dataclass(frozen=True)
-class LocalConfig:
-    participation: float = 1.0
-    local: LocalSGDConfig = LocalSGDConfig()
-
-    def __post_init__(self):
-        _checks.fraction("participation", self.participation)
+class LocalConfig(BaselineConfig):
+    """Local training: share of agents per round and local SGD."""
 
 
 class LocalState(NamedTuple):
