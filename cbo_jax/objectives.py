@@ -35,7 +35,34 @@ __all__ = [
     "StyblinskiTang",
     "OBJECTIVES",
     "get_objective",
+    "cos_2pi",
 ]
+
+
+# Taylor coefficients of cos(x) = Σ_k (-1)^k x^{2k} / (2k)!. On [0, π/2] the remainder
+# after k = 0..7 is below 7e-11 (float32), after k = 0..11 below 1e-19 (float64).
+_COS_TAYLOR = tuple((-1) ** k / math.factorial(2 * k) for k in range(12))
+
+
+def cos_2pi(z):
+    """``cos(2π z)`` with an exact period-1 reduction and an even polynomial.
+
+    ``r = z - round(z)`` is exact in floating point, so the result is correct for any
+    ``|z|`` (``jnp.cos(2π z)`` loses all accuracy once ``2π z`` is large); the reduced
+    argument is folded to ``[0, 1/4]`` by ``cos(2π r) = -cos(2π (1/2 - r))`` and the
+    polynomial evaluated on ``x = 2π r ∈ [0, π/2]`` (degree 14 in float32, 22 in float64).
+    Max error about 2e-7 in float32,
+    several times faster than XLA:CPU's ``cos`` (benchmarks/RESULTS.md).
+    """
+    r = jnp.abs(z - jnp.round(z))  # in [0, 1/2]
+    flip = r > 0.25
+    x = (2.0 * jnp.pi) * jnp.where(flip, 0.5 - r, r)
+    x2 = x * x
+    coeffs = _COS_TAYLOR[: 12 if x.dtype == jnp.float64 else 8]
+    acc = jnp.asarray(coeffs[-1], x.dtype)
+    for c in reversed(coeffs[:-1]):
+        acc = acc * x2 + c
+    return jnp.where(flip, -acc, acc)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,7 +103,7 @@ class Rastrigin(Objective):
 
     def _f(self, z):
         d = z.shape[-1]
-        return 10.0 * d + jnp.sum(z * z - 10.0 * jnp.cos(2.0 * jnp.pi * z), axis=-1)
+        return 10.0 * d + jnp.sum(z * z - 10.0 * cos_2pi(z), axis=-1)
 
 
 class RastriginNormalized(Objective):
@@ -85,7 +112,7 @@ class RastriginNormalized(Objective):
     name = "rastrigin-normalized"
 
     def _f(self, z):
-        return jnp.mean(z * z - 10.0 * jnp.cos(2.0 * jnp.pi * z) + 10.0, axis=-1)
+        return jnp.mean(z * z - 10.0 * cos_2pi(z) + 10.0, axis=-1)
 
 
 class Ackley(Objective):
@@ -95,7 +122,7 @@ class Ackley(Objective):
 
     def _f(self, z):
         r = jnp.sqrt(jnp.mean(z * z, axis=-1))
-        return -20.0 * jnp.exp(-0.2 * r) - jnp.exp(jnp.mean(jnp.cos(2.0 * jnp.pi * z), axis=-1)) + 20.0 + math.e
+        return -20.0 * jnp.exp(-0.2 * r) - jnp.exp(jnp.mean(cos_2pi(z), axis=-1)) + 20.0 + math.e
 
 
 class Sphere(Objective):

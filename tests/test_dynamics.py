@@ -11,7 +11,10 @@ import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
 # jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
-enable_x64 = getattr(jax, "enable_x64", None) or __import__("jax.experimental", fromlist=["enable_x64"]).enable_x64
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
 
 RASTRIGIN_CFG = cj.CBOConfig(
     lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic", alpha=schedules.Multiplicative(30.0, 1.05, 1e5)
@@ -205,3 +208,18 @@ def test_rastrigin_forms_are_named_apart():
     np.testing.assert_allclose(np.asarray(objectives.RastriginNormalized()(x)), [2.5, 12.5, 30.5], atol=1e-4)
     with pytest.raises(ValueError, match="unknown objective"):
         objectives.get_objective("rastrigon")
+
+
+def test_cos_2pi_matches_float64_cos():
+    z = np.concatenate([np.linspace(-3, 3, 20001), np.random.default_rng(0).uniform(-1e4, 1e4, 20000),
+                        np.arange(-50, 51) * 0.25])
+    z32 = z.astype(np.float32)
+    got = np.asarray(objectives.cos_2pi(jnp.asarray(z32)), np.float64)
+    ref = np.cos(2 * np.pi * z32.astype(np.float64))
+    assert np.max(np.abs(got - ref)) < 5e-7
+    with enable_x64(True):
+        got64 = np.asarray(objectives.cos_2pi(jnp.asarray(z)))
+    assert got64.dtype == np.float64
+    assert np.max(np.abs(got64 - np.cos(2 * np.pi * (z - np.round(z))))) < 1e-14
+    special = np.asarray(objectives.cos_2pi(jnp.asarray([0.0, 1.0, -7.0, 0.5, 0.25, 1e9])))
+    np.testing.assert_allclose(special, [1, 1, 1, -1, 0, 1], atol=2e-7)

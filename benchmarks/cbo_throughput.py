@@ -1,0 +1,325 @@
+"""CBO throughput: cbo_jax (float32 / float64) against CBXpy (float64 NumPy).  Issue 2.
+
+Problem: standard CBO on CBXpy's un-normalised Rastrigin in d=20, one run (M=1),
+anisotropic noise, sigma=10.1, lambda=1, dt=0.01, alpha0=30 multiplied by 1.05 per
+step and capped at 1e5, x0 ~ U[-3, 3]^d (the same x0 for both libraries).
+Metric: particle-steps per second = N * steps / seconds.
+
+cbo_jax timing excludes compilation: every configuration is first run once with the
+same N and the same scan-chunk lengths (``simulate`` compiles one ``lax.scan`` per
+chunk length and reuses it, keyed on the identity of ``dyn.step``; the same ``dyn``
+object is reused), then timed ``--repeats`` times, best kept. A JAX monitoring
+listener counts backend compilations during the timed runs; it must stay 0.
+Timed call: ``cj.simulate(dyn, x0, key, steps, chunk_size=500)`` + block_until_ready
+(the host-side input checks and the per-step history it records are included).
+
+CBXpy: ``cbx.dynamics.CBO(Rastrigin(), f_dim='3D', x=x0[None], dt=0.01, sigma=10.1,
+lamda=1.0, alpha=30., noise='anisotropic', max_it=steps, verbosity=0,
+track_args={'names': []})`` and ``optimize(sched=multiply(name='alpha', factor=1.05,
+maximum=1e5))`` (the same scheduler as its default one). Only ``optimize`` is timed.
+Two settings favour CBXpy and are deliberate (a conservative speedup):
+``f_dim='3D'`` hands the whole (M, N, d) array to the vectorised Rastrigin (CBXpy's
+default ``'1D'`` evaluates it row by row via ``np.apply_along_axis``: ~13x slower at
+N=1e4 here),
+and history tracking is switched off (by default it stores the N energies every step).
+CBXpy keeps its default post-processing (``nan_to_num`` + clip to 1e8 each step) and
+its per-step ``x_old`` copy / update norm; cbo_jax runs without ``max_abs`` clipping.
+
+Columns: cbo_jax float32 (rng="fast", the default), cbo_jax float64 (rng="fast"),
+cbo_jax float32 with rng="partitionable" (for reference), CBXpy float64, speedups.
+
+Modes:
+  default   N in {1e3, 1e4, 1e5}, 1000 steps, 3 repeats (cbo_jax); CBXpy repeats: 3
+            when N*steps <= 1e7, else 1. Takes ~10-15 min on a 2-core CPU.
+  --quick   N in {1e3, 1e4}, 200 steps, 2 repeats (cbo_jax), 1 (CBXpy); about 20-45 s
+            in total on the 2-core machine (measured 18 s lightly loaded, 43 s at load
+            average 5-6; must stay < 60 s).
+  --profile also run the one-step breakdown of benchmarks/profile_cbo_step.py
+            (N=1e4, d=20, float32) and include it in the output / JSON.
+
+The table is printed first; the very last line of stdout is one JSON object with
+"particle_steps_per_s" (cbo_jax, N=1e4, float32) and "speedup_vs_cbxpy" (same N),
+plus per-N numbers, device and versions. ``--json PATH`` writes the same object.
+
+    python benchmarks/cbo_throughput.py            # full
+    python benchmarks/cbo_throughput.py --quick    # < 60 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # for the float64 column; float32 arrays stay float32
+
+import numpy as np  # noqa: E402
+
+import cbo_jax as cj  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_cbo_step import ALPHA0, ALPHA_FACTOR, ALPHA_MAX, DT, LAMBDA, SIGMA, bench_config  # noqa: E402
+
+CHUNK = 500
+HEADLINE_N = 10_000
+
+# cbo_jax configurations: (column key, dtype, rng)
+JAX_CONFIGS = [
+    ("cbo_jax_float32", "float32", "fast"),
+    ("cbo_jax_float64", "float64", "fast"),
+    ("cbo_jax_float32_partitionable", "float32", "partitionable"),
+]
+
+
+class _CompileCounter:
+    """Counts XLA backend compilations (JAX monitoring events)."""
+
+    def __init__(self):
+        self.count = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event, duration, **kwargs):
+        if event.endswith("backend_compile_duration"):
+            self.count += 1
+
+
+def _chunk_lengths(steps: int, chunk: int) -> list[int]:
+    lengths = {min(chunk, steps)}
+    if steps > chunk and steps % chunk:
+        lengths.add(steps % chunk)
+    return sorted(lengths)
+
+
+def expected_alpha(steps: int) -> float:
+    a = ALPHA0
+    for _ in range(steps):
+        a = min(a * ALPHA_FACTOR, ALPHA_MAX)
+    return a
+
+
+def time_cbo_jax(dyn, x0: np.ndarray, steps: int, repeats: int, counter: _CompileCounter) -> dict:
+    key = jax.random.key(1)
+    # Warm-up: compile every scan-chunk length the timed call will use (same shapes).
+    t0 = time.perf_counter()
+    for length in _chunk_lengths(steps, CHUNK):
+        jax.block_until_ready(cj.simulate(dyn, x0, key, length, chunk_size=CHUNK).state)
+    warm_s = time.perf_counter() - t0
+    compiles_before = counter.count
+    times, res = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        res = cj.simulate(dyn, x0, key, steps, chunk_size=CHUNK)
+        jax.block_until_ready(res.state)
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    n = x0.shape[0]
+    return {
+        "seconds_best": best,
+        "seconds_all": times,
+        "particle_steps_per_s": n * steps / best,
+        "warmup_seconds_incl_compile": warm_s,
+        "recompiles_during_timing": counter.count - compiles_before,
+        "best_energy": float(res.state.best_energy),
+        "final_alpha": float(res.state.alpha),
+        "steps_done": int(res.steps),
+    }
+
+
+def time_cbxpy(x0: np.ndarray, steps: int, repeats: int) -> dict:
+    from cbx.dynamics import CBO
+    from cbx.objectives import Rastrigin
+    from cbx.scheduler import multiply
+
+    times, dyn = [], None
+    for r in range(repeats):
+        dyn = CBO(
+            Rastrigin(),
+            f_dim="3D",
+            x=x0[None].copy(),
+            dt=DT,
+            sigma=SIGMA,
+            lamda=LAMBDA,
+            alpha=ALPHA0,
+            noise="anisotropic",
+            max_it=steps,
+            verbosity=0,
+            track_args={"names": []},
+            seed=r,
+        )
+        sched = multiply(name="alpha", factor=ALPHA_FACTOR, maximum=ALPHA_MAX)
+        t0 = time.perf_counter()
+        dyn.optimize(sched=sched)
+        times.append(time.perf_counter() - t0)
+    best = min(times)
+    n = x0.shape[0]
+    return {
+        "seconds_best": best,
+        "seconds_all": times,
+        "particle_steps_per_s": n * steps / best,
+        "best_energy": float(np.min(dyn.best_energy)),
+        "final_alpha": float(np.asarray(dyn.alpha).ravel()[0]),
+        "steps_done": int(dyn.it),
+    }
+
+
+def device_string() -> str:
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    dev = jax.devices()[0]
+    return f"{dev.platform.upper()} ({cpu}, {os.cpu_count()} cores), jax device {dev.device_kind}"
+
+
+def _fmt_rate(r):
+    return "-" if r is None else f"{r / 1e6:8.3f}"
+
+
+def _fmt_x(a, b):
+    return "-" if (a is None or b is None) else f"{a / b:6.2f}x"
+
+
+def format_table(results: list[dict], steps: int, dim: int) -> str:
+    head = (
+        f"CBO on Rastrigin d={dim}, {steps} steps, M=1; million particle-steps/s (best of repeats, compile excluded)\n"
+        f"{'N':>8s} | {'jax f32':>8s} {'jax f64':>8s} {'f32 part':>8s} | {'CBXpy':>8s} | "
+        f"{'f32/CBX':>7s} {'f64/CBX':>7s} {'part/CBX':>8s}"
+    )
+    lines = [head, "-" * len(head.splitlines()[1])]
+    for r in results:
+        f32 = r.get("cbo_jax_float32", {}).get("particle_steps_per_s")
+        f64 = r.get("cbo_jax_float64", {}).get("particle_steps_per_s")
+        part = r.get("cbo_jax_float32_partitionable", {}).get("particle_steps_per_s")
+        cbx = r.get("cbxpy_float64", {}).get("particle_steps_per_s")
+        lines.append(
+            f"{r['N']:8d} | {_fmt_rate(f32)} {_fmt_rate(f64)} {_fmt_rate(part)} | {_fmt_rate(cbx)} | "
+            f"{_fmt_x(f32, cbx):>7s} {_fmt_x(f64, cbx):>7s} {_fmt_x(part, cbx):>8s}"
+        )
+    lines.append("")
+    lines.append("seconds (best / all), warm-up incl. compile, best energy, final alpha:")
+    for r in results:
+        for col in ["cbo_jax_float32", "cbo_jax_float64", "cbo_jax_float32_partitionable", "cbxpy_float64"]:
+            m = r.get(col)
+            if not m:
+                continue
+            extra = ""
+            if "warmup_seconds_incl_compile" in m:
+                extra = f" warm-up {m['warmup_seconds_incl_compile']:6.2f}s, recompiles {m['recompiles_during_timing']}"
+            alls = ", ".join(f"{t:.2f}" for t in m["seconds_all"])
+            lines.append(
+                f"  N={r['N']:<7d} {col:30s} {m['seconds_best']:8.2f}s [{alls}]{extra}; "
+                f"E_best={m['best_energy']:.3g}, alpha={m['final_alpha']:.4g}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N in {1e3,1e4}, 200 steps, 2 repeats: < 60 s")
+    ap.add_argument("--sizes", type=str, default=None, help="comma-separated N (default 1000,10000,100000)")
+    ap.add_argument("--steps", type=int, default=None, help="steps per run (default 1000; 200 with --quick)")
+    ap.add_argument("--dim", type=int, default=20, help="dimension d (default 20)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed cbo_jax runs per config (default 3; 2 quick)")
+    ap.add_argument("--cbx-repeats", type=int, default=None,
+                    help="timed CBXpy runs (default: 3 if N*steps <= 1e7 else 1; 1 with --quick)")
+    ap.add_argument("--no-cbxpy", action="store_true", help="skip CBXpy")
+    ap.add_argument("--no-partitionable", action="store_true", help="skip the rng='partitionable' float32 column")
+    ap.add_argument("--profile", action="store_true", help="also run the one-step profile (N=1e4, d=20, float32)")
+    ap.add_argument("--json", metavar="PATH", help="write all results to PATH")
+    ap.add_argument("--seed", type=int, default=0, help="seed of x0 (default 0)")
+    args = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    if args.quick:
+        sizes = [1_000, 10_000]
+        steps = args.steps or 200
+        repeats = args.repeats or 2
+    else:
+        sizes = [1_000, 10_000, 100_000]
+        steps = args.steps or 1000
+        repeats = args.repeats or 3
+    if args.sizes:
+        sizes = [int(float(s)) for s in args.sizes.split(",")]
+    configs = [c for c in JAX_CONFIGS if not (args.no_partitionable and c[2] == "partitionable")]
+
+    counter = _CompileCounter()
+    dyns = {key: cj.cbo(cj.objectives.Rastrigin(), bench_config(dtype, rng)) for key, dtype, rng in configs}
+    results = []
+    for n in sizes:
+        x0 = np.random.default_rng(args.seed).uniform(-3.0, 3.0, (n, args.dim))
+        row = {"N": n}
+        for key, dtype, rng in configs:
+            row[key] = time_cbo_jax(dyns[key], x0, steps, repeats, counter)
+            row[key].update(dtype=dtype, rng=rng)
+            print(f"[N={n}] {key}: {row[key]['particle_steps_per_s'] / 1e6:.3f} M particle-steps/s", file=sys.stderr)
+        if not args.no_cbxpy:
+            reps = args.cbx_repeats or (1 if args.quick else (3 if n * steps <= 1e7 else 1))
+            row["cbxpy_float64"] = time_cbxpy(x0, steps, reps)
+            print(f"[N={n}] cbxpy: {row['cbxpy_float64']['particle_steps_per_s'] / 1e6:.3f} M particle-steps/s",
+                  file=sys.stderr)
+            for key, _, _ in configs:
+                row[key]["speedup_vs_cbxpy"] = row[key]["particle_steps_per_s"] / row["cbxpy_float64"]["particle_steps_per_s"]
+        results.append(row)
+
+    print(format_table(results, steps, args.dim))
+    a_exp = expected_alpha(steps)
+    for r in results:
+        for col, m in r.items():
+            if isinstance(m, dict) and abs(m["final_alpha"] - a_exp) > 1e-3 * a_exp:
+                print(f"WARNING: N={r['N']} {col}: final alpha {m['final_alpha']} != expected {a_exp}")
+            if isinstance(m, dict) and m.get("recompiles_during_timing", 0):
+                print(f"WARNING: N={r['N']} {col}: {m['recompiles_during_timing']} recompilations during timing")
+
+    profile = None
+    if args.profile:
+        from profile_cbo_step import format_profile, profile_step
+
+        profile = profile_step(10_000, args.dim, k=200, repeats=5)
+        print()
+        print(format_profile(profile))
+
+    head = next((r for r in results if r["N"] == HEADLINE_N), results[-1])
+    f32 = head["cbo_jax_float32"]
+    out = {
+        "particle_steps_per_s": f32["particle_steps_per_s"],
+        "speedup_vs_cbxpy": f32.get("speedup_vs_cbxpy"),
+        "headline": f"cbo_jax float32 rng=fast, N={head['N']}, d={args.dim}, {steps} steps",
+        "N": head["N"],
+        "d": args.dim,
+        "steps": steps,
+        "repeats": repeats,
+        "quick": bool(args.quick),
+        "device": device_string(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": importlib.metadata.version("jaxlib"),
+        "cbx_version": importlib.metadata.version("cbx"),
+        "numpy_version": np.__version__,
+        "python": platform.python_version(),
+        "date": datetime.date.today().isoformat(),
+        "expected_final_alpha": a_exp,
+        "results": results,
+        "wall_seconds_total": time.perf_counter() - t_start,
+    }
+    if profile is not None:
+        out["profile"] = profile
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    print(f"\ntotal wall time {out['wall_seconds_total']:.1f} s")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
