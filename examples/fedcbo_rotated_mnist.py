@@ -19,7 +19,7 @@ model = models.mlp_mnist()                           # MLP 784-200-10, one per a
 config = FedCBOConfig(
     M=8,                                             # downloads per agent per round
     alpha=10.0,                                      # μ = exp(-α L), eq. (19)
-    lambda1=1.0, gamma=0.98,                         # aggregation step λ1γ, eq. (20)
+    lambda1=9.8, gamma=0.1,                          # aggregation step λ1γ = 0.98, eq. (20)
     eps0=0.5, eps_decay=0.05, eps_min=0.1,           # ε-greedy schedule (Remark 3)
     local=LocalSGDConfig(epochs=2, batch_size=64, lr=0.05, momentum=0.9),
 )

@@ -48,8 +48,8 @@ class FedRunConfig:
     # FedCBO
     M: int = 200
     alpha: float = 10.0
-    lambda1: float = 1.0
-    gamma: float = 0.98
+    lambda1: float = 9.8
+    gamma: float = 0.1
     selection: str = "epsilon_greedy"
     eps0: float = 0.5
     eps_decay: float = 0.01

@@ -53,7 +53,10 @@ class FedCBOConfig:
 
     Attributes:
       M: downloads per agent per round (``1 <= M <= N - 1``).
-      lambda1, gamma: the aggregation step is ``λ1 γ`` (reference script: 0.98).
+      lambda1, gamma: the aggregation step is ``λ1 γ``; ``γ`` is also the time step of
+        the Appendix E noise ``σ1 √γ ...``. Defaults: ``γ = 0.1`` as in the paper's
+        splitting (local learning rate ``λ2 γ = 0.1`` with ``λ2 = 1``) and
+        ``λ1 = 9.8``, so that ``λ1 γ = 0.98`` as in the reference script.
       alpha: α of the weights μ = exp(-α L), eq. (19).
       selection: ``"epsilon_greedy"`` (Remark 3) or ``"uniform"``.
       eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
@@ -67,8 +70,8 @@ class FedCBOConfig:
     """
 
     M: int = 200
-    lambda1: float = 1.0
-    gamma: float = 0.98
+    lambda1: float = 9.8
+    gamma: float = 0.1
     alpha: float = 10.0
     selection: str = "epsilon_greedy"
     eps0: float = 0.5
