@@ -6,7 +6,7 @@ training, mean test accuracy over agents (%), averaged over seeds.
 anisotropic, σ1 = 0.01 and 0.05).
 
 Scales:
-  small: N = 120 agents of 200 images, M = 20, τ = 5 epochs, T = 20 rounds, 3 seeds
+  small: N = 120 agents of 200 images, M = 20, τ = 5 epochs, T = 40 rounds, 3 seeds
          (real MNIST: set CBO_JAX_DATA_DIR, or --source bundled for the shipped subset).
   paper: N = 1200, M = 200, τ = 10, T = 100, full test sets (a GPU-sized run).
 """
@@ -24,7 +24,7 @@ PUBLISHED = {"fedcbo": 96.51, "ifca": 94.44, "fedavg": 85.50, "local": 81.27}
 PUBLISHED_NOISE = {"no_noise": 96.51, "iso_0.01": 96.41, "iso_0.05": 10.49, "aniso_0.01": 96.33, "aniso_0.05": 96.34}
 
 SCALES = {
-    "small": dict(config=FedRunConfig(agents=120, samples_per_agent=200, M=20, epochs=5, rounds=20, eval_every=10,
+    "small": dict(config=FedRunConfig(agents=120, samples_per_agent=200, M=20, epochs=5, rounds=40, eval_every=10,
                                       eval_chunk=8), seeds=3),
     "paper": dict(config=FedRunConfig(agents=1200, samples_per_agent=200, M=200, epochs=10, rounds=100, eval_every=10,
                                       eval_chunk=16), seeds=1),
