@@ -27,7 +27,7 @@ SCALES = {
     "small": dict(config=FedRunConfig(agents=120, samples_per_agent=200, M=20, epochs=5, rounds=40, eval_every=10,
                                       eval_chunk=8), seeds=3),
     "paper": dict(config=FedRunConfig(agents=1200, samples_per_agent=200, M=200, epochs=10, rounds=100, eval_every=10,
-                                      eval_chunk=16), seeds=1),
+                                      eval_chunk=4), seeds=1),
 }
 
 

@@ -57,7 +57,7 @@ class FedRunConfig:
     noise: str = "none"
     sigma1: float = 0.0
     loss_reduction: str = "mean"
-    eval_chunk: int = 16
+    eval_chunk: int = 4
     # IFCA
     k: int | None = None
     # run

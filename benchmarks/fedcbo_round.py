@@ -1,0 +1,470 @@
+"""Cost of one FedCBO round on CPU: local training and aggregation, against a matmul ceiling.
+
+Setting (FedCBO paper, rotated MNIST, REFERENCE_NOTES §1.3 local settings): N agents
+(default 240) with n = 200 training images each, MLP 784-200-10 (P = 159,010
+parameters), M downloads per agent (default 40), local SGD with tau epochs (default
+10), batch 128, lr 0.1, momentum 0.9; eps-greedy / uniform selection does not matter
+for the cost, so the downloads ``idx`` are M distinct other agents drawn uniformly.
+
+Data: by default synthetic ``uint8`` images (N, 200, 28, 28) with random labels. The
+cost of both phases does not depend on pixel values or labels (fixed shapes, no
+data-dependent control flow), so synthetic data is used for timing. ``--data real``
+uses rotated MNIST (K = 4 rotations) built with ``rotated_mnist`` from
+``mnist.load_mnist('auto')``: the IDX files in ``$CBO_JAX_DATA_DIR`` when that is set
+(N=240 x 200 images needs 12,000 images per cluster; the bundled 10,000-image subset
+is too small for that and gives an error).
+
+Timed, each jitted and compiled ahead of time (compile time reported separately). All
+timed functions are run once to warm up, then round-robin for ``--repeats`` cycles
+(every function once per cycle), so that all variants see the same, varying load of
+this shared machine; the minimum wall time is reported, every run is in the JSON:
+
+(a) ``local``: ``local_train`` of all N agents for one round (tau epochs).
+(b) ``aggregation``: ``aggregate(model, cfg, params, idx, data)`` plus the update
+    ``theta - step * (theta - m)`` (what ``fedcbo``'s round does after local training,
+    without selection / likelihood bookkeeping).
+
+FLOPs (multiply and add counted separately, biases / ReLU / softmax neglected):
+  aggregation = N (M + 1) * 2 n (784*200 + 200*10)     forward pass of each of the M
+                                                       downloads and the own model on
+                                                       the agent's n samples
+              + N * 2 M P                              weighted mean m_j (eq. 19)
+  local       = N * tau * ceil(n/B)*B * (4*784*200 + 6*200*10)
+                forward (2 flops/MAC) + weight gradients (2) of both layers, plus the
+                hidden-activation gradient of layer 2; ``local_train`` pads the last
+                batch to B rows (200 samples -> 256 rows), and those rows are computed.
+Matmul ceiling: best GFLOP/s of a jitted float32 ``jnp.dot`` measured in the same
+process before and after every cycle (the per-agent GEMM of the aggregation,
+(n x 784) @ (784 x M*200), and a square 2048^3; min time of several runs); the max
+over shapes and measurements is the ceiling. ``fraction_of_matmul_peak`` = GFLOP/s of
+the fastest run / ceiling (conservative); ``same-cycle`` = the best over cycles of a
+run's GFLOP/s divided by the ceiling measured around that same cycle.
+
+Prototypes (on by default; ``--no-compare`` skips them) measured next to the package code; they are
+candidates for ``cbo_jax``, implemented here only:
+
+* ``aggregate_proposed``: same results as ``aggregate`` (losses, own losses,
+  consensus points), but (1) the finite-row check and the zeroing of non-finite
+  models are done once on the (N, P) population instead of on every gathered
+  (chunk, M, P) block, and (2) the consensus points are one dense GEMM
+  ``W @ clean`` with ``W`` the (N, N) matrix holding each agent's normalised weights
+  at its downloads' columns, after the loss loop. The loss loop then gathers only
+  what the forward pass reads, and XLA fuses gather + transpose into one copy.
+* ``aggregate_hoisted`` (``--prototypes proposed,hoisted``): change (1) alone, to
+  attribute the gain.
+* ``local_train_trimmed``: ``local_train`` whose last mini-batch has its true static
+  size (n_max - (ceil(n_max/B) - 1) B rows, 72 for 200 samples and B = 128) instead
+  of being padded to B rows; the dropped rows are always padding (slot >= n_max >=
+  count), so results are the same up to float rounding.
+
+Modes:
+  default   N=240, M=40, tau=10, repeats 3, eval_chunk sweep {1, 4, 16}.
+            About 8 min with ``--prototypes proposed,hoisted`` on the 2-core machine
+            (474 s measured, partly under load).
+  --quick   N=48, M=8, tau=1, repeats 2, eval_chunk sweep {16}; < 60 s.
+
+Output: a table; the last line of stdout is one JSON object with "seconds_local",
+"seconds_aggregation", "aggregation_gflops", "matmul_peak_gflops",
+"fraction_of_matmul_peak" (package ``aggregate`` at ``--eval-chunk``), the settings,
+and the sweep / prototype numbers. ``--json PATH`` also writes it to a file.
+
+    python benchmarks/fedcbo_round.py --quick
+    python benchmarks/fedcbo_round.py
+    python benchmarks/fedcbo_round.py --data real     # with CBO_JAX_DATA_DIR set
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from cbo_jax import population as pop
+from cbo_jax.consensus import consensus_weights
+from cbo_jax.federated import selection
+from cbo_jax.federated.algorithms.base import AgentData
+from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, aggregate
+from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
+from cbo_jax.models import batch_loss, init_population, mlp_mnist
+
+N_SAMPLES = 200
+IN, HID, OUT = 784, 200, 10
+P_MLP = IN * HID + HID + HID * OUT + OUT  # 159,010
+
+
+# ----------------------------------------------------------------------------- prototypes
+
+
+def aggregate_proposed(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """Drop-in alternative to ``fedcbo.aggregate`` (same outputs, less memory traffic).
+
+    Returns ``(loss (N, M), own_loss (N,), m)`` exactly like ``aggregate``.
+    """
+    b = cfg.local.batch_size
+    n = idx.shape[0]
+
+    def loss_of(p, x, y, c):
+        return agent_loss(model, p, x, y, c, batch_size=b, reduction=cfg.loss_reduction)
+
+    # Once per round on (N, P), not once per agent on (M, P).
+    finite = pop.tree_isfinite_rows(params)
+    clean = jax.tree_util.tree_map(
+        lambda leaf: jnp.where(jnp.reshape(finite, finite.shape + (1,) * (leaf.ndim - 1)), leaf, 0), params
+    )
+
+    def one_agent(args):
+        idx_j, x_j, y_j, c_j, theta_j = args
+        downloads = pop.gather(clean, idx_j)
+        loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(downloads)
+        loss = jnp.where(finite[idx_j], loss, jnp.inf)
+        return loss, loss_of(theta_j, x_j, y_j, c_j), consensus_weights(loss, cfg.alpha)
+
+    loss, own, w = jax.lax.map(one_agent, (idx, data.x, data.y, data.counts, params), batch_size=cfg.eval_chunk)
+    # m_j = sum_i w_ji theta_i as one (N, N) @ (N, P) GEMM per leaf.
+    dense_w = jnp.zeros((n, n), w.dtype).at[jnp.arange(n)[:, None], idx].add(w)
+    return loss, own, pop.weighted_mean(clean, dense_w)
+
+
+def aggregate_hoisted(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """Only change (1) of ``aggregate_proposed``: finite check / zeroing hoisted out of the loop."""
+    b = cfg.local.batch_size
+
+    def loss_of(p, x, y, c):
+        return agent_loss(model, p, x, y, c, batch_size=b, reduction=cfg.loss_reduction)
+
+    finite = pop.tree_isfinite_rows(params)
+    clean = jax.tree_util.tree_map(
+        lambda leaf: jnp.where(jnp.reshape(finite, finite.shape + (1,) * (leaf.ndim - 1)), leaf, 0), params
+    )
+
+    def one_agent(args):
+        idx_j, x_j, y_j, c_j, theta_j = args
+        downloads = pop.gather(clean, idx_j)
+        loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(downloads)
+        loss = jnp.where(finite[idx_j], loss, jnp.inf)
+        w = consensus_weights(loss, cfg.alpha)
+        return loss, loss_of(theta_j, x_j, y_j, c_j), pop.weighted_mean(downloads, w)
+
+    return jax.lax.map(one_agent, (idx, data.x, data.y, data.counts, params), batch_size=cfg.eval_chunk)
+
+
+PROTOTYPES = {"proposed": aggregate_proposed, "hoisted": aggregate_hoisted}
+
+
+def _train_one_trimmed(model, cfg: LocalSGDConfig, opt, params, opt_state, x, y, count, key):
+    """``cbo_jax.federated.local._train_one`` with an unpadded last mini-batch."""
+    n_max = x.shape[0]
+    b = cfg.batch_size
+    full = n_max // b
+    rest = n_max - full * b
+
+    def grad_step(carry, batch):
+        params, opt_state = carry
+        idx, mask = batch
+        loss, grads = jax.value_and_grad(lambda p: batch_loss(model, p, x[idx], y[idx], mask))(params)
+        updates, new_opt = opt.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        has_data = jnp.any(mask)
+        keep = lambda new, old: jax.tree_util.tree_map(lambda a, o: jnp.where(has_data, a, o), new, old)  # noqa: E731
+        return (keep(new_params, params), keep(new_opt, opt_state)), (loss, has_data)
+
+    def epoch(carry, key):
+        u = jnp.where(jnp.arange(n_max) < count, jax.random.uniform(key, (n_max,)), 2.0)
+        perm = jnp.argsort(u)
+        mask = jnp.arange(n_max) < count
+        losses, has = [], []
+        if full:
+            carry, (lf, hf) = jax.lax.scan(
+                grad_step, carry, (perm[: full * b].reshape(full, b), mask[: full * b].reshape(full, b))
+            )
+            losses.append(lf)
+            has.append(hf)
+        if rest:
+            carry, (l_rest, h_rest) = grad_step(carry, (perm[full * b :], mask[full * b :]))
+            losses.append(l_rest[None])
+            has.append(h_rest[None])
+        losses, has = jnp.concatenate(losses), jnp.concatenate(has)
+        return carry, jnp.sum(losses * has) / jnp.maximum(jnp.sum(has), 1)
+
+    (params, opt_state), losses = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.epochs))
+    return params, opt_state, losses[-1]
+
+
+def local_train_trimmed(model, cfg: LocalSGDConfig, params, opt_state, x, y, counts, key):
+    """Drop-in alternative to ``local_train`` (same random stream, same results)."""
+    opt = make_optimizer(cfg)
+    n = counts.shape[0]
+    if opt_state is None or cfg.reset_optimizer:
+        opt_state = jax.vmap(opt.init)(params)
+    train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one_trimmed(model, cfg, opt, p, s, xi, yi, c, k))
+    return train(params, opt_state, x, y, counts, jax.random.split(key, n))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def load_avg() -> str:
+    try:
+        return " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def make_data(kind: str, n_agents: int, seed: int) -> AgentData:
+    if kind == "synthetic":
+        rng = np.random.default_rng(seed)
+        x = rng.integers(0, 256, (n_agents, N_SAMPLES, 28, 28), dtype=np.uint8)
+        y = rng.integers(0, 10, (n_agents, N_SAMPLES)).astype(np.int32)
+        counts = np.full((n_agents,), N_SAMPLES, np.int32)
+        return AgentData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+    from cbo_jax.federated import mnist
+    from cbo_jax.federated.data import rotated_mnist
+
+    src = mnist.load_mnist("auto")
+    fed = rotated_mnist(src, n_agents, 4, samples_per_agent=N_SAMPLES, seed=seed)
+    return AgentData.from_federated(fed)
+
+
+def compile_fn(fn, *args):
+    t0 = time.perf_counter()
+    c = jax.jit(fn).lower(*args).compile()
+    return c, time.perf_counter() - t0
+
+
+def _once(f, a, b) -> float:
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(a, b))
+    return time.perf_counter() - t0
+
+
+def agg_flops(n_agents: int, m: int) -> float:
+    return n_agents * (m + 1) * 2.0 * N_SAMPLES * (IN * HID + HID * OUT) + n_agents * 2.0 * m * P_MLP
+
+
+def local_flops(n_agents: int, tau: int, batch: int, n_max: int = N_SAMPLES, padded: bool = True) -> float:
+    rows = math.ceil(n_max / batch) * batch if padded else n_max
+    return n_agents * tau * rows * (4.0 * IN * HID + 6.0 * HID * OUT)
+
+
+def max_abs_diff(a, b) -> float:
+    return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small setting, < 60 s")
+    ap.add_argument("--agents", "-N", type=int, default=None, help="N (default 240; 48 with --quick)")
+    ap.add_argument("--downloads", "-M", type=int, default=None, help="M (default 40; 8 with --quick)")
+    ap.add_argument("--epochs", "--tau", type=int, default=None, help="local epochs tau (default 10; 1 with --quick)")
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--momentum", type=float, default=0.9)
+    ap.add_argument("--eval-chunk", type=int, default=4, help="eval_chunk of the headline aggregation (package default 4)")
+    ap.add_argument("--sweep-chunks", default=None, help="comma-separated eval_chunk values for the sweep (default 1,4,16; quick: 16)")
+    ap.add_argument("--no-compare", dest="compare", action="store_false", help="skip the prototypes")
+    ap.add_argument("--prototypes", default="proposed", help="comma-separated aggregation prototypes for the sweep: proposed, hoisted")
+    ap.add_argument("--repeats", type=int, default=None, help="timed runs, min reported (default 3; 2 with --quick)")
+    ap.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None, help="also write the JSON object to this file")
+    args = ap.parse_args(argv)
+
+    q = args.quick
+    n_agents = args.agents or (48 if q else 240)
+    m = args.downloads or (8 if q else 40)
+    tau = args.epochs or (1 if q else 10)
+    repeats = args.repeats or (2 if q else 3)
+    sweep = [int(v) for v in (args.sweep_chunks or ("16" if q else "1,4,16")).split(",") if v]
+    local_cfg = LocalSGDConfig(epochs=tau, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum)
+
+    t_start = time.perf_counter()
+    load_start = load_avg()
+    print(f"# FedCBO round cost  {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"# {cpu_name()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.devices()[0].platform}), load avg {load_start}")
+    print(f"# N={n_agents} M={m} n={N_SAMPLES} tau={tau} B={args.batch_size} lr={args.lr} momentum={args.momentum} "
+          f"data={args.data} repeats={repeats} (min reported)")
+
+    model = mlp_mnist()
+    data = make_data(args.data, n_agents, args.seed)
+    params = init_population(model, jax.random.key(args.seed), n_agents)
+    idx = selection.uniform(jax.random.key(args.seed + 1), n_agents, m)
+    key = jax.random.key(args.seed + 2)
+    assert sum(leaf[0].size for leaf in jax.tree_util.tree_leaves(params)) == P_MLP
+
+    ceil_shapes = [(N_SAMPLES, IN, m * HID), (2048, 2048, 2048) if not q else (1024, 1024, 1024)]
+    protos = [v for v in args.prototypes.split(",") if v] if args.compare else []
+
+    # Every timed function is compiled first, then all of them (and the matmul ceiling)
+    # are run round-robin, ``repeats`` cycles after one warm-up cycle, so that each
+    # variant samples the same (varying) load on this shared machine.
+    jobs = []
+
+    def add_local(name, fn):
+        c, comp_s = compile_fn(lambda p, x, y, cnt, k: fn(model, local_cfg, p, None, x, y, cnt, k),
+                               params, data.x, data.y, data.counts, key)
+        jobs.append({"phase": "local", "variant": name, "eval_chunk": "-", "compiled": c,
+                     "args": (params, data.x, data.y, data.counts, key), "gflop": local_flops(n_agents, tau, args.batch_size) / 1e9,
+                     "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
+
+    def add_agg(name, fn, chunk):
+        cfg = FedCBOConfig(M=m, eval_chunk=chunk, local=local_cfg)
+
+        def step(p, i, d):
+            loss, own, mm = fn(model, cfg, p, i, d)
+            new = jax.tree_util.tree_map(lambda t, c_: t - cfg.step * (t - c_), p, mm)
+            return new, loss, own
+
+        c, comp_s = compile_fn(step, params, idx, data)
+        jobs.append({"phase": "aggregation", "variant": name, "eval_chunk": chunk, "compiled": c,
+                     "args": (params, idx, data), "gflop": agg_flops(n_agents, m) / 1e9,
+                     "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
+
+    add_local("local_train", local_train)
+    if args.compare:
+        add_local("trimmed_last_batch", local_train_trimmed)
+    add_agg("aggregate", aggregate, args.eval_chunk)
+    for chunk in sweep:
+        if chunk != args.eval_chunk:
+            add_agg("aggregate", aggregate, chunk)
+        for name in protos:
+            add_agg(name, PROTOTYPES[name], chunk)
+    print(f"# compiled {len(jobs)} functions in {sum(j['compile_seconds'] for j in jobs):.1f} s", flush=True)
+
+    ceil_fns = []
+    for mm_, kk, nn in ceil_shapes:
+        a = jax.random.normal(jax.random.key(0), (mm_, kk), jnp.float32)
+        b = jax.random.normal(jax.random.key(1), (kk, nn), jnp.float32)
+        f = jax.jit(jnp.dot).lower(a, b).compile()
+        ceil_fns.append((f"{mm_}x{kk}x{nn}", f, a, b, 2.0 * mm_ * kk * nn))
+
+    def ceiling_now(target_s: float = 0.6) -> dict:
+        res = {}
+        for name, f, a, b, fl in ceil_fns:
+            one = _once(f, a, b)
+            reps = int(min(max(3, target_s / max(one, 1e-6)), 40))
+            res[name] = fl / min([one] + [_once(f, a, b) for _ in range(reps)]) / 1e9
+        return res
+
+    for j in jobs:  # warm-up cycle
+        j["out"] = j["compiled"](*j["args"])
+        jax.block_until_ready(j["out"])
+        j["walls"], j["cpus"] = [], []
+    ceilings = []
+    for cycle in range(repeats):
+        ceilings.append(ceiling_now())
+        for j in jobs:
+            c0, t0 = time.process_time(), time.perf_counter()
+            jax.block_until_ready(j["compiled"](*j["args"]))
+            j["walls"].append(time.perf_counter() - t0)
+            j["cpus"].append(time.process_time() - c0)
+        ceilings.append(ceiling_now())
+        print(f"  cycle {cycle + 1}/{repeats}: load {load_avg()}, ceiling "
+              + ", ".join(f"{k} {v:.0f}" for k, v in ceilings[-1].items()) + " GFLOP/s; "
+              + ", ".join(f"{j['variant']}@{j['eval_chunk']} {j['walls'][-1]:.2f}s" for j in jobs), flush=True)
+    peak = max(v for c in ceilings for v in c.values())
+    # The same ratio within one cycle (ceiling around that cycle): robust to load changes between cycles.
+    cyc_peak = [max(list(ceilings[2 * r].values()) + list(ceilings[2 * r + 1].values())) for r in range(repeats)]
+    load_end = load_avg()
+
+    checks = {}
+    by = {(j["phase"], j["variant"], j["eval_chunk"]): j for j in jobs}
+    if args.compare:
+        checks["local_trimmed_max_abs_diff_params"] = max_abs_diff(
+            by[("local", "local_train", "-")]["out"].params, by[("local", "trimmed_last_batch", "-")]["out"][0])
+        ref = by[("aggregation", "aggregate", args.eval_chunk)]["out"]
+        for name in protos:
+            other = by[("aggregation", name, sweep[0])]["out"]
+            checks[f"{name}_max_abs_diff_new_params"] = max_abs_diff(ref[0], other[0])
+            checks[f"{name}_max_abs_diff_losses"] = max_abs_diff(ref[1:], other[1:])
+
+    rows = []
+    for j in jobs:
+        i = int(np.argmin(j["walls"]))
+        s_, cpu = j["walls"][i], j["cpus"][i]
+        rows.append({
+            "phase": j["phase"], "variant": j["variant"], "eval_chunk": j["eval_chunk"], "seconds": s_, "cpu_seconds": cpu,
+            "gflop": j["gflop"], "gflops": j["gflop"] / s_, "fraction_of_matmul_peak": j["gflop"] / s_ / peak,
+            "fraction_same_cycle": max(j["gflop"] / w / cp for w, cp in zip(j["walls"], cyc_peak)),
+            "seconds_all": j["walls"], "compile_seconds": j["compile_seconds"], "xla_temp_gb": j["xla_temp_gb"],
+        })
+
+    print()
+    hdr = (f"{'phase':<12} {'variant':<19} {'chunk':>5} {'seconds':>9} {'cpu_s':>8} {'cores':>5} {'GFLOP':>8} "
+           f"{'GFLOP/s':>8} {'of peak':>7} {'same-cyc':>8} {'compile_s':>9} {'temp_GB':>7}")
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['phase']:<12} {r['variant']:<19} {r['eval_chunk']!s:>5} {r['seconds']:9.3f} {r['cpu_seconds']:8.2f} "
+              f"{r['cpu_seconds'] / r['seconds']:5.2f} {r['gflop']:8.1f} {r['gflops']:8.1f} {r['fraction_of_matmul_peak']:7.2f} "
+              f"{r['fraction_same_cycle']:8.2f} {r['compile_seconds']:9.2f} {r['xla_temp_gb']:7.3f}")
+    print(f"matmul ceiling {peak:.1f} GFLOP/s (max over {[c[0] for c in ceil_fns]}, measured before and after every cycle; "
+          f"per cycle {', '.join(f'{v:.0f}' for v in cyc_peak)})")
+    print(f"'of peak' = GFLOP/s of the fastest run / ceiling; 'same-cyc' = best over cycles of GFLOP/s / that cycle's ceiling")
+    print(f"load avg start {load_start} / end {load_end}; total {time.perf_counter() - t_start:.0f} s")
+    for k, v in checks.items():
+        print(f"check {k} = {v:.3g}")
+
+    head = next(r for r in rows if r["phase"] == "aggregation" and r["variant"] == "aggregate" and r["eval_chunk"] == args.eval_chunk)
+    loc = next(r for r in rows if r["variant"] == "local_train")
+    loc2 = next((r for r in rows if r["variant"] == "trimmed_last_batch"), None)
+    best = min((r for r in rows if r["phase"] == "aggregation"), key=lambda r: r["seconds"])
+    result = {
+        "benchmark": "fedcbo_round",
+        "seconds_local": loc["seconds"],
+        "seconds_aggregation": head["seconds"],
+        "aggregation_gflops": head["gflops"],
+        "matmul_peak_gflops": peak,
+        "fraction_of_matmul_peak": head["fraction_of_matmul_peak"],
+        "fraction_of_matmul_peak_same_cycle": head["fraction_same_cycle"],
+        "local_gflops": loc["gflops"],
+        "seconds_local_trimmed": loc2["seconds"] if loc2 else None,
+        "best_aggregation": {k: best[k] for k in ("variant", "eval_chunk", "seconds", "gflops", "fraction_of_matmul_peak", "fraction_same_cycle")},
+        "settings": {
+            "N": n_agents, "M": m, "n": N_SAMPLES, "tau": tau, "batch_size": args.batch_size, "lr": args.lr,
+            "momentum": args.momentum, "eval_chunk": args.eval_chunk, "data": args.data, "repeats": repeats,
+            "quick": q, "model": "mlp-784-200-10", "params_per_model": P_MLP, "sweep_chunks": sweep, "prototypes": protos,
+            "aggregation_gflop": agg_flops(n_agents, m) / 1e9, "local_gflop_padded": local_flops(n_agents, tau, args.batch_size) / 1e9,
+        },
+        "matmul_ceilings": ceilings,
+        "rows": rows,
+        "checks": checks,
+        "load_avg_start": load_start,
+        "load_avg_end": load_end,
+        "device": f"{cpu_name()}, {os.cpu_count()} cores",
+        "jax": jax.__version__,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    line = json.dumps(result)
+    if args.json:
+        with open(args.json, "w") as fh:
+            fh.write(line + "\n")
+    print(line)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
