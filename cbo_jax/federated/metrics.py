@@ -79,11 +79,11 @@ def evaluate(model: Model, kind: str, params: PyTree, test_x, test_y, cluster, c
     test_x, test_y, cluster = jnp.asarray(test_x), jnp.asarray(test_y), jnp.asarray(cluster)
     k = test_x.shape[0]
     if kind == "agent":
-        acc, loss = _agent_eval(model, params, test_x, test_y, cluster, chunk)
+        acc, loss = _agent_eval(model, chunk, params, test_x, test_y, cluster)
         per_cluster = [float(jnp.mean(acc[cluster == c])) * 100 for c in range(k)]
         return {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss)), "test_acc_per_cluster": per_cluster}
     if kind == "server":
-        acc, loss = _server_eval(model, params, test_x, test_y, chunk)  # (R, K)
+        acc, loss = _server_eval(model, chunk, params, test_x, test_y)  # (R, K)
         best = jnp.argmin(loss, axis=0)
         acc_k = acc[best, jnp.arange(k)]
         loss_k = loss[best, jnp.arange(k)]
@@ -112,13 +112,5 @@ def _server_eval_impl(model, chunk, params, test_x, test_y):
     return jax.lax.map(one, params, batch_size=chunk)
 
 
-_agent_jit = jax.jit(_agent_eval_impl, static_argnums=(0, 1))
-_server_jit = jax.jit(_server_eval_impl, static_argnums=(0, 1))
-
-
-def _agent_eval(model, params, test_x, test_y, cluster, chunk):
-    return _agent_jit(model, chunk, params, test_x, test_y, cluster)
-
-
-def _server_eval(model, params, test_x, test_y, chunk):
-    return _server_jit(model, chunk, params, test_x, test_y)
+_agent_eval = jax.jit(_agent_eval_impl, static_argnums=(0, 1))
+_server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
