@@ -27,6 +27,7 @@ __all__ = [
     "tree_sub",
     "tree_add",
     "tree_scale_rows",
+    "tree_where_rows",
     "ravel",
     "unravel_fn",
     "pad_agents",
@@ -110,6 +111,13 @@ def tree_scale_rows(population: PyTree, s: jax.Array) -> PyTree:
         return leaf * jnp.reshape(s, s.shape + (1,) * (leaf.ndim - s.ndim)).astype(leaf.dtype)
 
     return jax.tree_util.tree_map(scale, population)
+
+
+def tree_where_rows(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+    """Row ``i`` from ``new`` where ``mask[i]``, else from ``old`` (stacked pytrees)."""
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (a.ndim - 1)), a, b), new, old
+    )
 
 
 def tree_isfinite_rows(population: PyTree) -> jax.Array:

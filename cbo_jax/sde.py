@@ -24,7 +24,7 @@ from cbo_jax import population as pop
 
 PyTree = Any
 
-__all__ = ["NOISE_KINDS", "normal_like", "diffusion", "euler_maruyama"]
+__all__ = ["NOISE_KINDS", "normal_like", "per_particle_normal", "diffusion", "euler_maruyama"]
 
 NOISE_KINDS = ("anisotropic", "isotropic", "none")
 
@@ -45,6 +45,23 @@ def normal_like(key: jax.Array, tree: PyTree) -> PyTree:
     return jax.tree_util.tree_unflatten(
         treedef, [_normal_agent_axis_last(k, leaf.shape, leaf.dtype) for k, leaf in zip(keys, leaves)]
     )
+
+
+def per_particle_normal(key: jax.Array, tree: PyTree, ids: jax.Array) -> PyTree:
+    """Standard normals for each agent from its own stream ``fold_in(key, ids[i])``.
+
+    Agent ``i``'s draw depends only on ``key`` and its id, not on its row: permuting
+    the agents together with their ids permutes the draws the same way (the
+    permutation-invariance property of the particle system holds exactly in
+    simulation). Slower than :func:`normal_like` (one key derivation per agent).
+    """
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(key, len(leaves)) if len(leaves) > 1 else [key]
+
+    def draw(k, leaf):
+        return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), leaf.shape[1:], leaf.dtype))(ids)
+
+    return jax.tree_util.tree_unflatten(treedef, [draw(k, leaf) for k, leaf in zip(keys, leaves)])
 
 
 def diffusion(kind: str, u: PyTree, z: PyTree) -> PyTree:
@@ -77,6 +94,7 @@ def euler_maruyama(
     grad: PyTree | None = None,
     lambda2=0.0,
     sigma2=0.0,
+    normal=normal_like,
 ) -> PyTree:
     """One Euler–Maruyama step of FedCBO eq. (15) for every agent of ``x``.
 
@@ -89,6 +107,11 @@ def euler_maruyama(
       noise: ``"anisotropic"``, ``"isotropic"`` or ``"none"``.
       grad: ``∇L(θ)`` per agent (same structure as ``x``) or ``None`` for no gradient terms.
       lambda2, sigma2: gradient drift and gradient-noise strengths.
+      normal: ``normal(key, x)`` draws the standard normals (default
+        :func:`normal_like`; see :func:`per_particle_normal`).
+
+    Strengths may be Python numbers or traced arrays (for vmapped parameter sweeps);
+    a Python ``0`` skips the corresponding noise draw.
     """
     u = pop.tree_sub(x, m)
     sqdt = jnp.sqrt(jnp.asarray(dt))
@@ -96,7 +119,7 @@ def euler_maruyama(
     if noise == "none" or _is_zero(sigma1):
         new = jax.tree_util.tree_map(lambda xi, ui: xi - (lambda1 * dt) * ui, x, u)
     else:
-        z = normal_like(key_c, x)
+        z = normal(key_c, x)
         dz = diffusion(noise, u, z)
         new = jax.tree_util.tree_map(lambda xi, ui, di: xi - (lambda1 * dt) * ui + (sigma1 * sqdt) * di, x, u, dz)
     if grad is not None:
@@ -104,7 +127,7 @@ def euler_maruyama(
         if _is_zero(sigma2):
             return new
         # σ2 |∇L| dB~ is isotropic by definition in eq. (4).
-        z_g = normal_like(key_g, x)
+        z_g = normal(key_g, x)
         new = jax.tree_util.tree_map(
             lambda ni, di: ni + (sigma2 * sqdt) * di, new, diffusion("isotropic", grad, z_g)
         )

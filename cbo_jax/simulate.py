@@ -50,25 +50,36 @@ def rng_context(config) -> contextlib.AbstractContextManager:
     return jax.threefry_partitionable(mode == "partitionable")
 
 
-def _record(state, with_consensus: bool) -> dict:
-    rec = {
+def _record_cbo(state) -> dict:
+    return {
         "best_energy": state.best_energy,
         "min_energy": jnp.min(jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy), axis=-1),
         "alpha": state.alpha,
         "active": state.active,
     }
+
+
+def _record(state, record, observe, with_consensus: bool) -> dict:
+    rec = dict(record(state))
     if with_consensus:
         rec["consensus"] = state.consensus
+    if observe is not None:
+        rec.update(observe(state))
     return rec
 
 
-@functools.partial(jax.jit, static_argnames=("step", "length", "batched", "with_consensus"), donate_argnums=(0,))
-def _run_chunk(state, *, step, length: int, batched: bool, with_consensus: bool):
+@functools.partial(
+    jax.jit, static_argnames=("step", "record", "observe", "length", "batched", "with_consensus"), donate_argnums=(0,)
+)
+def _run_chunk(state, *, step, record, observe, length: int, batched: bool, with_consensus: bool):
     step_fn = jax.vmap(step) if batched else step
+    rec_fn = functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus)
+    if batched:
+        rec_fn = jax.vmap(rec_fn)
 
     def body(s, _):
         s = step_fn(s)
-        return s, _record(s, with_consensus)
+        return s, rec_fn(s)
 
     return jax.lax.scan(body, state, None, length=length)
 
@@ -88,6 +99,7 @@ def simulate(
     chunk_size: int = 500,
     progress: bool = False,
     record_consensus: bool = False,
+    observe=None,
     desc: str = "cbo",
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
@@ -104,13 +116,21 @@ def simulate(
         stopping between chunks.
       progress: show a progress bar (tqdm) with the best energy so far.
       record_consensus: also record the consensus point after every step.
+      observe: optional ``observe(state) -> dict`` of arrays computed on device after
+        every step and added to the history (for example a mean-field diagnostic);
+        with ``num_runs`` it sees one run's state (it is vmapped). Pass the same
+        function object across calls to reuse the compiled chunk.
     """
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     _checks.positive_int("chunk_size", chunk_size)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    check_population("x0", x0, dynamics.objective, num_runs)
+    if dynamics.check is not None:
+        dynamics.check("x0", x0, num_runs)
+    else:
+        check_population("x0", x0, dynamics.objective, num_runs)
+    record = dynamics.record or _record_cbo
     config = dynamics.config
     if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(
@@ -130,13 +150,15 @@ def simulate(
             while done < num_steps:
                 length = min(chunk_size, num_steps - done)
                 state, rec = _run_chunk(
-                    state, step=dynamics.step, length=length, batched=batched, with_consensus=record_consensus
+                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=batched,
+                    with_consensus=record_consensus,
                 )
                 chunks.append(rec)
                 done += length
                 if bar is not None:
                     bar.update(length)
-                    bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
+                    if hasattr(state, "best_energy"):
+                        bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
                 if getattr(config, "early_stop", False) and not bool(jnp.any(state.active)):
                     break
         finally:

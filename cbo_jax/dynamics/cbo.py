@@ -138,12 +138,18 @@ class Dynamics(NamedTuple):
 
     ``init(x0, key) -> state`` and ``step(state) -> state`` for a single run; both are
     jittable and vmappable. ``objective`` maps a population to ``(N,)`` energies.
+    ``check(name, x0, num_runs) -> N`` validates an initial population on the host
+    before compilation (default :func:`check_population` with ``objective``), and
+    ``record(state) -> dict`` gives the per-step history :func:`cbo_jax.simulate`
+    keeps (default: best/min energy, α, active flag of a :class:`CBOState`).
     """
 
     init: Callable[[PyTree, jax.Array], Any]
     step: Callable[[Any], Any]
     config: Any
     objective: Callable[[PyTree], jax.Array]
+    check: Callable[..., int] | None = None
+    record: Callable[[Any], dict] | None = None
 
 
 def _best_row(energy):

@@ -22,7 +22,8 @@ class Experiment:
 
 
 def registry() -> dict[str, Experiment]:
-    from cbo_jax.experiments import fedcbo_table1, rastrigin_success
+    from cbo_jax.experiments import fedcbo_table1, particles, rastrigin_success
 
-    entries = [rastrigin_success.EXPERIMENT, fedcbo_table1.TABLE1, fedcbo_table1.NOISE]
+    entries = [rastrigin_success.EXPERIMENT, fedcbo_table1.TABLE1, fedcbo_table1.NOISE, particles.CLUSTERED,
+               particles.DECAY, particles.SCALING, particles.CB2O]
     return {e.name: e for e in entries}

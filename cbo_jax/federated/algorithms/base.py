@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax.population import tree_where_rows
 from cbo_jax.federated.local import LocalSGDConfig
 
 PyTree = Any
@@ -83,13 +84,6 @@ def participants(key: jax.Array, n: int, participation: float) -> jax.Array:
         return jnp.ones((n,), bool)
     order = jnp.argsort(jax.random.uniform(key, (n,)))
     return jnp.zeros((n,), bool).at[order[:size]].set(True)
-
-
-def tree_where_rows(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
-    """Row ``i`` from ``new`` where ``mask[i]``, else from ``old`` (stacked pytrees)."""
-    return jax.tree_util.tree_map(
-        lambda a, b: jnp.where(jnp.reshape(mask, mask.shape + (1,) * (a.ndim - 1)), a, b), new, old
-    )
 
 
 def weighted_rows_mean(params: PyTree, weights: jax.Array) -> PyTree:

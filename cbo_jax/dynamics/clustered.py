@@ -1,0 +1,369 @@
+"""Clustered (FedCBO eq. (4)) and bi-level (CB²O eq. (1.2)–(1.5), (3.10)) particle systems.
+
+One population of ``N`` particles, ``K`` lower-level objectives ``L_1..L_K``. Particle
+``i`` carries a class label ``k_i`` that only selects which objective it follows
+(FedCBO eq. (4), Euler–Maruyama eq. (15)):
+
+    θ ← θ - λ1 γ (θ - m_k) - λ2 γ ∇L_k(θ) + σ1 √γ D(θ - m_k) z + σ2 √γ |∇L_k(θ)| z~,
+
+    m_k = Σ_{p ∈ Q_k} θ_p e^{-α E_k(θ_p)} / Σ_{p ∈ Q_k} e^{-α E_k(θ_p)}.
+
+The consensus point ``m_k`` runs over ALL particles, whatever their class: a particle
+never needs to know anyone's class, and its own label enters ``m_k`` only through the
+losses. Without an upper level, ``E_k = L_k`` and ``Q_k`` is every particle (FedCBO).
+With an upper-level objective ``G`` (one shared, or one per class), ``E_k = G`` (or
+``G_k``) and ``Q_k = {p : L_k(θ_p) <= q_β(L_k)}`` is the β-quantile sub-level set of
+the lower level: the CB²O consensus, eq. (1.3)–(1.4) for ``K = 1`` and its clustered
+form (3.10) for ``K > 1``.
+
+Malicious particles (CB²O eq. (1.7b)) follow their own SDE ``dθ = a(t, θ) dt +
+A(t, θ) dB`` with user-supplied drift and diffusion; they are part of the population
+every benign particle's consensus is computed from, and nothing marks them there.
+
+The SDE strengths live in the state (:class:`SDEParams`), so a sweep over
+``(λ1, λ2, σ1, σ2)`` is a ``vmap`` over states; which terms exist is static and set
+by the :class:`ClusteredConfig` (a term whose config strength is ``0`` is left out).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
+from cbo_jax import population as pop
+from cbo_jax.consensus import consensus_point, quantile_mask
+from cbo_jax.dynamics.cbo import Dynamics, check_population
+from cbo_jax.schedules import as_schedule
+from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
+
+PyTree = Any
+
+__all__ = [
+    "ClusteredConfig",
+    "ClusteredState",
+    "Malicious",
+    "Particles",
+    "SDEParams",
+    "cb2o",
+    "clustered",
+    "particles",
+]
+
+RNG_MODES = ("fast", "partitionable", "per-particle")
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusteredConfig:
+    """Parameters of the clustered / bi-level particle system, validated on construction.
+
+    Attributes:
+      lambda1, sigma1: consensus drift and noise strengths (``>= 0``).
+      dt: time step ``γ > 0``.
+      alpha: inverse temperature: a number ``>= 0`` or a schedule of
+        :mod:`cbo_jax.schedules`; each class keeps its own α (a schedule that reads
+        the energies sees its class's energies).
+      noise: ``"isotropic"`` (eq. (4): σ1 |θ - m_k| dB, the default), ``"anisotropic"``
+        (σ1 (θ - m_k) ∘ dB) or ``"none"``.
+      lambda2, sigma2: gradient drift ``-λ2 ∇L_k dt`` and gradient noise
+        ``σ2 |∇L_k| dB~`` (the objectives must then be differentiable).
+      beta: quantile ``β ∈ (0, 1]`` of the lower-level sub-level set (CB²O eq. (1.4));
+        ``1`` keeps every particle. Only used with an upper-level objective.
+      max_abs: clip coordinates to ``[-max_abs, max_abs]`` after each step (``None``:
+        off).
+      dtype: ``"float32"`` or ``"float64"`` (needs ``jax_enable_x64``).
+      rng: ``"fast"`` / ``"partitionable"`` (the layouts of :class:`CBOConfig`), or
+        ``"per-particle"``: particle ``i`` draws from ``fold_in(step_key, id_i)``,
+        so the simulation is exactly invariant under permutations of the particles
+        (slower: one key derivation per particle and step).
+    """
+
+    lambda1: float = 1.0
+    sigma1: float = 0.5
+    dt: float = 0.01
+    alpha: Any = 1e3
+    noise: str = "isotropic"
+    lambda2: float = 0.0
+    sigma2: float = 0.0
+    beta: float = 1.0
+    max_abs: float | None = None
+    dtype: str = "float32"
+    rng: str = "fast"
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        for name in ("lambda1", "sigma1", "lambda2", "sigma2"):
+            set_(name, _checks.non_negative(name, getattr(self, name)))
+        set_("dt", _checks.positive("dt", self.dt))
+        set_("alpha", as_schedule(self.alpha))
+        beta = _checks.finite_number("beta", self.beta)
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(f"beta must lie in (0, 1], got {beta}")
+        set_("beta", beta)
+        _checks.one_of("noise", self.noise, NOISE_KINDS)
+        _checks.one_of("dtype", self.dtype, ("float32", "float64"))
+        _checks.one_of("rng", self.rng, RNG_MODES)
+        if self.max_abs is not None:
+            set_("max_abs", _checks.positive("max_abs", self.max_abs))
+
+    @property
+    def uses_gradient(self) -> bool:
+        return self.lambda2 > 0 or self.sigma2 > 0
+
+    early_stop = False
+
+
+class SDEParams(NamedTuple):
+    """Strengths of the SDE terms as arrays (vmappable for parameter sweeps)."""
+
+    lambda1: jax.Array
+    sigma1: jax.Array
+    lambda2: jax.Array
+    sigma2: jax.Array
+
+
+class Particles(NamedTuple):
+    """An initial population with its per-particle attributes (see :func:`particles`).
+
+    Attributes:
+      x: positions, ``(N, d)`` or a stacked pytree.
+      label: ``(N,)`` int32 class of each particle, in ``[0, K)``: which ``L_k`` it follows.
+      malicious: ``(N,)`` bool; malicious particles follow :class:`Malicious`.
+      pid: ``(N,)`` int32 particle ids (the noise stream of ``rng="per-particle"``).
+    """
+
+    x: PyTree
+    label: jax.Array
+    malicious: jax.Array
+    pid: jax.Array
+
+
+def particles(x: PyTree, label=None, malicious=None, pid=None) -> Particles:
+    """Bundle positions with labels (default all ``0``), a malicious mask (default none)
+    and ids (default ``0..N-1``). Host-side shape checks."""
+    n = pop.num_agents(x)
+    label = np.zeros(n, np.int32) if label is None else np.asarray(label)
+    malicious = np.zeros(n, bool) if malicious is None else np.asarray(malicious)
+    pid = np.arange(n, dtype=np.int32) if pid is None else np.asarray(pid)
+    for name, arr in (("label", label), ("malicious", malicious), ("pid", pid)):
+        if arr.shape != (n,):
+            raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}")
+    if not np.issubdtype(label.dtype, np.integer):
+        raise ValueError(f"label must hold integers, got dtype {label.dtype}")
+    return Particles(x=x, label=jnp.asarray(label, jnp.int32), malicious=jnp.asarray(malicious, bool),
+                     pid=jnp.asarray(pid, jnp.int32))
+
+
+class Malicious(NamedTuple):
+    """Malicious particles' SDE ``dθ = a(t, θ) dt + A(t, θ) dB`` (CB²O eq. (1.7b)).
+
+    Attributes:
+      drift: ``a(t, x) -> `` a population like ``x`` (evaluated on every particle;
+        only the malicious rows are used).
+      diffusion: ``A(t, x) ->`` either a population like ``x`` (diagonal diffusion,
+        component-wise with ``dB``) or an ``(N,)`` array (scalar per particle); ``None``
+        for a deterministic attacker.
+    """
+
+    drift: Callable[[jax.Array, PyTree], PyTree]
+    diffusion: Callable[[jax.Array, PyTree], Any] | None = None
+
+
+class ClusteredState(NamedTuple):
+    """State of one run of the clustered / bi-level system.
+
+    Attributes:
+      x, label, malicious, pid: the particles (see :class:`Particles`).
+      loss: ``(K, N)`` lower-level losses ``L_k(θ_i)`` of every particle for every class.
+      energy: ``(K, N)`` energies the consensus weights use (``loss``, or the upper level).
+      grad: ``∇L_{k_i}(θ_i)`` per particle when gradient terms are on, else ``None``.
+      consensus: the ``K`` consensus points used by the last step (leading axis ``K``).
+      alpha: ``(K,)`` α for the next step.
+      params: :class:`SDEParams`.
+      key: PRNG key for the next step.
+      step: steps taken; ``time`` = ``step * dt``.
+      time: current time ``t``.
+    """
+
+    x: PyTree
+    label: jax.Array
+    malicious: jax.Array
+    pid: jax.Array
+    loss: jax.Array
+    energy: jax.Array
+    grad: PyTree | None
+    consensus: PyTree
+    alpha: jax.Array
+    params: SDEParams
+    key: jax.Array
+    step: jax.Array
+    time: jax.Array
+
+
+def _as_objective_list(name: str, objs) -> list:
+    if callable(objs):
+        return [objs]
+    objs = list(objs)
+    if not objs or not all(callable(f) for f in objs):
+        raise ValueError(f"{name} must be a callable or a non-empty sequence of callables")
+    return objs
+
+
+def clustered(
+    objectives: Callable | Sequence[Callable],
+    config: ClusteredConfig | None = None,
+    *,
+    upper: Callable | Sequence[Callable] | None = None,
+    malicious: Malicious | None = None,
+    **overrides,
+) -> Dynamics:
+    """Build the clustered particle system of FedCBO eq. (4) (CB²O (3.10) with ``upper``).
+
+    Args:
+      objectives: the ``K`` lower-level objectives ``L_k``, each mapping a population
+        to ``(N,)`` losses (every :mod:`cbo_jax.objectives` function qualifies).
+      config: a :class:`ClusteredConfig`; keyword ``overrides`` replace its fields.
+      upper: optional upper-level objective(s) ``G``: one callable shared by every
+        class, or ``K`` of them. The consensus weights become ``exp(-α G)`` on the
+        β-quantile sub-level set of ``L_k`` (CB²O eq. (1.3)–(1.4)).
+      malicious: the attackers' SDE, applied to particles marked malicious.
+
+    Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics`. ``init(p, key)`` takes a
+    :class:`Particles` (from :func:`particles`); :func:`cbo_jax.simulate` runs it.
+    """
+    config = dataclasses.replace(config, **overrides) if config is not None else ClusteredConfig(**overrides)
+    lower = _as_objective_list("objectives", objectives)
+    k_classes = len(lower)
+    uppers = None if upper is None else _as_objective_list("upper", upper)
+    if uppers is not None and len(uppers) not in (1, k_classes):
+        raise ValueError(f"upper must be one objective or K={k_classes} of them, got {len(uppers)}")
+    if malicious is not None and not isinstance(malicious, Malicious):
+        raise ValueError("malicious must be a cbo_jax.dynamics.clustered.Malicious(drift, diffusion)")
+    dtype = jnp.dtype(config.dtype)
+    schedule = config.alpha
+    beta = config.beta if uppers is not None else 1.0
+
+    def losses(x):
+        return jnp.stack([f(x) for f in lower])
+
+    def energies(x, loss):
+        if uppers is None:
+            return loss
+        g = jnp.stack([f(x) for f in uppers])
+        return jnp.broadcast_to(g, loss.shape)
+
+    def evaluate(x, label):
+        """``(K, N)`` losses and ``∇L_{k_i}(θ_i)`` (``None`` without gradient terms)."""
+        if not config.uses_gradient:
+            return losses(x), None
+
+        def own_total(x):
+            loss = losses(x)
+            own = jnp.take_along_axis(loss, label[None, :], axis=0)[0]
+            return jnp.sum(own), loss
+
+        (_, loss), g = jax.value_and_grad(own_total, has_aux=True)(x)
+        return loss, g
+
+    def consensus(x, loss, energy, alpha):
+        mask = quantile_mask(loss, beta) if beta < 1.0 else None
+        return consensus_point(x, energy, alpha, mask)
+
+    def init(p: Particles, key: jax.Array, params: SDEParams | None = None) -> ClusteredState:
+        x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
+        loss, grad = evaluate(x0, p.label)
+        energy = energies(x0, loss)
+        alpha = jnp.full((k_classes,), schedule.init(), dtype)
+        if params is None:
+            params = SDEParams(*(jnp.asarray(getattr(config, f), dtype) for f in SDEParams._fields))
+        return ClusteredState(
+            x=x0, label=p.label, malicious=p.malicious, pid=p.pid, loss=loss, energy=energy, grad=grad,
+            consensus=consensus(x0, loss, energy, alpha), alpha=alpha,
+            params=SDEParams(*(jnp.asarray(v, dtype) for v in params)),
+            key=key, step=jnp.zeros((), jnp.int32), time=jnp.zeros((), dtype),
+        )
+
+    def noise_fn(pid):
+        if config.rng == "per-particle":
+            return lambda key, tree: per_particle_normal(key, tree, pid)
+        return normal_like
+
+    def step(state: ClusteredState) -> ClusteredState:
+        x, prm = state.x, state.params
+        m = consensus(x, state.loss, state.energy, state.alpha)  # leading axis K
+        m_own = pop.gather(m, state.label)  # each particle's own class's consensus point
+        key, k_benign, k_mal = jax.random.split(state.key, 3)
+        normal = noise_fn(state.pid)
+        # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
+        strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
+        new = euler_maruyama(
+            k_benign, x, m_own, dt=config.dt, lambda1=prm.lambda1, sigma1=strength("sigma1"),
+            noise=config.noise, grad=state.grad, lambda2=strength("lambda2"), sigma2=strength("sigma2"),
+            normal=normal,
+        )
+        if malicious is not None:
+            t = state.time
+            bad = jax.tree_util.tree_map(lambda xi, ai: xi + config.dt * ai, x, malicious.drift(t, x))
+            if malicious.diffusion is not None:
+                a_diff = malicious.diffusion(t, x)
+                z = normal(k_mal, x)
+                sq = jnp.sqrt(jnp.asarray(config.dt, dtype))
+                if isinstance(a_diff, jax.Array) and a_diff.ndim == 1:  # one scalar per particle
+                    kick = pop.tree_scale_rows(z, a_diff)
+                else:
+                    kick = jax.tree_util.tree_map(jnp.multiply, a_diff, z)
+                bad = jax.tree_util.tree_map(lambda bi, ki: bi + sq * ki, bad, kick)
+            new = pop.tree_where_rows(state.malicious, bad, new)
+        if config.max_abs is not None:
+            c = config.max_abs
+            new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
+        loss, grad = evaluate(new, state.label)
+        return ClusteredState(
+            x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
+            energy=energies(new, loss), grad=grad, consensus=m,
+            alpha=jax.vmap(schedule.update)(state.alpha, state.energy).astype(dtype),
+            params=prm, key=key, step=state.step + 1, time=state.time + jnp.asarray(config.dt, dtype),
+        )
+
+    def check(name: str, p, num_runs: int | None = None) -> int:
+        if not isinstance(p, Particles):
+            raise ValueError(f"{name} must be a Particles bundle: cbo_jax.dynamics.clustered.particles(x, label, ...)")
+        lead = 1 if num_runs is not None else 0
+        n = check_population(f"{name}.x", p.x, lambda x: losses(x)[0], num_runs)
+        lab = np.asarray(p.label)
+        if lab.shape[lead:] != (n,):
+            raise ValueError(f"{name}.label must have one entry per particle ({n}), got shape {lab.shape}")
+        if lab.size and (lab.min() < 0 or lab.max() >= k_classes):
+            raise ValueError(f"{name}.label must lie in [0, K) with K={k_classes}, got range [{lab.min()}, {lab.max()}]")
+        benign = ~np.asarray(p.malicious, bool)
+        if not benign.any():
+            raise ValueError(f"{name} has no benign particle")
+        return n
+
+    def record(state: ClusteredState) -> dict:
+        e = jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy)
+        return {"min_energy": jnp.min(e, axis=-1), "alpha": state.alpha}
+
+    return Dynamics(init=init, step=step, config=config, objective=losses, check=check, record=record)
+
+
+def cb2o(
+    lower: Callable,
+    upper: Callable,
+    config: ClusteredConfig | None = None,
+    *,
+    malicious: Malicious | None = None,
+    **overrides,
+) -> Dynamics:
+    """The single-class CB²O system, eq. (1.2)–(1.5): minimise ``G`` over the minimisers of ``L``.
+
+    Consensus weights ``exp(-α G)`` on the β-quantile sub-level set of ``L``;
+    ``beta`` (default ``0.5`` here) is a :class:`ClusteredConfig` field.
+    """
+    if config is None:
+        overrides.setdefault("beta", 0.5)
+    return clustered([lower], config, upper=upper, malicious=malicious, **overrides)

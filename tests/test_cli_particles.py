@@ -1,0 +1,51 @@
+"""cbo-jax reproduce for the particle-system studies (issue 4), at tiny sizes."""
+
+import json
+
+import pytest
+
+from cbo_jax.cli import main
+
+
+def _run(tmp_path, capsys, *argv):
+    assert main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert json.loads((tmp_path / "summary.json").read_text())["experiment"] == argv[0]
+    return out
+
+
+def test_clustered_consensus_small(tmp_path, capsys):
+    out = _run(tmp_path, capsys, "clustered-consensus", "--particles", "400", "--dim", "4", "--steps", "1200")
+    assert out["max_distance"] < 1e-2 and len(out["distances"]) == 4
+    assert (tmp_path / "clustered_consensus.png").stat().st_size > 0
+
+
+def test_meanfield_decay_small(tmp_path, capsys):
+    out = _run(tmp_path, capsys, "meanfield-decay", "--particles", "2000", "--steps", "300", "--seeds", "2")
+    assert len(out["measured_rates"]) == len(out["predicted_rates"]) == 4
+    assert out["all_at_least_predicted"]
+    for m, ideal in zip(out["measured_rates"], out["ideal_quadratic_rates"]):
+        assert abs(m - ideal) < 0.15 * ideal
+    assert (tmp_path / "meanfield_decay.png").exists()
+
+
+def test_meanfield_scaling_small(tmp_path, capsys):
+    out = _run(tmp_path, capsys, "meanfield-scaling", "--sizes", "64,256,1024", "--reference", "16384",
+               "--steps", "20", "--seeds", "8", "--projections", "32")
+    assert -0.8 < out["slope"] < -0.25
+    assert (tmp_path / "meanfield_scaling.png").exists()
+
+
+def test_cb2o_malicious_small(tmp_path, capsys):
+    out = _run(tmp_path, capsys, "cb2o-malicious", "--particles", "400", "--dim", "3", "--steps", "1500")
+    assert out["cb2o_distance"] < 1e-2 and out["cbo_distance"] > 1.0
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["meanfield-scaling", "--sizes", "100,1000", "--reference", "500"], "reference"),
+    (["cb2o-malicious", "--malicious", "1.5"], "malicious"),
+    (["clustered-consensus", "--particles", "2"], "N >= K"),
+])
+def test_bad_input(tmp_path, capsys, argv, match):
+    assert main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"]) == 2
+    assert match in capsys.readouterr().err

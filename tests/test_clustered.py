@@ -1,0 +1,182 @@
+"""Clustered (FedCBO eq. (4)) and CB²O particle systems."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives
+from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, cb2o, clustered, particles
+
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
+
+
+def _np_consensus(x, energy, alpha, mask=None):
+    """float64 NumPy reference of m_k = Σ θ exp(-α E_k) / Σ exp(-α E_k) over all particles."""
+    x = np.asarray(x, np.float64)
+    out = []
+    for k in range(energy.shape[0]):
+        e = np.asarray(energy[k], np.float64)
+        keep = np.ones_like(e, bool) if mask is None else mask[k]
+        w = np.where(keep, np.exp(-alpha * (e - e[keep].min())), 0.0)
+        out.append((w[:, None] * x).sum(0) / w.sum())
+    return np.stack(out)
+
+
+def _quadratics(centers):
+    return [objectives.Quadratic(shift=c) for c in centers]
+
+
+def test_class_consensus_matches_numpy_float64():
+    rng = np.random.default_rng(0)
+    centers = rng.uniform(-2, 2, (3, 4))
+    x = rng.uniform(-3, 3, (50, 4))
+    label = rng.integers(0, 3, 50)
+    with enable_x64(True):
+        dyn = clustered(_quadratics(centers), alpha=2.0, dtype="float64")
+        st = dyn.init(particles(x, label), jax.random.key(0))
+        loss = np.stack([0.5 * np.sum((x - c) ** 2, -1) for c in centers])
+        np.testing.assert_allclose(np.asarray(st.loss), loss, rtol=1e-12)
+        np.testing.assert_allclose(np.asarray(st.consensus), _np_consensus(x, loss, 2.0), rtol=1e-10, atol=1e-12)
+
+
+def test_label_enters_consensus_only_through_loss():
+    """Relabelling particles changes nothing about m_k: m_k is over ALL particles,
+    weighted by class k's loss, whatever their own class."""
+    rng = np.random.default_rng(1)
+    centers = rng.uniform(-2, 2, (2, 3))
+    x = rng.uniform(-3, 3, (40, 3)).astype(np.float32)
+    dyn = clustered(_quadratics(centers), alpha=5.0)
+    a = dyn.init(particles(x, np.zeros(40, int)), jax.random.key(0))
+    b = dyn.init(particles(x, rng.integers(0, 2, 40)), jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(a.consensus), np.asarray(b.consensus))
+    # One step: the noise-free move of a particle depends on its label only via which m_k it follows.
+    dyn0 = clustered(_quadratics(centers), alpha=5.0, noise="none", lambda1=1.0, dt=0.1)
+    lab = rng.integers(0, 2, 40)
+    s = dyn0.step(dyn0.init(particles(x, lab), jax.random.key(0)))
+    m = np.asarray(s.consensus)
+    np.testing.assert_allclose(np.asarray(s.x), x - 0.1 * (x - m[lab]), rtol=1e-5, atol=1e-6)
+
+
+def test_permutation_invariance_same_key_per_particle():
+    rng = np.random.default_rng(2)
+    centers = rng.uniform(-2, 2, (3, 5))
+    n = 60
+    x = rng.uniform(-3, 3, (n, 5))
+    label = rng.integers(0, 3, n)
+    mal = rng.random(n) < 0.2
+    perm = rng.permutation(n)
+    attack = Malicious(drift=lambda t, th: -(th - 1.0), diffusion=lambda t, th: 0.1 * jnp.ones(th.shape[0], th.dtype))
+    with enable_x64(True):
+        dyn = clustered(_quadratics(centers), ClusteredConfig(lambda1=1.0, sigma1=0.7, dt=0.02, alpha=20.0,
+                                                                lambda2=0.5, sigma2=0.1, dtype="float64",
+                                                                rng="per-particle"), malicious=attack)
+        p = particles(x, label, mal)
+        q = particles(x[perm], label[perm], mal[perm], np.arange(n)[perm])
+        a = cj.simulate(dyn, p, jax.random.key(3), 30)
+        b = cj.simulate(dyn, q, jax.random.key(3), 30)
+        np.testing.assert_allclose(np.asarray(b.state.x), np.asarray(a.state.x)[perm], rtol=1e-9, atol=1e-11)
+        np.testing.assert_allclose(np.asarray(b.state.consensus), np.asarray(a.state.consensus), rtol=1e-9, atol=1e-11)
+
+
+def test_four_classes_find_their_minimisers_unlabelled():
+    rng = np.random.default_rng(3)
+    centers = rng.uniform(-2, 2, (4, 6))
+    objs = [objectives.Rastrigin(shift=c) for c in centers]
+    cfg = ClusteredConfig(lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic",
+                          alpha=cj.schedules.Multiplicative(30.0, 1.05, 1e5))
+    n = 800
+    x = rng.uniform(-3, 3, (n, 6))
+    res = cj.simulate(clustered(objs, cfg), particles(x, np.arange(n) % 4), jax.random.key(0), 1500)
+    dist = np.linalg.norm(np.asarray(res.state.consensus) - centers, axis=-1)
+    assert np.all(dist < 1e-2), dist
+    assert res.history["min_energy"].shape == (1500, 4)
+
+
+def test_cb2o_ignores_lower_level_minimiser_g_dislikes_and_malicious_particles():
+    """Two global minimisers of L; G prefers a. 20 % attackers sit on b. CB²O's benign
+    consensus stays at a; plain CBO (weights exp(-α L), β=1) is dragged to b."""
+    d = 3
+    a, b = np.full(d, 1.0), np.full(d, -1.0)
+
+    def lower(x):
+        return jnp.sum((x - a) ** 2, -1) * jnp.sum((x - b) ** 2, -1)
+
+    def upper(x):
+        return jnp.sum((x - a) ** 2, -1)
+
+    rng = np.random.default_rng(4)
+    n = 500
+    x = rng.uniform(-2, 2, (n, d))
+    mal = np.arange(n) < n // 5
+    x[mal] = b + 0.01 * rng.standard_normal((mal.sum(), d))
+    attack = Malicious(drift=lambda t, th: -5.0 * (th - jnp.asarray(b, th.dtype)))
+    cfg = ClusteredConfig(lambda1=1.0, sigma1=0.5, dt=0.01, alpha=1e3, beta=0.5)
+    res = cj.simulate(cb2o(lower, upper, cfg, malicious=attack), particles(x, malicious=mal), jax.random.key(0), 1500)
+    assert np.linalg.norm(np.asarray(res.state.consensus)[0] - a) < 1e-2
+    plain = cj.simulate(clustered([lower], cfg, malicious=attack), particles(x, malicious=mal), jax.random.key(0), 1500)
+    assert np.linalg.norm(np.asarray(plain.state.consensus)[0] - a) > 0.5
+
+
+def test_nan_attacker_never_poisons_benign():
+    d = 2
+    rng = np.random.default_rng(5)
+    n = 100
+    x = rng.uniform(-1, 1, (n, d))
+    mal = np.arange(n) < 10
+    attack = Malicious(drift=lambda t, th: jnp.full_like(th, jnp.nan))
+    dyn = clustered([objectives.Quadratic()], ClusteredConfig(sigma1=0.3, alpha=10.0), malicious=attack)
+    res = cj.simulate(dyn, particles(x, malicious=mal), jax.random.key(0), 200)
+    xb = np.asarray(res.state.x)[~mal]
+    assert np.all(np.isfinite(xb))
+    assert np.all(np.isfinite(np.asarray(res.state.consensus)))
+    assert np.all(np.isnan(np.asarray(res.state.x)[mal]))
+
+
+def test_vmapped_parameter_sweep_equals_separate_runs():
+    from cbo_jax.dynamics.clustered import SDEParams
+
+    centers = np.array([[1.0, 1.0], [-1.0, -1.0]])
+    cfg = ClusteredConfig(lambda1=1.0, sigma1=0.3, lambda2=0.5, sigma2=0.1, dt=0.01, alpha=50.0)
+    dyn = clustered(_quadratics(centers), cfg)
+    x = np.random.default_rng(6).uniform(-2, 2, (64, 2)).astype(np.float32)
+    p = particles(x, np.arange(64) % 2)
+    grid = SDEParams(*(jnp.asarray(v, jnp.float32) for v in ([1.0, 2.0], [0.3, 0.1], [0.5, 0.0], [0.1, 0.2])))
+    key = jax.random.key(1)
+
+    def run(params):
+        st = dyn.init(p, key, params)
+        return jax.lax.fori_loop(0, 20, lambda i, s: dyn.step(s), st).x
+
+    swept = jax.jit(jax.vmap(run))(grid)
+    for j in range(2):
+        one = jax.jit(run)(SDEParams(*(v[j] for v in grid)))
+        np.testing.assert_allclose(np.asarray(swept[j]), np.asarray(one), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input():
+    objs = _quadratics(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="beta"):
+        ClusteredConfig(beta=0.0)
+    with pytest.raises(ValueError, match="dt"):
+        ClusteredConfig(dt=-1.0)
+    with pytest.raises(ValueError, match="sigma1"):
+        ClusteredConfig(sigma1=-0.1)
+    with pytest.raises(ValueError, match="rng"):
+        ClusteredConfig(rng="mt19937")
+    dyn = clustered(objs)
+    x = np.zeros((10, 3), np.float32)
+    with pytest.raises(ValueError, match="label must lie"):
+        cj.simulate(dyn, particles(x, np.full(10, 2)), jax.random.key(0), 1)
+    with pytest.raises(ValueError, match="label must have shape"):
+        particles(x, np.zeros(9, int))
+    with pytest.raises(ValueError, match="Particles"):
+        cj.simulate(dyn, x, jax.random.key(0), 1)
+    with pytest.raises(ValueError, match="finite"):
+        cj.simulate(dyn, particles(np.full((10, 3), np.nan, np.float32)), jax.random.key(0), 1)
+    with pytest.raises(ValueError, match="upper"):
+        clustered(objs, upper=[objectives.Sphere()] * 3)

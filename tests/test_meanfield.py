@@ -1,0 +1,85 @@
+"""Mean-field diagnostics: variances, decay rates, sliced Wasserstein."""
+
+import jax
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import meanfield, objectives
+from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
+
+
+def _w1_cdf(a, b):
+    """1-D W1 as ∫|F(x) - G(x)| dx (CDF form; the library uses the quantile form)."""
+    grid = np.sort(np.concatenate([a, b]))
+    fa = np.searchsorted(np.sort(a), grid[:-1], side="right") / a.size
+    fb = np.searchsorted(np.sort(b), grid[:-1], side="right") / b.size
+    return np.sum(np.abs(fa - fb) * np.diff(grid))
+
+
+@pytest.mark.parametrize("n,r", [(7, 7), (5, 13), (100, 1000)])
+def test_sliced_w1_in_one_dimension_is_exact_w1(n, r):
+    rng = np.random.default_rng(n * r)
+    a, b = rng.standard_normal(n), 0.3 + 2 * rng.standard_normal(r)
+    got = meanfield.sliced_wasserstein(a[:, None], b[:, None], jax.random.key(0), num_projections=3)
+    np.testing.assert_allclose(float(got), _w1_cdf(a, b), rtol=1e-5)
+
+
+def test_sliced_wasserstein_translation_closed_form():
+    """Shifting a sample by v moves every projection by θ·v: SW1 = E|θ·v| exactly,
+    which for θ uniform on the circle is 2|v|/π."""
+    x = np.random.default_rng(0).standard_normal((500, 2))
+    v = np.array([3.0, -4.0])
+    got = float(meanfield.sliced_wasserstein(x, x + v, jax.random.key(1), num_projections=4000))
+    assert abs(got - 2 * 5.0 / np.pi) < 0.05
+    assert float(meanfield.sliced_wasserstein(x, x, jax.random.key(1))) == 0.0
+
+
+def test_class_variance_matches_numpy():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((30, 3))
+    label = rng.integers(0, 3, 30)
+    centers = rng.standard_normal((3, 3))
+    inc = rng.random(30) < 0.8
+    got = np.asarray(meanfield.class_variance(x, label, centers, include=inc))
+    for k in range(3):
+        sel = (label == k) & inc
+        np.testing.assert_allclose(got[k], 0.5 * np.mean(np.sum((x[sel] - centers[k]) ** 2, -1)), rtol=1e-5)
+
+
+def test_fit_decay_rate_and_loglog_slope():
+    t = np.linspace(0, 5, 200)
+    v = 3.0 * np.exp(-1.7 * t) + 1e-9
+    assert abs(meanfield.fit_decay_rate(t, v) - 1.7) < 1e-3
+    n = np.array([1e2, 1e3, 1e4])
+    assert abs(meanfield.fit_loglog_slope(n, 2.0 / np.sqrt(n)) + 0.5) < 1e-12
+    with pytest.raises(ValueError):
+        meanfield.fit_decay_rate(t[:2], v[:2])
+
+
+def test_predicted_rate_formula():
+    assert meanfield.predicted_decay_rate(2.0, 0.1, 0.3, 0.05, d=4, lipschitz=1.0) == pytest.approx(
+        4.0 - 0.2 - 4 * 0.09 - 4 * 0.0025)
+    assert meanfield.predicted_decay_rate(2.0, 0.0, 0.3, 0.0, d=4, lipschitz=1.0, noise="anisotropic") == pytest.approx(
+        4.0 - 0.09)
+
+
+def test_quadratic_decay_rate_within_theorem_regime():
+    """Two quadratic classes, isotropic noise: V_t decays at least at Theorem 2.3's rate and
+    close to the exact rate 2(λ1+λ2) - dσ1² - dσ2² of the ideal (m = θ*) system."""
+    d, n = 2, 4000
+    centers = np.array([[1.0, 1.0], [-1.0, -1.0]])
+    lam1, lam2, s1, s2 = 1.0, 0.2, 0.4, 0.1
+    cfg = ClusteredConfig(lambda1=lam1, lambda2=lam2, sigma1=s1, sigma2=s2, dt=0.01, alpha=1e4)
+    dyn = clustered([objectives.Quadratic(shift=c) for c in centers], cfg)
+    rng = np.random.default_rng(0)
+    label = np.arange(n) % 2
+    x = centers[label] + rng.uniform(-1, 1, (n, d))
+    obs = lambda s: {"V": meanfield.class_variance(s.x, s.label, centers)}  # noqa: E731
+    res = cj.simulate(dyn, particles(x, label), jax.random.key(0), 300, observe=obs)
+    t = 0.01 * np.arange(1, 301)
+    rate = meanfield.fit_decay_rate(t, res.history["V"].sum(-1))
+    pred = meanfield.predicted_decay_rate(lam1, lam2, s1, s2, d, 1.0)
+    ideal = meanfield.ideal_quadratic_rate(lam1, lam2, s1, s2, d)
+    assert rate >= pred
+    assert abs(rate - ideal) < 0.15 * ideal, (rate, ideal, pred)
