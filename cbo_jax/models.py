@@ -17,7 +17,8 @@ import optax
 
 PyTree = Any
 
-__all__ = ["MLP", "Model", "mlp_mnist", "init_population", "cross_entropy", "batch_loss", "accuracy", "preprocess"]
+__all__ = ["MLP", "Model", "mlp_mnist", "init_population", "cross_entropy", "batch_loss", "accuracy", "preprocess",
+           "LogisticRegression", "logistic_regression"]
 
 
 def preprocess(x: jax.Array) -> jax.Array:
@@ -56,6 +57,34 @@ def mlp_mnist(hidden: tuple[int, ...] = (200,), num_classes: int = 10, input_sha
     dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
     name = "mlp-" + "-".join(str(v) for v in (int(jnp.prod(jnp.asarray(input_shape))), *hidden, num_classes))
     return Model(init=lambda key: module.init(key, dummy), apply=module.apply, name=name, num_classes=num_classes)
+
+
+class LogisticRegression(nn.Module):
+    """Multinomial logistic regression: ``logits = x W + b`` on flattened float inputs.
+
+    The FedProx synthetic(α, β) benchmark's model (REFERENCE_NOTES §3). Inputs keep
+    their floating dtype (no ``uint8`` scaling); ``zero_init`` starts from ``W = 0,
+    b = 0``, the usual start for this convex problem.
+    """
+
+    num_classes: int = 10
+    zero_init: bool = True
+
+    @nn.compact
+    def __call__(self, x):
+        x = x.reshape(x.shape[0], -1)
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            x = x.astype(jnp.float32)
+        init = nn.initializers.zeros if self.zero_init else nn.initializers.lecun_normal()
+        return nn.Dense(self.num_classes, kernel_init=init, bias_init=nn.initializers.zeros)(x)
+
+
+def logistic_regression(num_features: int = 60, num_classes: int = 10, zero_init: bool = True) -> Model:
+    """Multinomial logistic regression ``num_features -> num_classes`` (60 -> 10 for synthetic(α, β))."""
+    module = LogisticRegression(num_classes=num_classes, zero_init=zero_init)
+    dummy = jnp.zeros((1, num_features), jnp.float32)
+    return Model(init=lambda key: module.init(key, dummy), apply=module.apply, name=f"logreg-{num_features}-{num_classes}",
+                 num_classes=num_classes)
 
 
 def init_population(model: Model, key: jax.Array, num_agents: int) -> PyTree:

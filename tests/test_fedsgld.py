@@ -1,0 +1,305 @@
+"""FedSGLD / FedPD, the SGLD oracle, the synthetic(α, β) data and the privacy accountant."""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbo_jax.federated import privacy
+from cbo_jax.federated.algorithms.fedsgld import (FedPDConfig, FedSGLDConfig, OracleSpec, SGLDConfig,
+                                                  clip_by_global_norm, fedpd, fedsgld, sgld_oracle, step_sizes,
+                                                  temperature)
+from cbo_jax.federated.synthetic import synthetic
+from cbo_jax.models import logistic_regression, mlp_mnist
+
+# ----------------------------------------------------------------------------- oracle
+
+A_DIAG = jnp.array([1.0, 4.0])
+M_TRUE = jnp.array([1.0, -2.0])
+
+
+def _quadratic_grad(x, key):
+    """∇F for F(x) = ½ (x - m)ᵀ diag(a) (x - m): exp(-F/T) is N(m, T / a)."""
+    del key
+    return A_DIAG * (x - M_TRUE)
+
+
+def _chains(spec, num_chains=8000, seed=0):
+    keys = jax.random.split(jax.random.key(seed), num_chains)
+    run = jax.jit(jax.vmap(lambda k: sgld_oracle(_quadratic_grad, jnp.zeros(2), k, spec)))
+    return run(keys)
+
+
+def test_langevin_oracle_samples_gibbs_measure_of_quadratic():
+    """Quadratic F, no clipping: the oracle's iterates sample exp(-F/T), T = ε²/2.
+
+    8000 independent chains, Q0 = 1000 burn-in steps at η = 0.01 (mixing time 1/(ηa) ≤ 100
+    steps) and 500 decaying steps. Closed form: mean m, variance T / a per coordinate.
+    Tolerances: the mean within 4 Monte-Carlo standard errors; the variance within 6 %
+    (Monte-Carlo error 1.6 %; the Euler bias 1/(1 - ηa/2) is at most 2 % at the burn-in
+    step and shrinks with the decaying steps).
+    """
+    noise = 0.5
+    T = temperature(noise)
+    assert T == pytest.approx(0.125)
+    spec = SGLDConfig(steps=1500, burn_in=1000, lr=0.01, noise=noise, clip_norm=None, decay=True, average="uniform")
+    res = _chains(spec)
+    x = np.asarray(res.last, np.float64)
+    var_true = T / np.asarray(A_DIAG)
+    n = x.shape[0]
+    assert np.all(np.abs(x.mean(0) - np.asarray(M_TRUE)) < 4 * np.sqrt(var_true / n))
+    np.testing.assert_allclose(x.var(0), var_true, rtol=0.06)
+    # The running average estimates the mean (unbiased) with a smaller spread than one sample.
+    avg = np.asarray(res.average, np.float64)
+    assert np.all(np.abs(avg.mean(0) - np.asarray(M_TRUE)) < 4 * np.sqrt(var_true / n))
+    assert np.all(avg.var(0) < 0.85 * x.var(0))
+    assert float(res.clipped.max()) == 0.0
+
+
+def test_fixed_step_oracle_matches_exact_discrete_stationary_variance():
+    """With a fixed large step the chain is AR(1): variance ε² / (a (2 - ηa)), not T/a.
+
+    η = 0.1, a = 4: the exact discrete variance is 1.25 T/a, which the test separates
+    from the continuous-time value (a wrong noise scale such as sqrt(2η)ε fails too).
+    """
+    noise, eta = 0.5, 0.1
+    spec = OracleSpec(steps=300, burn_in=300, lr=eta, noise=noise, clip_norm=None, sampling_rate=1.0, decay=False,
+                      average="last", avg_decay=0.0)
+    x = np.asarray(_chains(spec, seed=1).last, np.float64)
+    a = np.asarray(A_DIAG)
+    np.testing.assert_allclose(x.var(0), noise**2 / (a * (2 - eta * a)), rtol=0.06)
+
+
+def test_step_sizes_and_clipping():
+    spec = SGLDConfig(steps=6, burn_in=2, lr=0.1).spec()
+    np.testing.assert_allclose(step_sizes(spec), [0.1, 0.1, 0.1, 0.1 * 2 ** (-1 / 3), 0.1 * 3 ** (-1 / 3),
+                                                  0.1 * 4 ** (-1 / 3)], rtol=1e-6)
+    tree = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([4.0])}  # global norm 5
+    clipped, did = clip_by_global_norm(tree, 1.0)
+    np.testing.assert_allclose(clipped["a"], [0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(clipped["b"], [0.8], rtol=1e-6)
+    assert bool(did)
+    same, did = clip_by_global_norm(tree, 10.0)
+    np.testing.assert_allclose(same["b"], [4.0])
+    assert not bool(did)
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def test_synthetic_shapes_counts_and_labels():
+    d = synthetic(1.0, 1.0, seed=0)
+    n_dev = 30
+    assert d.x.shape[0] == n_dev and d.x.shape[2] == 60 and d.x.dtype == np.float32
+    assert d.y.shape == d.x.shape[:2] and d.test_x.shape[0] == n_dev and d.test_x.shape[2] == 60
+    total = d.counts + d.test_counts
+    assert total.min() >= 50
+    np.testing.assert_array_equal(d.counts, (0.9 * total).astype(int))
+    # n_k = int(lognormal(4, 2)) + 50 is the generator's first draw.
+    expected = np.random.default_rng(0).lognormal(4.0, 2.0, n_dev).astype(np.int64) + 50
+    np.testing.assert_array_equal(total, expected)
+    assert d.x.shape[1] == d.counts.max() and d.test_x.shape[1] == d.test_counts.max()
+    assert np.all(d.x[~d.mask] == 0) and np.all(d.y[~d.mask] == 0)
+    # Labels are argmax(x W_k + b_k) on every real sample, train and test.
+    logits = np.einsum("knd,kdc->knc", d.x.astype(np.float64), d.W.astype(np.float64)) + d.b[:, None, :]
+    np.testing.assert_array_equal(np.argmax(logits, -1)[d.mask], d.y[d.mask])
+    tlogits = np.einsum("knd,kdc->knc", d.test_x.astype(np.float64), d.W.astype(np.float64)) + d.b[:, None, :]
+    np.testing.assert_array_equal(np.argmax(tlogits, -1)[d.test_mask], d.test_y[d.test_mask])
+    assert d.y.min() >= 0 and d.y.max() < 10
+    ad = d.agent_data()
+    assert ad.x.shape == d.x.shape and int(ad.counts.sum()) == int(d.counts.sum())
+
+
+def test_synthetic_statistics():
+    """Within-device feature variance is Σ = diag(j^-1.2); the IID variant shares W, b and v = 0."""
+    d = synthetic(1.0, 1.0, seed=3, max_samples=3000)
+    xs = np.concatenate([np.concatenate([d.x[k, : d.counts[k]], d.test_x[k, : d.test_counts[k]]])
+                         for k in range(30)])
+    centred = np.concatenate([np.concatenate([d.x[k, : d.counts[k]], d.test_x[k, : d.test_counts[k]]]) -
+                              np.concatenate([d.x[k, : d.counts[k]], d.test_x[k, : d.test_counts[k]]]).mean(0)
+                              for k in range(30)])
+    sigma = np.arange(1, 61) ** -1.2
+    assert len(xs) > 5000
+    np.testing.assert_allclose(centred.var(0), sigma, rtol=0.12)
+    # Non-IID: device models differ; IID: one shared model and zero-mean inputs.
+    assert np.std(d.W.mean(axis=(1, 2))) > 0.2
+    iid = synthetic(iid=True, seed=3, max_samples=3000)
+    np.testing.assert_array_equal(iid.W[0], iid.W[-1])
+    pooled = np.concatenate([iid.x[k, : iid.counts[k]] for k in range(30)])
+    assert np.all(np.abs(pooled.mean(0)) < 5 * np.sqrt(sigma / len(pooled)) + 1e-3)
+
+
+def test_synthetic_seeding():
+    a, b, c = synthetic(seed=7, max_samples=300), synthetic(seed=7, max_samples=300), synthetic(seed=8, max_samples=300)
+    for u, v in zip(a, b):
+        np.testing.assert_array_equal(u, v)
+    assert a.x.shape != c.x.shape or not np.array_equal(a.x, c.x)
+    with pytest.raises(ValueError, match="alpha"):
+        synthetic(alpha=-1.0)
+    with pytest.raises(ValueError, match="train_fraction"):
+        synthetic(train_fraction=1.0)
+
+
+def test_models_logistic_and_mlp_still_usable():
+    lr = logistic_regression()
+    p = lr.init(jax.random.key(0))
+    assert p["params"]["Dense_0"]["kernel"].shape == (60, 10)
+    assert lr.apply(p, jnp.ones((5, 60))).shape == (5, 10)
+    mlp = mlp_mnist()
+    assert mlp.apply(mlp.init(jax.random.key(0)), jnp.zeros((2, 28, 28), jnp.uint8)).shape == (2, 10)
+
+
+# ----------------------------------------------------------------------------- algorithms
+
+SMALL = dict(seed=0, max_samples=200)
+LOGREG = logistic_regression()  # one model object: the compiled scan is cached per (algorithm, model)
+
+
+def _curves(alg, data, rounds, key=0):
+    from cbo_jax.experiments.fedsgld_synthetic import train_curves
+
+    return train_curves(alg, LOGREG, data, rounds, jax.random.key(key))
+
+
+@pytest.fixture(scope="module")
+def small_data():
+    return synthetic(1.0, 1.0, **SMALL)
+
+
+def test_fedpd_reduces_training_loss(small_data):
+    alg = fedpd(LOGREG, FedPDConfig(local_steps=10, lr=0.01, gamma=10.0, sampling_rate=0.2), 30)
+    c = _curves(alg, small_data, rounds=20)
+    loss = c["train_loss"]
+    assert loss[0] < np.log(10) + 1e-3  # zero-initialised model: log 10
+    assert loss[-1] < 0.6 * np.log(10)
+    assert loss[-1] < loss[4] < loss[0]
+    assert c["test_acc"][-1] > 50
+
+
+def test_fedsgld_low_noise_trains_and_is_deterministic(small_data):
+    cfg = FedSGLDConfig(oracle=SGLDConfig(steps=10, burn_in=5, lr=0.01, noise=1e-4, clip_norm=100.0,
+                                          sampling_rate=0.2), gamma=10.0)
+    alg = fedsgld(LOGREG, cfg, 30)
+    c1 = _curves(alg, small_data, rounds=10)
+    c2 = _curves(alg, small_data, rounds=10)
+    c3 = _curves(alg, small_data, rounds=10, key=1)
+    for k in c1:
+        np.testing.assert_array_equal(c1[k], c2[k])
+    assert not np.array_equal(c1["train_loss"], c3["train_loss"])
+    assert c1["train_loss"][-1] < 0.8 * np.log(10)
+
+
+def test_poisson_gradient_is_unbiased():
+    """The masked sum over a Bernoulli(q) draw, divided by q·n, averages to the full gradient."""
+    from cbo_jax.federated.algorithms.fedsgld import poisson_grad
+
+    model = logistic_regression(4, 3)
+    params = model.init(jax.random.key(0))
+    params = jax.tree_util.tree_map(lambda p: p + 0.3, params)
+    x = jax.random.normal(jax.random.key(1), (12, 4))
+    y = jnp.arange(12) % 3
+    count = 9  # rows 9..11 are padding and must never count
+    full = poisson_grad(model, params, x, y, count, jax.random.key(2), 1.0)
+    draws = jax.vmap(lambda k: poisson_grad(model, params, x, y, count, k, 0.3))(jax.random.split(jax.random.key(3), 4000))
+    mean = jax.tree_util.tree_map(lambda g: g.mean(0), draws)
+    for g_full, g_mean in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(mean)):
+        np.testing.assert_allclose(g_mean, g_full, atol=0.04)
+    x_pad = x.at[9:].set(100.0)
+    np.testing.assert_allclose(poisson_grad(model, params, x_pad, y, count, jax.random.key(2), 1.0)["params"]["Dense_0"]["bias"],
+                               full["params"]["Dense_0"]["bias"], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- privacy
+
+
+def test_accountant_matches_dp_accounting_directly():
+    import dp_accounting
+
+    C, lr, noise, q, Q, Q0, delta = 1.0, 0.01, 0.5, 0.1, 8, 4, 1e-5
+    cfg = FedSGLDConfig(oracle=SGLDConfig(steps=Q, burn_in=Q0, lr=lr, noise=noise, clip_norm=C, sampling_rate=q),
+                        delta=delta)
+    rep = privacy.account(cfg, rounds=5)
+    assert rep.epsilon.shape == (5,) and np.all(np.isfinite(rep.epsilon))
+    assert np.all(np.diff(rep.epsilon) > 0)
+    assert rep.sensitivity == 2 * C
+    # By hand: η_q = η for q <= Q0, then η (q - Q0)^(-1/3); z_q = noise / (2 C sqrt(η_q)).
+    etas = [lr] * Q0 + [lr * (t - Q0) ** (-1 / 3) for t in range(Q0 + 1, Q + 1)]
+    zs = [noise / (2 * C * np.sqrt(e)) for e in etas]
+    np.testing.assert_allclose(rep.noise_multipliers, zs, rtol=1e-12)
+    for rounds in (1, 5):
+        acc = dp_accounting.rdp.RdpAccountant()
+        for _ in range(rounds):
+            for z in zs:
+                acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)))
+        assert rep.epsilon[rounds - 1] == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    assert rep.per_device(30).shape == (5, 30)
+    # Constant multiplier (noisy FedPD): one self-composed event of rounds·Q steps.
+    pd_cfg = FedPDConfig(local_steps=Q, lr=lr, noise=noise, clip_norm=C, sampling_rate=q, delta=delta)
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(noise / (2 * C * np.sqrt(lr)))),
+                3 * Q)
+    assert privacy.account(pd_cfg, rounds=3).epsilon[-1] == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    # No noise or no clipping: no guarantee.
+    assert np.isinf(privacy.account(FedPDConfig(), rounds=2).epsilon).all()
+    assert np.isinf(privacy.account(dataclass_replace_clip_none(cfg), rounds=2).epsilon).all()
+
+
+def dataclass_replace_clip_none(cfg):
+    import dataclasses
+
+    return dataclasses.replace(cfg, oracle=dataclasses.replace(cfg.oracle, clip_norm=None))
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize("clip", [0.0, -1.0, float("nan")])
+def test_bad_clip_norm(clip):
+    with pytest.raises(ValueError, match="clip_norm"):
+        SGLDConfig(clip_norm=clip)
+    with pytest.raises(ValueError, match="clip_norm"):
+        FedPDConfig(clip_norm=clip)
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, -0.1, 1.5])
+def test_bad_delta(delta):
+    with pytest.raises(ValueError, match="delta"):
+        FedSGLDConfig(delta=delta)
+    with pytest.raises(ValueError, match="delta"):
+        privacy.account(FedSGLDConfig(), rounds=1, delta=delta)
+
+
+@pytest.mark.parametrize("q0, q", [(10, 10), (11, 10)])
+def test_burn_in_must_be_below_steps(q0, q):
+    with pytest.raises(ValueError, match=r"burn_in \(Q0\)"):
+        SGLDConfig(steps=q, burn_in=q0)
+
+
+def test_cli_rejects_bad_input_before_any_work(monkeypatch, capsys, tmp_path):
+    from cbo_jax import cli
+    from cbo_jax.experiments import fedsgld_synthetic as exp
+
+    def boom(*a, **k):
+        raise AssertionError("data generated or compiled before validation")
+
+    monkeypatch.setattr(exp, "synthetic", boom)
+    monkeypatch.setattr(exp, "train_curves", boom)
+    for flags, name in ((["--clip-norm", "0"], "clip_norm"), (["--delta", "1"], "delta"),
+                        (["--burn-in", "40", "--steps", "40"], "burn_in")):
+        rc = cli.main(["reproduce", "fedsgld-synthetic", "--output", str(tmp_path), "--no-progress", *flags])
+        assert rc == 2
+        assert name in capsys.readouterr().err
+
+
+def test_experiment_config_validates():
+    from cbo_jax.experiments.fedsgld_synthetic import SyntheticRunConfig, config_from_args
+
+    with pytest.raises(ValueError, match="rounds"):
+        SyntheticRunConfig(rounds=0)
+    ns = argparse.Namespace(rounds=5, steps=4, burn_in=2, lr=0.01, gamma=1.0, clip_norm=1.0, sampling_rate=0.1,
+                            server_momentum=0.0, delta=1e-5, data_seed=0, seed=0)
+    assert config_from_args(ns).rounds == 5
