@@ -9,9 +9,10 @@ one vectorised kernel; time is a ``lax.scan``.
 >>> res = cj.minimize(cj.objectives.Rastrigin(), x0, jax.random.key(1), 500, cfg)
 """
 
-from cbo_jax import consensus, objectives, population, schedules, sde
+from cbo_jax import consensus, meanfield, objectives, population, schedules, sde
 from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
 from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
+from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
 from cbo_jax.simulate import SimulationResult, minimize, simulate
 
 __version__ = "0.1.0"
@@ -19,14 +20,22 @@ __version__ = "0.1.0"
 __all__ = [
     "CBOConfig",
     "CBOState",
+    "ClusteredConfig",
+    "ClusteredState",
     "Dynamics",
+    "Malicious",
+    "Particles",
     "SimulationResult",
+    "cb2o",
     "cbo",
+    "clustered",
     "consensus",
     "consensus_point",
     "consensus_weights",
+    "meanfield",
     "minimize",
     "objectives",
+    "particles",
     "population",
     "quantile_mask",
     "schedules",

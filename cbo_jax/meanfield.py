@@ -33,6 +33,9 @@ __all__ = [
     "ideal_quadratic_rate",
     "fit_decay_rate",
     "sliced_wasserstein",
+    "SlicedReference",
+    "random_directions",
+    "sorted_projections",
     "fit_loglog_slope",
 ]
 
@@ -127,19 +130,30 @@ def _quantile_grid(n: int, r: int, dtype):
     return jnp.asarray(widths, dtype), jnp.asarray(ix, jnp.int32), jnp.asarray(iy, jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("num_projections", "p"))
-def _sliced(x, y, key, widths, ix, iy, *, num_projections: int, p: float):
-    d = x.shape[-1]
-    theta = jax.random.normal(key, (num_projections, d), x.dtype)
-    theta = theta / jnp.linalg.norm(theta, axis=-1, keepdims=True)
+def random_directions(key: jax.Array, num: int, d: int, dtype=jnp.float32) -> jax.Array:
+    """``num`` directions drawn uniformly on the unit sphere of ``R^d``: ``(num, d)``."""
+    theta = jax.random.normal(key, (num, d), dtype)
+    return theta / jnp.linalg.norm(theta, axis=-1, keepdims=True)
 
-    def one(direction):
-        px = jnp.sort(x @ direction)
-        py = jnp.sort(y @ direction)
-        return jnp.sum(widths * jnp.abs(px[ix] - py[iy]) ** p)
 
-    per_dir = jax.lax.map(one, theta)
+@jax.jit
+def sorted_projections(y: jax.Array, directions: jax.Array) -> jax.Array:
+    """``(P, R)``: the samples ``y`` projected on each direction, sorted."""
+    return jnp.sort(directions @ y.T, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("p",))
+def _sw_from_sorted(x, directions, py, widths, ix, iy, *, p: float):
+    px = sorted_projections(x, directions)  # (P, N)
+    per_dir = jax.lax.map(lambda ab: jnp.sum(widths * jnp.abs(ab[0][ix] - ab[1][iy]) ** p), (px, py))
     return jnp.mean(per_dir) ** (1.0 / p)
+
+
+def _as_samples(name, x):
+    x = pop.ravel(x)[0] if not isinstance(x, (jax.Array, np.ndarray)) else jnp.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be (n, d) samples, got shape {x.shape}")
+    return x
 
 
 def sliced_wasserstein(x, y, key: jax.Array, *, num_projections: int = 64, p: float = 1.0) -> jax.Array:
@@ -149,21 +163,42 @@ def sliced_wasserstein(x, y, key: jax.Array, *, num_projections: int = 64, p: fl
     sphere (``num_projections`` of them, drawn from ``key``). Each 1-D distance is the
     exact ``∫_0^1 |F^{-1}(u) - G^{-1}(u)|^p du`` of the two empirical quantile
     functions (sizes may differ; the integral runs over their merged breakpoints).
-    Cost ``O(P (N + R) log(N + R))``; directions are processed one at a time.
+    Cost ``O(P (N + R) log(N + R))``.
 
     Args:
       x: ``(N, d)`` samples (or a stacked pytree, raveled per particle).
       y: ``(R, d)`` samples.
+
+    To compare many samples with one large reference, see :class:`SlicedReference`
+    (the reference is projected and sorted once).
     """
-    x = pop.ravel(x)[0] if not isinstance(x, (jax.Array, np.ndarray)) else jnp.asarray(x)
-    y = pop.ravel(y)[0] if not isinstance(y, (jax.Array, np.ndarray)) else jnp.asarray(y)
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1]:
-        raise ValueError(f"x and y must be (N, d) and (R, d) with the same d, got {x.shape} and {y.shape}")
-    _checks.positive_int("num_projections", num_projections)
-    _checks.positive("p", p)
-    dtype = jnp.result_type(x.dtype, y.dtype)
-    widths, ix, iy = _quantile_grid(x.shape[0], y.shape[0], dtype)
-    return _sliced(x.astype(dtype), y.astype(dtype), key, widths, ix, iy, num_projections=num_projections, p=float(p))
+    return SlicedReference(y, key, num_projections=num_projections, p=p).distance(x)
+
+
+class SlicedReference:
+    """A reference sample projected on fixed random directions and sorted once.
+
+    ``ref.distance(x)`` is :func:`sliced_wasserstein` between ``x`` and the reference,
+    on the same directions for every ``x`` (so distances of different samples are
+    directly comparable and the reference's sort is not repeated).
+    """
+
+    def __init__(self, y, key: jax.Array, *, num_projections: int = 64, p: float = 1.0):
+        _checks.positive_int("num_projections", num_projections)
+        self.p = float(_checks.positive("p", p))
+        y = _as_samples("y", y)
+        self.d, self.size, self.dtype = y.shape[1], y.shape[0], y.dtype
+        self.directions = random_directions(key, num_projections, self.d, y.dtype)
+        self.sorted = sorted_projections(y, self.directions)
+
+    def distance(self, x) -> jax.Array:
+        x = _as_samples("x", x)
+        if x.shape[1] != self.d:
+            raise ValueError(f"x has dimension {x.shape[1]}, the reference {self.d}")
+        dtype = jnp.result_type(x.dtype, self.dtype)
+        widths, ix, iy = _quantile_grid(x.shape[0], self.size, dtype)
+        return _sw_from_sorted(x.astype(dtype), self.directions.astype(dtype), self.sorted.astype(dtype), widths,
+                               ix, iy, p=self.p)
 
 
 def fit_loglog_slope(n, err) -> float:
