@@ -288,9 +288,11 @@ def clustered(
         )
 
     def noise_fn(pid):
+        # The draw is materialised before use (optimisation barrier): fused into the
+        # gather-and-update it runs about 2x slower on XLA:CPU.
         if config.rng == "per-particle":
-            return lambda key, tree: per_particle_normal(key, tree, pid)
-        return normal_like
+            return lambda key, tree: jax.lax.optimization_barrier(per_particle_normal(key, tree, pid))
+        return lambda key, tree: jax.lax.optimization_barrier(normal_like(key, tree))
 
     def step(state: ClusteredState) -> ClusteredState:
         x, prm = state.x, state.params
@@ -321,6 +323,10 @@ def clustered(
         if config.max_abs is not None:
             c = config.max_abs
             new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
+        # Materialise the new positions once: otherwise XLA:CPU fuses the update (noise
+        # draw and gather of m_k included) into each of the K loss evaluations and
+        # recomputes it K times (2-3x slower step at K=4, benchmarks/RESULTS.md).
+        new = jax.lax.optimization_barrier(new)
         loss, grad = evaluate(new, state.label)
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
