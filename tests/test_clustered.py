@@ -180,3 +180,18 @@ def test_bad_input():
         cj.simulate(dyn, particles(np.full((10, 3), np.nan, np.float32)), jax.random.key(0), 1)
     with pytest.raises(ValueError, match="upper"):
         clustered(objs, upper=[objectives.Sphere()] * 3)
+
+
+def test_cb2o_consensus_matches_numpy_quantile_reference():
+    """m = Σ_{Q_β} θ e^{-αG} / Σ_{Q_β} e^{-αG}, Q_β = {L <= numpy.quantile(L, β)} (eq. 1.3-1.4)."""
+    rng = np.random.default_rng(7)
+    x = rng.uniform(-2, 2, (41, 3))
+    lower = lambda z: jnp.sum(z**2, -1)  # noqa: E731
+    upper = lambda z: jnp.sum((z - 1.0) ** 2, -1)  # noqa: E731
+    with enable_x64(True):
+        for beta in (0.3, 0.5, 1.0):
+            st = cb2o(lower, upper, alpha=3.0, beta=beta, dtype="float64").init(particles(x), jax.random.key(0))
+            lo, g = np.sum(x**2, -1), np.sum((x - 1.0) ** 2, -1)
+            mask = lo <= np.quantile(lo, beta)
+            ref = _np_consensus(x, g[None], 3.0, mask[None])
+            np.testing.assert_allclose(np.asarray(st.consensus), ref, rtol=1e-10)
