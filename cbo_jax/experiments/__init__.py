@@ -26,4 +26,8 @@ def registry() -> dict[str, Experiment]:
 
     entries = [rastrigin_success.EXPERIMENT, fedcbo_table1.TABLE1, fedcbo_table1.NOISE, particles.CLUSTERED,
                particles.DECAY, particles.SCALING, particles.CB2O]
+    from cbo_jax.experiments import fedsgld_synthetic
+    entries.append(fedsgld_synthetic.EXPERIMENT)
+    from cbo_jax.experiments import fedcb2o_attack
+    entries += [fedcb2o_attack.ATTACK, fedcb2o_attack.TG]
     return {e.name: e for e in entries}
