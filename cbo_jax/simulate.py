@@ -100,6 +100,7 @@ def simulate(
     progress: bool = False,
     record_consensus: bool = False,
     observe=None,
+    mesh=None,
     desc: str = "cbo",
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
@@ -120,6 +121,12 @@ def simulate(
         every step and added to the history (for example a mean-field diagnostic);
         with ``num_runs`` it sees one run's state (it is vmapped). Pass the same
         function object across calls to reuse the compiled chunk.
+      mesh: a :func:`cbo_jax.sharding.agent_mesh`: shard the agent axis over its
+        devices. ``N`` is padded to a multiple of the device count with inactive
+        (NaN) agents that never influence real ones; the returned state keeps those
+        rows at the end of the agent axis (``state.x[:N]`` are the real agents).
+        With ``rng="per-particle"`` the result equals the single-device run up to
+        float rounding.
     """
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
@@ -139,6 +146,12 @@ def simulate(
         )
     batched = num_runs is not None
     t0 = time.perf_counter()
+    if mesh is not None:
+        from cbo_jax.sharding import prepare_population
+
+        unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
+            config, "max_abs", None) is not None else None
+        x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
     if batched:
         key = jax.random.split(key, num_runs)
     with rng_context(config):

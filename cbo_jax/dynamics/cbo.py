@@ -29,13 +29,13 @@ from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point
 from cbo_jax.schedules import as_schedule
-from cbo_jax.sde import NOISE_KINDS, euler_maruyama
+from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
 
 PyTree = Any
 
 __all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo"]
 
-RNG_MODES = ("fast", "partitionable")
+RNG_MODES = ("fast", "partitionable", "per-particle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,9 @@ class CBOConfig:
       rng: ``"fast"`` draws noise with JAX's non-partitionable threefry layout, about
         2.3x faster on CPU for one device; ``"partitionable"`` uses the layout that
         shards well across devices. Both are exact threefry2x32 streams.
+        ``"per-particle"``: row ``i`` draws from ``fold_in(step_key, i)``, so a row's
+        noise does not depend on the population size (a population padded for
+        sharding moves exactly as the unpadded one); slower.
     """
 
     lambda1: float = 1.0
@@ -152,6 +155,12 @@ class Dynamics(NamedTuple):
     record: Callable[[Any], dict] | None = None
 
 
+def _noise(rng: str, n: int):
+    if rng == "per-particle":
+        return lambda key, tree: per_particle_normal(key, tree, jnp.arange(n, dtype=jnp.int32))
+    return normal_like
+
+
 def _best_row(energy):
     return jnp.argmin(jnp.where(jnp.isnan(energy), jnp.inf, energy))
 
@@ -219,6 +228,7 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             grad=state.grad,
             lambda2=config.lambda2,
             sigma2=config.sigma2,
+            normal=_noise(config.rng, pop.num_agents(state.x)),
         )
         if config.max_abs is not None:
             c = config.max_abs

@@ -1,0 +1,123 @@
+"""The agent axis over devices: a one-axis mesh, padding, and sharded placement.
+
+A particle system shards over devices along its agent axis: every per-agent kernel
+(objective, noise, Euler–Maruyama update) runs where its rows live, and the only
+cross-device step is the consensus reduction ``Σ_i w_i θ_i`` (an all-reduce of a
+``(K, d)`` array), which XLA inserts from the shardings. Nothing is hand-written: the
+population is placed with a :class:`jax.sharding.NamedSharding` and the jitted scan
+propagates it.
+
+``N`` must be a multiple of the device count; otherwise the population is padded
+with *inactive* agents whose positions are NaN. The consensus kernels already give
+zero weight to agents with non-finite parameters or energies
+(:mod:`cbo_jax.consensus`), the best-so-far tracker skips NaN energies, the quantile
+mask ignores them, and every per-agent update is row-wise, so padding agents never
+influence real ones. With ``rng="per-particle"`` a real agent's noise does not depend
+on ``N`` either, so a padded, sharded run equals the unpadded single-device run up to
+float rounding (other RNG layouts draw different, equally distributed noise once
+padding changes the array shape).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+PyTree = Any
+
+__all__ = ["AGENT_AXIS", "agent_mesh", "padded_size", "pad_rows", "agent_sharding", "shard_agents",
+           "prepare_population"]
+
+AGENT_AXIS = "agents"
+
+
+def agent_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A one-dimensional mesh named ``"agents"`` over ``devices`` (default: all devices)."""
+    devices = list(jax.devices() if devices is None else devices)
+    if not devices:
+        raise ValueError("agent_mesh needs at least one device")
+    return Mesh(np.asarray(devices), (AGENT_AXIS,))
+
+
+def padded_size(n: int, mesh: Mesh) -> int:
+    """Smallest multiple of the mesh size that is ``>= n``."""
+    k = mesh.size
+    return -(-n // k) * k
+
+
+def pad_rows(tree: PyTree, n_total: int, *, axis: int = 0, fill=np.nan) -> PyTree:
+    """Pad every leaf along ``axis`` to ``n_total`` rows with ``fill`` (NaN: inactive agents).
+
+    Integer and boolean leaves are padded with ``0`` / ``False`` unless they are ids
+    (use :func:`numpy.arange` continuation yourself when ids matter).
+    """
+
+    def pad(leaf):
+        leaf = np.asarray(leaf)
+        extra = n_total - leaf.shape[axis]
+        if extra < 0:
+            raise ValueError(f"cannot pad {leaf.shape[axis]} rows down to {n_total}")
+        if extra == 0:
+            return leaf
+        shape = list(leaf.shape)
+        shape[axis] = extra
+        value = fill if np.issubdtype(leaf.dtype, np.floating) else 0
+        return np.concatenate([leaf, np.full(shape, value, leaf.dtype)], axis=axis)
+
+    return jax.tree_util.tree_map(pad, tree)
+
+
+def agent_sharding(mesh: Mesh, ndim: int, axis: int = 0) -> NamedSharding:
+    """Shard dimension ``axis`` of an ``ndim``-dimensional array over the mesh; replicate the rest."""
+    spec = [None] * ndim
+    spec[axis] = AGENT_AXIS
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def shard_agents(tree: PyTree, mesh: Mesh, *, axis: int = 0) -> PyTree:
+    """Place every leaf with its ``axis`` dimension split over the mesh (must divide evenly)."""
+
+    def put(leaf):
+        leaf = jnp.asarray(leaf)
+        if leaf.ndim <= axis or leaf.shape[axis] % mesh.size:
+            raise ValueError(
+                f"a leaf of shape {leaf.shape} cannot be split over {mesh.size} devices along axis {axis}"
+            )
+        return jax.device_put(leaf, agent_sharding(mesh, leaf.ndim, axis))
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def prepare_population(x0: PyTree, mesh: Mesh, *, axis: int = 0, forbid_padding: str | None = None) -> tuple[PyTree, int]:
+    """Pad ``x0`` (an array, a stacked pytree or a clustered ``Particles``) to a multiple
+    of the mesh size along the agent ``axis`` and shard it. Returns ``(x0, N_real)``.
+
+    ``Particles`` are padded field by field: positions with NaN, labels with ``0``,
+    the malicious flag with ``False`` and ids continuing ``N, N+1, ...`` (so every id
+    stays unique). ``forbid_padding``: a reason padding is unsafe (raised as a
+    ``ValueError`` when padding would be needed).
+    """
+    from cbo_jax.dynamics.clustered import Particles
+
+    positions = x0.x if isinstance(x0, Particles) else x0
+    n = int(np.shape(jax.tree_util.tree_leaves(positions)[0])[axis])
+    n_total = padded_size(n, mesh)
+    if n_total != n and forbid_padding:
+        raise ValueError(f"N={n} is not a multiple of the {mesh.size} devices and padding is unsafe here: "
+                         f"{forbid_padding}")
+    if isinstance(x0, Particles):
+        pid = np.asarray(x0.pid)
+        extra = n_total - n
+        if extra:
+            new_ids = np.broadcast_to(np.arange(n, n_total, dtype=pid.dtype) + max(int(pid.max()) + 1 - n, 0),
+                                      pid.shape[:axis] + (extra,))
+            pid = np.concatenate([pid, new_ids], axis=axis)
+        x0 = Particles(x=pad_rows(x0.x, n_total, axis=axis), label=pad_rows(x0.label, n_total, axis=axis),
+                       malicious=pad_rows(x0.malicious, n_total, axis=axis), pid=pid)
+    else:
+        x0 = pad_rows(x0, n_total, axis=axis)
+    return shard_agents(x0, mesh, axis=axis), n
