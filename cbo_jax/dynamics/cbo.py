@@ -235,9 +235,15 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             x = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
         energy, grad = evaluate(x)
         row = _best_row(energy)
-        improved = energy[row] < state.best_energy
-        best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, new[row], old), x, state.best_x)
-        best_energy = jnp.where(improved, energy[row], state.best_energy)
+        # Row `row` selected by a one-hot reduction rather than an index: on a sharded
+        # agent axis that is an all-reduce of one row, where `x[row]` makes XLA gather
+        # the whole population onto every device.
+        onehot = jnp.arange(energy.shape[0]) == row
+        pick = lambda leaf: jnp.sum(jnp.where(onehot.reshape((-1,) + (1,) * (leaf.ndim - 1)), leaf, 0), axis=0)  # noqa: E731
+        e_row = jnp.sum(jnp.where(onehot, energy, 0))
+        improved = e_row < state.best_energy
+        best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, pick(new), old), x, state.best_x)
+        best_energy = jnp.where(improved, e_row, state.best_energy)
         new = CBOState(
             x=x,
             energy=energy,
