@@ -137,6 +137,8 @@ def _add_run(sub) -> None:
     p.add_argument("--config", type=Path, default=None, help="JSON file with any of the options below (underscored names)")
     p.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
     add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
 
@@ -146,7 +148,7 @@ def _cmd_run(args) -> int:
 
     cfg = config_from_args(args.algorithm, args)
     out = args.output or Path("results") / f"run-{args.algorithm}"
-    res = run_experiment(cfg, out, progress=not args.no_progress)
+    res = run_experiment(cfg, out, progress=not args.no_progress, resume=args.resume)
     s = res.summary
     print(f"{s['algorithm']}: mean test accuracy {s['final_test_acc']:.2f}% after {s['rounds']} rounds "
           f"({s['num_agents']} agents, {s['num_clusters']} clusters, {s['seconds']:.0f} s)")

@@ -1,6 +1,7 @@
 """Federated algorithms: FedCBO aggregation vs NumPy float64, limits, IFCA, determinism."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,8 @@ from cbo_jax.federated.algorithms import (AgentData, FedAvgConfig, FedCBOConfig,
 from cbo_jax.federated.algorithms.fedcbo import aggregate
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.federated.local import LocalSGDConfig
-from cbo_jax.federated.run import load_checkpoint, run_federated
+from cbo_jax import checkpoint
+from cbo_jax.federated.run import run_federated
 
 TINY = models.mlp_mnist(hidden=(3,), num_classes=4, input_shape=(2, 2))
 
@@ -138,8 +140,8 @@ def test_same_seed_same_result_and_partial_participation(build, tmp_path):
     assert [h["participants"] for h in a.history] == [4, 4, 4]
     lines = (tmp_path / "metrics.jsonl").read_text().strip().splitlines()
     assert len(lines) == 3
-    state, done = load_checkpoint(tmp_path / "checkpoint.pkl")
-    assert done == 3
+    state, meta = checkpoint.restore(tmp_path / "checkpoint", alg.init(jax.random.key(0)))
+    assert meta["step"] == 3
     np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(state.params)[0]),
                                   np.asarray(jax.tree_util.tree_leaves(a.state.params)[0]))
 
@@ -160,3 +162,28 @@ def test_fedcbo_bad_input():
         FedCBOConfig(participation=1.5)
     with pytest.raises(ValueError, match="noise"):
         FedCBOConfig(noise="pink")
+
+
+@pytest.mark.parametrize("build", ["fedcbo", "ifca"])
+def test_checkpoint_resume_equals_uninterrupted_run(build, tmp_path):
+    """Stopped after round 2 (of 5), resumed: the same final state and metrics."""
+    data = _two_cluster_data(n_per=4, n=12)
+    model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2, 1))
+    loc = LocalSGDConfig(epochs=1, batch_size=6)
+    alg = (fedcbo(model, FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01), 8) if build == "fedcbo"
+           else ifca(model, IFCAConfig(k=2, local=loc), 8))
+    kw = dict(progress=False, eval_every=2, checkpoint_every=1)
+    full = run_federated(alg, model, data, 5, jax.random.key(3), out_dir=tmp_path / "full", **kw)
+    part = tmp_path / "part"
+    run_federated(alg, model, data, 2, jax.random.key(3), out_dir=part, **kw)  # "stopped" after round 2
+    resumed = run_federated(alg, model, data, 5, jax.random.key(3), out_dir=part, resume=True, **kw)
+    for a, b in zip(jax.tree_util.tree_leaves(full.state), jax.tree_util.tree_leaves(resumed.state)):
+        a = jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a
+        b = jax.random.key_data(b) if jnp.issubdtype(b.dtype, jax.dtypes.prng_key) else b
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]  # noqa: E731
+    assert strip(full.history) == strip(resumed.history)
+    lines = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
+    assert strip(lines(tmp_path / "full")) == strip(lines(part))
+    with pytest.raises(ValueError, match="out_dir"):
+        run_federated(alg, model, data, 5, jax.random.key(3), resume=True, progress=False)

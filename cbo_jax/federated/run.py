@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import pickle
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,12 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import checkpoint as ckpt
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.models import Model
 
-__all__ = ["RunResult", "run_federated", "save_checkpoint", "load_checkpoint"]
+__all__ = ["RunResult", "run_federated"]
 
 
 class RunResult(NamedTuple):
@@ -69,6 +69,7 @@ def run_federated(
     test_size: int | None = None,
     out_dir: str | Path | None = None,
     checkpoint_every: int | None = None,
+    resume: bool = False,
     progress: bool = True,
 ) -> RunResult:
     """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
@@ -82,7 +83,14 @@ def run_federated(
       eval_chunk: models evaluated at once.
       test_size: evaluate on the first ``test_size`` images of each test set (all if None).
       out_dir: if given, ``metrics.jsonl`` is appended there round by round.
-      checkpoint_every: with ``out_dir``, pickle the state every this many rounds.
+      checkpoint_every: with ``out_dir``, checkpoint the state every this many rounds
+        (and after the last) to ``out_dir/checkpoint`` with orbax-checkpoint
+        (:mod:`cbo_jax.checkpoint`).
+      resume: with ``out_dir``, continue from ``out_dir/checkpoint`` when it exists:
+        the state and the metrics rows up to its round are restored, and the run goes
+        on to ``rounds``. A run stopped after round r and resumed ends in exactly the
+        state, and writes exactly the metrics, of an uninterrupted run (the
+        evaluation rounds must be the same: keep ``eval_every``).
     """
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("eval_every", eval_every)
@@ -93,22 +101,34 @@ def run_federated(
         test_x, test_y = test_x[:, :test_size], test_y[:, :test_size]
     k = data.num_clusters
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("")
+    if resume and out is None:
+        raise ValueError("resume=True needs out_dir (the checkpoint lives in out_dir/checkpoint)")
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
+    done = 0
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if resume and ckpt.exists(out / "checkpoint"):
+            state, meta = ckpt.restore(out / "checkpoint", state)
+            done = int(meta["step"])
+            if done > rounds:
+                raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
+            rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            history = [r for r in rows if r["round"] <= done]
+            if len(history) != done:
+                raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done}; cannot resume")
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=rounds, desc=algorithm.name, unit="round", dynamic_ncols=True)
-    done = 0
-    last_eval: dict = {}
+        bar = tqdm(total=rounds, initial=done, desc=algorithm.name, unit="round", dynamic_ncols=True)
+    last_eval: dict = {k: v for k, v in history[-1].items() if k.startswith("test_acc")} if history else {}
     try:
         while done < rounds:
-            length = min(eval_every, rounds - done)
+            # Evaluation rounds are multiples of eval_every (and the last), also after a resume.
+            length = min(eval_every - done % eval_every, rounds - done)
             state, rec = _scan_rounds(state, agent_data, cluster, round_fn=algorithm.round, length=length, num_clusters=k)
             rec = jax.device_get(rec)
             kind, params = algorithm.eval_models(state)
@@ -136,7 +156,7 @@ def run_federated(
                     post["SR"] = f"{history[-1]['sr']:.2f}"
                 bar.set_postfix(post)
             if out is not None and checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
-                save_checkpoint(out / "checkpoint.pkl", state, done)
+                ckpt.save(out / "checkpoint", state, step=done, meta={"algorithm": algorithm.name})
     finally:
         if bar is not None:
             bar.close()
@@ -155,20 +175,3 @@ def run_federated(
     if "cluster_purity" in history[-1]:
         summary["final_cluster_purity"] = history[-1]["cluster_purity"]
     return RunResult(state=state, history=history, summary=summary)
-
-
-def save_checkpoint(path: str | Path, state, rounds_done: int) -> None:
-    """Pickle the state (as NumPy arrays; PRNG keys as key data) and the round count."""
-    leaves, treedef = jax.tree_util.tree_flatten(state)
-    host = [
-        ("key", np.asarray(jax.random.key_data(x))) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else ("arr", np.asarray(x))
-        for x in leaves
-    ]
-    Path(path).write_bytes(pickle.dumps({"treedef": treedef, "leaves": host, "rounds_done": rounds_done}))
-
-
-def load_checkpoint(path: str | Path):
-    """Inverse of :func:`save_checkpoint`: returns ``(state, rounds_done)``."""
-    blob = pickle.loads(Path(path).read_bytes())
-    leaves = [jax.random.wrap_key_data(v) if kind == "key" else jnp.asarray(v) for kind, v in blob["leaves"]]
-    return jax.tree_util.tree_unflatten(blob["treedef"], leaves), blob["rounds_done"]
