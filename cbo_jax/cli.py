@@ -59,6 +59,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output", type=Path, default=None, help="directory for summary.json and history.npz")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--shard", action="store_true",
+                   help="split the particles over all devices (of all processes in a multi-process run)")
     p.set_defaults(func=_cmd_optimize)
 
 
@@ -90,12 +92,16 @@ def _cmd_optimize(args) -> int:
     k_init, k_run = jax.random.split(jax.random.key(args.seed))
     shape = (args.runs, args.particles, args.dim)
     x0 = jax.random.uniform(k_init, shape, jax.numpy.dtype(args.dtype), args.init_low, args.init_high)
-    res = simulate(cbo(objective, cfg), x0, k_run, args.steps, num_runs=args.runs, progress=not args.no_progress,
-                   desc=f"cbo {args.objective}")
+    from cbo_jax import distributed, sharding
+
+    mesh = sharding.agent_mesh() if args.shard else None
+    main_process = distributed.is_main()
+    res = simulate(cbo(objective, cfg), x0, k_run, args.steps, num_runs=args.runs,
+                   progress=not args.no_progress and main_process, desc=f"cbo {args.objective}", mesh=mesh)
     xstar = objective.minimiser(args.dim)
-    best_x = np.asarray(res.state.best_x, np.float64)
-    cons = np.asarray(res.state.consensus, np.float64)
-    best_e = np.asarray(res.state.best_energy, np.float64)
+    best_x = distributed.to_host(res.state.best_x).astype(np.float64)
+    cons = distributed.to_host(res.state.consensus).astype(np.float64)
+    best_e = distributed.to_host(res.state.best_energy).astype(np.float64)
     summary = {
         "objective": args.objective,
         "dim": args.dim,
@@ -110,6 +116,8 @@ def _cmd_optimize(args) -> int:
         "seconds": round(res.seconds, 3),
         "particle_steps_per_s": args.runs * args.particles * res.steps / max(res.seconds, 1e-9),
     }
+    if not main_process:
+        return 0
     best_run = int(np.argmin(best_e))
     coords = ", ".join(f"{v:.4g}" for v in best_x[best_run][:6]) + (", ..." if args.dim > 6 else "")
     print(f"objective      {args.objective} (d={args.dim}, known minimum {objective.minimum(args.dim):.6g})")
@@ -225,8 +233,28 @@ def _json_safe(obj):
     return obj
 
 
+def _maybe_initialize_distributed(args) -> None:
+    from cbo_jax import distributed
+
+    env = distributed.from_env()
+    if args.coordinator is None and env is None:
+        if args.num_processes or args.process_id is not None:
+            raise ValueError("--num-processes/--process-id need --coordinator HOST:PORT")
+        return
+    addr, nproc, pid = env if env is not None else (None, 1, 0)
+    addr = args.coordinator or addr
+    nproc = args.num_processes or nproc
+    pid = args.process_id if args.process_id is not None else pid
+    distributed.initialize(addr, nproc, pid)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
+    multi = parser.add_argument_group("multi-process (see cbo_jax.distributed)")
+    multi.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="coordinator of a multi-process run (also $CBO_JAX_COORDINATOR)")
+    multi.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run")
+    multi.add_argument("--process-id", type=int, default=None, help="this process's id, 0..P-1")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_optimize(sub)
     _add_run(sub)
@@ -240,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     try:
+        _maybe_initialize_distributed(args)
         if args.command == "reproduce":
             return _cmd_reproduce(args, extra)
         if extra:

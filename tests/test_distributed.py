@@ -1,0 +1,48 @@
+"""Two CPU processes on loopback (jax.distributed + Gloo) give the single-process result."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+ARGS = ["optimize", "--objective", "sphere", "--dim", "4", "--particles", "30", "--runs", "2", "--steps", "60",
+        "--sigma1", "0.5", "--alpha", "30", "--alpha-schedule", "constant", "--seed", "3", "--no-progress"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(extra, env_extra=None):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **(env_extra or {}))
+    return subprocess.Popen([sys.executable, "-m", "cbo_jax.cli", *extra], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_processes_equal_one(tmp_path):
+    port = _free_port()
+    procs = [_cli(["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i), *ARGS,
+                   "--shard"]) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    multi = json.loads(outs[0][0].strip().splitlines()[-1])
+    assert "{" not in outs[1][0]  # only process 0 reports (Gloo prints a connection line)
+    single_p = _cli(ARGS)
+    out, err = single_p.communicate(timeout=300)
+    assert single_p.returncode == 0, err[-3000:]
+    single = json.loads(out.strip().splitlines()[-1])
+    for k in ("best_energy", "consensus_distance_inf_median", "best_distance_inf_median"):
+        assert multi[k] == pytest.approx(single[k], rel=1e-4, abs=1e-6), (k, multi[k], single[k])
+
+
+def test_bad_distributed_options(capsys):
+    from cbo_jax.cli import main
+
+    assert main(["--num-processes", "2", "optimize", "--steps", "1", "--no-progress"]) == 2
+    assert "--coordinator" in capsys.readouterr().err
