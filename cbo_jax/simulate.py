@@ -101,6 +101,7 @@ def simulate(
     record_consensus: bool = False,
     observe=None,
     mesh=None,
+    initial_state=None,
     desc: str = "cbo",
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
@@ -121,6 +122,10 @@ def simulate(
         every step and added to the history (for example a mean-field diagnostic);
         with ``num_runs`` it sees one run's state (it is vmapped). Pass the same
         function object across calls to reuse the compiled chunk.
+      initial_state: continue from this state (for example one restored with
+        :func:`cbo_jax.checkpoint.restore`) instead of initialising from ``x0`` and
+        ``key`` (both may then be ``None``); ``num_runs`` must match it. The state
+        carries its own PRNG key, so a run split at any step equals the whole run.
       mesh: a :func:`cbo_jax.sharding.agent_mesh`: shard the agent axis over its
         devices. ``N`` is padded to a multiple of the device count with inactive
         (NaN) agents that never influence real ones; the returned state keeps those
@@ -133,10 +138,11 @@ def simulate(
     _checks.positive_int("chunk_size", chunk_size)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    if dynamics.check is not None:
-        dynamics.check("x0", x0, num_runs)
-    else:
-        check_population("x0", x0, dynamics.objective, num_runs)
+    if initial_state is None:
+        if dynamics.check is not None:
+            dynamics.check("x0", x0, num_runs)
+        else:
+            check_population("x0", x0, dynamics.objective, num_runs)
     record = dynamics.record or _record_cbo
     config = dynamics.config
     if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
@@ -146,16 +152,19 @@ def simulate(
         )
     batched = num_runs is not None
     t0 = time.perf_counter()
-    if mesh is not None:
+    if mesh is not None and initial_state is None:
         from cbo_jax.sharding import prepare_population
 
         unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
             config, "max_abs", None) is not None else None
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
-    if batched:
+    if batched and initial_state is None:
         key = jax.random.split(key, num_runs)
     with rng_context(config):
-        state = _init(x0, key, init=dynamics.init, batched=batched)
+        if initial_state is not None:
+            state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
+        else:
+            state = _init(x0, key, init=dynamics.init, batched=batched)
         chunks: list[dict] = []
         done = 0
         bar = _progress_bar(num_steps, desc) if progress else None

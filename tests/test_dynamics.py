@@ -223,3 +223,22 @@ def test_cos_2pi_matches_float64_cos():
     assert np.max(np.abs(got64 - np.cos(2 * np.pi * (z - np.round(z))))) < 1e-14
     special = np.asarray(objectives.cos_2pi(jnp.asarray([0.0, 1.0, -7.0, 0.5, 0.25, 1e9])))
     np.testing.assert_allclose(special, [1, 1, 1, -1, 0, 1], atol=2e-7)
+
+
+def test_checkpoint_and_resume_equals_whole_run(tmp_path):
+    from cbo_jax import checkpoint
+
+    dyn = cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG)
+    x0 = _x0((3, 16, 4))
+    whole = cj.simulate(dyn, x0, jax.random.key(5), 90, num_runs=3)
+    first = cj.simulate(dyn, x0, jax.random.key(5), 40, num_runs=3)
+    checkpoint.save(tmp_path / "ckpt", first.state, step=40)
+    like = cj.simulate(dyn, x0, jax.random.key(0), 0, num_runs=3).state
+    state, meta = checkpoint.restore(tmp_path / "ckpt", like)
+    assert meta["step"] == 40
+    rest = cj.simulate(dyn, None, None, 50, num_runs=3, initial_state=state)
+    np.testing.assert_array_equal(np.asarray(rest.state.x), np.asarray(whole.state.x))
+    np.testing.assert_array_equal(np.asarray(rest.state.best_energy), np.asarray(whole.state.best_energy))
+    np.testing.assert_array_equal(rest.history["best_energy"], whole.history["best_energy"][40:])
+    with pytest.raises(ValueError, match="not a cbo_jax checkpoint"):
+        checkpoint.restore(tmp_path / "missing", like)
