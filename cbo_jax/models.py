@@ -18,7 +18,7 @@ import optax
 PyTree = Any
 
 __all__ = ["MLP", "Model", "mlp_mnist", "init_population", "cross_entropy", "batch_loss", "accuracy", "preprocess",
-           "LogisticRegression", "logistic_regression"]
+           "LogisticRegression", "logistic_regression", "CNN", "cnn_emnist"]
 
 
 def preprocess(x: jax.Array) -> jax.Array:
@@ -85,6 +85,37 @@ def logistic_regression(num_features: int = 60, num_classes: int = 10, zero_init
     dummy = jnp.zeros((1, num_features), jnp.float32)
     return Model(init=lambda key: module.init(key, dummy), apply=module.apply, name=f"logreg-{num_features}-{num_classes}",
                  num_classes=num_classes)
+
+
+class CNN(nn.Module):
+    """The FedCB²O paper's CNN (REFERENCE_NOTES §2.2): conv 32 (5×5) → max-pool 2 →
+    conv 64 (5×5) → max-pool 2 → dense 2048 → dense ``num_classes``, ReLU, ``SAME``
+    padding (28×28 inputs give 7·7·64 = 3136 features before the dense layers)."""
+
+    num_classes: int = 47
+    features: tuple[int, int] = (32, 64)
+    hidden: int = 2048
+
+    @nn.compact
+    def __call__(self, x):
+        x = preprocess(x)
+        if x.ndim == 3:  # (n, H, W) grey images -> one channel
+            x = x[..., None]
+        for f in self.features:
+            x = nn.relu(nn.Conv(f, (5, 5), padding="SAME")(x))
+            x = nn.max_pool(x, (2, 2), strides=(2, 2))
+        x = x.reshape(x.shape[0], -1)
+        x = nn.relu(nn.Dense(self.hidden)(x))
+        return nn.Dense(self.num_classes)(x)
+
+
+def cnn_emnist(num_classes: int = 47, input_shape=(28, 28), features: tuple[int, int] = (32, 64),
+               hidden: int = 2048) -> Model:
+    """The FedCB²O CNN (47 classes for EMNIST-balanced; 10 for the MNIST analogue)."""
+    module = CNN(num_classes=num_classes, features=tuple(features), hidden=hidden)
+    dummy = jnp.zeros((1,) + tuple(input_shape), jnp.float32)
+    name = f"cnn-{features[0]}-{features[1]}-{hidden}-{num_classes}"
+    return Model(init=lambda key: module.init(key, dummy), apply=module.apply, name=name, num_classes=num_classes)
 
 
 def init_population(model: Model, key: jax.Array, num_agents: int) -> PyTree:

@@ -28,4 +28,6 @@ def registry() -> dict[str, Experiment]:
                particles.DECAY, particles.SCALING, particles.CB2O]
     from cbo_jax.experiments import fedsgld_synthetic
     entries.append(fedsgld_synthetic.EXPERIMENT)
+    from cbo_jax.experiments import fedcb2o_attack
+    entries += [fedcb2o_attack.ATTACK, fedcb2o_attack.TG]
     return {e.name: e for e in entries}

@@ -11,6 +11,12 @@
   greedy pick were right: ``(1 - ε) + ε · (same-cluster share among the others)``.
 * :func:`selection_frequency` -- ``(K, K)`` share of downloads from cluster ``b`` by
   agents of cluster ``a``.
+* :func:`attack_metrics` -- FedCB²O §4 metrics over the benign agents, each with its own
+  model on its cluster's test set: overall accuracy, source-class accuracy and attack
+  success rate (share of source-class test images predicted as the target class).
+* :func:`category_stats` -- FedCB²O Fig. 5: per round, the share of a benign agent's
+  downloads and the total consensus weight they get, by category (same/other cluster ×
+  benign/malicious), averaged over benign agents.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from cbo_jax.models import Model, cross_entropy
 
 PyTree = Any
 
-__all__ = ["selection_rate", "oracle_selection_rate", "selection_frequency", "evaluate", "cluster_purity"]
+__all__ = ["selection_rate", "oracle_selection_rate", "selection_frequency", "evaluate", "cluster_purity",
+           "attack_metrics", "category_stats", "CATEGORIES"]
 
 
 def selection_rate(idx: jax.Array, cluster: jax.Array) -> jax.Array:
@@ -114,3 +121,72 @@ def _server_eval_impl(model, chunk, params, test_x, test_y):
 
 _agent_eval = jax.jit(_agent_eval_impl, static_argnums=(0, 1))
 _server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
+
+
+# --- attacks (FedCB²O) -----------------------------------------------------------------------
+
+CATEGORIES = ("same_benign", "same_malicious", "other_benign", "other_malicious")
+
+
+def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malicious: jax.Array):
+    """FedCB²O Fig. 5 for one round: ``(frequency (4,), weight (4,))`` in :data:`CATEGORIES` order.
+
+    ``idx``/``weights`` are ``(R, M)`` downloads and their normalised consensus weights of
+    the first ``R`` agents (the benign ones). ``frequency[c]`` is the mean over those
+    agents of the share of their ``M`` downloads in category ``c``; ``weight[c]`` the mean
+    of the total weight those downloads got (the rest, if any, is the agent's own model).
+    """
+    r = idx.shape[0]
+    same = cluster[idx] == cluster[:r, None]
+    mal = malicious[idx]
+    cats = jnp.stack([same & ~mal, same & mal, ~same & ~mal, ~same & mal])  # (4, R, M)
+    freq = jnp.mean(jnp.mean(cats, axis=2), axis=1)
+    weight = jnp.mean(jnp.sum(jnp.where(cats, weights[None], 0.0), axis=2), axis=1)
+    return freq, weight
+
+
+def _attack_eval_impl(model, chunk, test_batch, params, test_x, test_y, cluster, source, target):
+    n_test = test_x.shape[1]
+    nbat = -(-n_test // test_batch)
+    pad = nbat * test_batch - n_test
+    xs = jnp.pad(test_x, [(0, 0), (0, pad)] + [(0, 0)] * (test_x.ndim - 2))
+    real = jnp.arange(nbat * test_batch) < n_test
+    ys = jnp.pad(test_y, [(0, 0), (0, pad)])
+
+    def one(args):
+        p, c = args
+        x = xs[c].reshape((nbat, test_batch) + xs.shape[2:])
+        pred = jax.lax.map(lambda xb: jnp.argmax(model.apply(p, xb), axis=-1), x).reshape(-1)
+        y = ys[c]
+        src = (y == source) & real
+        n_src = jnp.maximum(jnp.sum(src), 1)
+        return (jnp.sum((pred == y) & real) / n_test, jnp.sum((pred == y) & src) / n_src,
+                jnp.sum((pred == target) & src) / n_src)
+
+    return jax.lax.map(one, (params, cluster), batch_size=chunk)
+
+
+_attack_eval = jax.jit(_attack_eval_impl, static_argnums=(0, 1, 2))
+
+
+def attack_metrics(model: Model, params: PyTree, test_x, test_y, cluster, source: int, target: int, chunk: int = 8,
+                   test_batch: int = 2000) -> dict:
+    """Overall accuracy, source-class accuracy and attack success rate (%), means over agents.
+
+    Args:
+      params: the benign agents' models ``(N_b, ...)``.
+      test_x, test_y: ``(K, n_test, ...)`` per-cluster test sets.
+      cluster: ``(N_b,)`` the benign agents' clusters.
+      source, target: the attack's classes.
+      chunk, test_batch: agents evaluated at once, test images per forward pass.
+    """
+    test_x, test_y, cluster = jnp.asarray(test_x), jnp.asarray(test_y), jnp.asarray(cluster)
+    tb = int(min(test_batch, test_x.shape[1]))
+    acc, src, asr = _attack_eval(model, chunk, tb, params, test_x, test_y, cluster, jnp.int32(source), jnp.int32(target))
+    k = test_x.shape[0]
+    out = {"overall_acc": float(jnp.mean(acc)) * 100, "source_acc": float(jnp.mean(src)) * 100,
+           "asr": float(jnp.mean(asr)) * 100}
+    for name, v in (("overall_acc", acc), ("source_acc", src), ("asr", asr)):
+        out[f"{name}_per_cluster"] = [float(jnp.mean(v[cluster == c])) * 100 if bool(jnp.any(cluster == c)) else None
+                                      for c in range(k)]
+    return out

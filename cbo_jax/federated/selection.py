@@ -7,6 +7,9 @@
 * :func:`init_likelihood` / :func:`update_likelihood` -- ``P`` starts at ones with
   ``-inf`` on the diagonal and is updated by eq. (21):
   ``P[j, i] += L_j(θ_j) - L_j(θ_i)`` for the downloaded ``i``.
+* :func:`prob_sampling` -- FedCB²O's ProbSampling: never-observed agents first
+  (uniformly), then ``M`` without replacement ∝ ``P``; :func:`init_prob_likelihood` /
+  :func:`update_prob_likelihood` keep ``P ← (1-ζ) P + ζ exp(-κ L)`` (NaN = never observed).
 
 Ties in ``P`` (all of round 0) are broken by a random permutation, so round 0 picks
 uniformly at random, as the reference code does. An agent never selects itself and
@@ -19,7 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-__all__ = ["uniform", "epsilon_greedy", "epsilon_schedule", "init_likelihood", "update_likelihood"]
+__all__ = ["uniform", "epsilon_greedy", "epsilon_schedule", "init_likelihood", "update_likelihood", "init_prob_likelihood",
+           "prob_sampling", "update_prob_likelihood"]
 
 
 def _random_order(key: jax.Array, n: int) -> jax.Array:
@@ -89,3 +93,59 @@ def update_likelihood(P: jax.Array, idx: jax.Array, own_loss: jax.Array, loss: j
 def _check_m(n: int, m: int) -> None:
     if not 1 <= m <= n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={m}")
+
+
+# --- ProbSampling (FedCB²O, Algorithm 2; REFERENCE_NOTES §2.2) ---------------------------------
+#
+# ``P[j, i]`` is agent j's estimate of how useful agent i is. An entry that was never
+# observed holds NaN (so "never selected" needs no second matrix), the agent itself holds
+# -inf. ``P`` may be rectangular ``(J, N)`` with ``J <= N``: row j's own column is j (the
+# first J agents select, for example the benign ones of an attack simulation).
+
+
+def init_prob_likelihood(num_rows: int, num_agents: int | None = None, dtype=jnp.float32) -> jax.Array:
+    """``P`` for :func:`prob_sampling`: NaN (never observed), ``-inf`` at each row's own agent."""
+    n = num_rows if num_agents is None else num_agents
+    if num_rows > n:
+        raise ValueError(f"num_rows ({num_rows}) must be <= num_agents ({n})")
+    return jnp.where(jnp.eye(num_rows, n, dtype=bool), -jnp.inf, jnp.full((num_rows, n), jnp.nan, dtype))
+
+
+def prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
+    """ProbSampling (FedCB²O Algorithm 2): ``(J, M)`` distinct downloads per row.
+
+    While some other agents were never observed (``P`` is NaN), the row picks among
+    them uniformly at random; the remaining slots (all of them once every agent has
+    been observed) are ``M`` agents drawn without replacement with probability
+    proportional to ``P[j, i]`` (successive sampling, done as Gumbel-top-k:
+    ``argtop_M(log P + Gumbel)``). Agents with ``P = 0`` are drawn only when nothing
+    else is left. An agent never selects itself and never the same agent twice.
+    """
+    rows, n = P.shape
+    _check_m(n, m)
+    own = jnp.eye(rows, n, dtype=bool)
+    unexplored = jnp.isnan(P) & ~own
+    logp = jnp.log(jnp.clip(jnp.where(jnp.isnan(P) | own, 1.0, P), 0.0))
+    g = jax.random.gumbel(key, (rows, n), jnp.float32)
+    within = jnp.where(unexplored, g, jnp.maximum(logp, -1e30) + g)
+    tier = jnp.where(own, 0, jnp.where(unexplored, 2, 1))
+    # Sort by tier (unexplored first, self last), then by the Gumbel key, both descending.
+    order = jnp.lexsort((-within, -tier), axis=-1)
+    return order[:, :m].astype(jnp.int32)
+
+
+def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa: float, zeta: float,
+                           active=None) -> jax.Array:
+    """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O §2.2).
+
+    The first observation of an entry sets it to ``exp(-κ L_j^i)``. A non-finite loss
+    gives reward 0. ``idx`` must hold distinct agents per row (as :func:`prob_sampling`
+    returns); rows with ``active`` False are left unchanged.
+    """
+    reward = jnp.where(jnp.isfinite(loss), jnp.exp(-kappa * jnp.where(jnp.isfinite(loss), loss, 0.0)), 0.0)
+    rows = jnp.broadcast_to(jnp.arange(P.shape[0])[:, None], idx.shape)
+    old = P[rows, idx]
+    new = jnp.where(jnp.isnan(old), reward, (1.0 - zeta) * old + zeta * reward).astype(P.dtype)
+    if active is not None:
+        new = jnp.where(active[:, None], new, old)
+    return P.at[rows, idx].set(new)

@@ -60,7 +60,11 @@ class FedCBOConfig:
         splitting (local learning rate ``λ2 γ = 0.1`` with ``λ2 = 1``) and
         ``λ1 = 9.8``, so that ``λ1 γ = 0.98`` as in the reference script.
       alpha: α of the weights μ = exp(-α L), eq. (19).
-      selection: ``"epsilon_greedy"`` (Remark 3) or ``"uniform"``.
+      selection: ``"epsilon_greedy"`` (Remark 3), ``"uniform"``, or ``"prob_sampling"``
+        (FedCB²O's ProbSampling: never-observed agents first, then ``∝ P``, with
+        ``P ← (1-ζ) P + ζ exp(-κ L)`` replacing eq. (21); the FedCBO baseline of the
+        FedCB²O paper).
+      kappa, zeta: κ and ζ of ProbSampling (unused otherwise).
       eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
       noise: Appendix E aggregation noise, ``"none"``, ``"isotropic"`` or ``"anisotropic"``.
       sigma1: its strength σ1.
@@ -85,13 +89,17 @@ class FedCBOConfig:
     participation: float = 1.0
     eval_chunk: int = 4
     local: LocalSGDConfig = LocalSGDConfig()
+    kappa: float = 2.0
+    zeta: float = 0.5
 
     def __post_init__(self):
         _checks.positive_int("M", self.M)
         _checks.non_negative("lambda1", self.lambda1)
         _checks.positive("gamma", self.gamma)
         _checks.non_negative("alpha", self.alpha)
-        _checks.one_of("selection", self.selection, ("epsilon_greedy", "uniform"))
+        _checks.one_of("selection", self.selection, ("epsilon_greedy", "uniform", "prob_sampling"))
+        _checks.non_negative("kappa", self.kappa)
+        _checks.fraction("zeta", self.zeta)
         for name in ("eps0", "eps_decay", "eps_min"):
             _checks.non_negative(name, getattr(self, name))
         _checks.one_of("noise", self.noise, ("none", "isotropic", "anisotropic"))
@@ -153,7 +161,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
         return FedCBOState(
             params=params,
             opt_state=jax.vmap(make_optimizer(cfg.local).init)(params),
-            P=selection.init_likelihood(n),
+            P=selection.init_prob_likelihood(n) if cfg.selection == "prob_sampling" else selection.init_likelihood(n),
             round=jnp.zeros((), jnp.int32),
             key=k_state,
         )
@@ -167,6 +175,10 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
         if cfg.selection == "epsilon_greedy":
             eps = selection.epsilon_schedule(state.round, cfg.eps0, cfg.eps_decay, cfg.eps_min)
             idx, is_random = selection.epsilon_greedy(k_sel, state.P, cfg.M, eps)
+        elif cfg.selection == "prob_sampling":
+            eps = jnp.zeros(())
+            idx = selection.prob_sampling(k_sel, state.P, cfg.M)
+            is_random = jnp.take_along_axis(jnp.isnan(state.P), idx, axis=1)  # exploration picks
         else:
             eps = jnp.ones(())
             idx = selection.uniform(k_sel, n, cfg.M)
@@ -179,7 +191,10 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
             scale = cfg.sigma1 * jnp.sqrt(cfg.gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
-        P = selection.update_likelihood(state.P, idx, own_loss, loss, active)
+        if cfg.selection == "prob_sampling":
+            P = selection.update_prob_likelihood(state.P, idx, loss, cfg.kappa, cfg.zeta, active)
+        else:
+            P = selection.update_likelihood(state.P, idx, own_loss, loss, active)
         info = RoundInfo(
             active=active,
             idx=idx,

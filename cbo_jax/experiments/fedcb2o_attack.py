@@ -1,0 +1,277 @@
+"""FedCB²O under a label-flipping attack (FedCB²O paper §4, Table 2; REFERENCE_NOTES §2.2).
+
+``fedcb2o-attack``: FedCB²O, FedCBO (with ProbSampling, same attackers), and the two
+DFedAvgM oracles (Oracle Min: attackers removed; Oracle Max: attackers present but
+honest), each run on the same attacked data per seed. Reported over the benign agents:
+overall accuracy, source-class accuracy and attack success rate (%), means over seeds.
+``fedcb2o-tg``: FedCB²O for T_G = 0, 20, 30, 40 of the paper's T = 150 rounds, scaled
+to the run's length.
+
+Data: K = 2 rotations (0°, 180°); per cluster 35 benign agents of 500 images (400
+train / 100 validation) and 15 malicious agents of 1200 images whose labels are
+flipped source → target.
+
+Scales:
+  small: MNIST (real, from CBO_JAX_DATA_DIR or --source idx --data-dir; the bundled
+         subset is too small and is refused with a clear error), 7 → 1, the MLP
+         784-200-10, T = 15 rounds of τ = 1 local epoch, lr 0.05, α = 2 (a CPU-sized
+         run: about 15 minutes on 2 cores for 3 seeds).
+  paper: the paper's CNN and settings, T = 150, τ = 5, batch 64, lr 0.004, on MNIST 7 → 1
+         by default or on EMNIST-balanced 'O' → '0' with --dataset emnist (tfds; needs a
+         network or a prepared tfds directory). A GPU-sized run.
+
+Why α = 2 at the small scale (the FedCB²O reference script's value; the paper says 10):
+FedCBO weighs a download by ``exp(-α L)`` with ``L`` its MEAN validation loss. Flipping one
+class moves that mean by (share of the class) × (its loss gap): 1/47 of the gap on
+EMNIST-balanced, but 1/10 on MNIST. With α = 10 on MNIST the mean loss alone already
+down-weights the attackers (measured: FedCBO ASR 2.4 % against FedCB²O 2.0 %, one seed, see
+benchmarks/RESULTS_fedcb2o.md), which is not the regime the paper studies. α = 2 keeps
+``α × share`` close to the paper's (2/10 ≈ 10/47). FedCB²O's criterion G looks at the
+worst class, where the gap is the full one, and is not affected by this choice. ``--alpha``
+overrides it; ``--scale paper`` keeps α = 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from cbo_jax import models
+from cbo_jax.experiments import Experiment
+from cbo_jax.federated import attacks, emnist, mnist
+from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
+from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
+from cbo_jax.federated.attack_run import run_attack
+from cbo_jax.federated.local import LocalSGDConfig
+from cbo_jax.federated.metrics import CATEGORIES
+
+PUBLISHED_TG = {"T_G=0": {"overall_acc": 82.79, "source_acc": 55.73, "asr": 38.73},
+                "T_G=20": {"overall_acc": 83.68, "source_acc": 55.98, "asr": 38.83},
+                "T_G=30": {"overall_acc": 83.64, "source_acc": 57.64, "asr": 37.31},
+                "T_G=40": {"overall_acc": 83.76, "source_acc": 56.87, "asr": 38.07}}
+PAPER_ROUNDS = 150
+PAPER_TG = (0, 20, 30, 40)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    rounds: int
+    epochs: int
+    batch_size: int
+    lr: float
+    model: str  # "mlp" or "cnn"
+    seeds: int
+    M: int = 20
+    alpha: float = 10.0
+    kappa: float = 2.0
+    zeta: float = 0.5
+    T_G: int = 0
+    eval_every: int | None = None
+    eval_chunk: int = 8
+
+
+SCALES = {
+    # alpha = 2 (the reference script's value) instead of the paper's 10: see the module docstring.
+    "small": Scale(rounds=15, epochs=1, batch_size=64, lr=0.05, model="mlp", seeds=3, alpha=2.0),
+    "paper": Scale(rounds=150, epochs=5, batch_size=64, lr=0.004, model="cnn", seeds=1, eval_every=10, eval_chunk=1),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scale", choices=sorted(SCALES), default="small")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 small, 1 paper)")
+    p.add_argument("--rounds", type=int, default=None, help="override the scale's number of rounds T")
+    p.add_argument("--epochs", type=int, default=None, help="override the local epochs τ")
+    p.add_argument("--lr", type=float, default=None, help="override the local learning rate")
+    p.add_argument("--alpha", type=float, default=None, help="override α")
+    p.add_argument("--T-G", dest="T_G", type=int, default=None, help="override FedCB²O's T_G (fedcb2o-attack)")
+    p.add_argument("--include-self", action="store_true", help="reference-code variant: own model in the average")
+    p.add_argument("--dataset", choices=("mnist", "emnist"), default="mnist")
+    p.add_argument("--source", default="auto", help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled")
+    p.add_argument("--data-dir", default=None)
+    p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
+
+
+def _scale(args) -> Scale:
+    s = SCALES[args.scale]
+    kw = {k: getattr(args, k) for k in ("rounds", "epochs", "lr", "alpha", "T_G", "model") if getattr(args, k, None) is not None}
+    return dataclasses.replace(s, **kw)
+
+
+def _images(args):
+    if args.dataset == "emnist":
+        return emnist.load_emnist_tfds(args.data_dir), attacks.LabelFlipConfig(
+            source=emnist.EMNIST_SOURCE_O, target=emnist.EMNIST_TARGET_ZERO, num_classes=emnist.EMNIST_BALANCED_CLASSES)
+    return mnist.load_mnist(args.source, args.data_dir), attacks.LabelFlipConfig()
+
+
+def _model(scale: Scale, num_classes: int):
+    return models.cnn_emnist(num_classes=num_classes) if scale.model == "cnn" else models.mlp_mnist(num_classes=num_classes)
+
+
+def _local(scale: Scale) -> LocalSGDConfig:
+    return LocalSGDConfig(epochs=scale.epochs, batch_size=scale.batch_size, lr=scale.lr, momentum=0.9)
+
+
+def _cb2o_cfg(scale: Scale, criterion: str, T_G: int, include_self: bool) -> FedCB2OConfig:
+    return FedCB2OConfig(M=scale.M, alpha=scale.alpha, kappa=scale.kappa, zeta=scale.zeta, T_G=T_G, criterion=criterion,
+                         include_self=include_self, eval_chunk=scale.eval_chunk, local=_local(scale))
+
+
+def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, list]:
+    """``variants``: name -> builder(dataset, model) returning (algorithm, data, cluster, malicious).
+
+    Every seed builds its attacked data once and runs every variant on it. Algorithms are
+    built once per variant (their jitted round loop is compiled once and reused by later
+    seeds: the data layout is the same for every seed).
+    """
+    images, flip = _images(args)
+    model = _model(scale, flip.num_classes)
+    out_root = Path(args.output) if getattr(args, "output", None) else None
+    results: dict[str, list] = {}
+    built: dict = {}
+    for seed in range(seeds):
+        ds = attacks.label_flip_rotated(images, flip, seed=seed)
+        for name, builder in variants.items():
+            if name not in built:
+                built[name] = builder(ds, model)
+            algorithm, data_fn, cluster, malicious = built[name]
+            out = out_root / name / f"seed{seed}" if out_root else None
+            res = run_attack(algorithm, model, data_fn(ds), ds, scale.rounds, jax.random.key(seed), cluster=cluster,
+                             malicious=malicious, eval_every=scale.eval_every, eval_chunk=scale.eval_chunk, test_size=2000,
+                             out_dir=out, progress=not args.no_progress)
+            results.setdefault(name, []).append(res)
+    return results
+
+
+def _mean(runs, key):
+    return round(float(np.mean([r.summary[key] for r in runs])), 2)
+
+
+def _std(runs, key):
+    return round(float(np.std([r.summary[key] for r in runs])), 2)
+
+
+def _table(results) -> dict:
+    out = {}
+    for name, runs in results.items():
+        out[name] = {k: _mean(runs, k) for k in ("overall_acc", "source_acc", "asr")}
+        out[name + "_std"] = {k: _std(runs, k) for k in ("overall_acc", "source_acc", "asr")}
+    return out
+
+
+def _fig5(results, names, path: Path) -> dict:
+    """Fig. 5 analogue: selection frequency and total weight per category vs round (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = {}
+    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.4 * len(names)), squeeze=False)
+    for row, name in zip(axes, names):
+        runs = results[name]
+        rounds = [h["round"] for h in runs[0].history]
+        for ax, field in zip(row, ("frequency", "weight")):
+            means = {}
+            for c in CATEGORIES:
+                vals = np.mean([[h[field][c] for h in r.history] for r in runs], axis=0)
+                ax.plot(rounds, vals, label=c.replace("_", " "))
+                means[c] = round(float(vals[-1]), 4)
+            summary.setdefault(name, {})[field + "_last_round"] = means
+            ax.set_title(f"{name}: {'selection frequency' if field == 'frequency' else 'total weight'} by category")
+            ax.set_xlabel("communication round")
+            ax.set_ylim(-0.02, 1.02)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return summary
+
+
+def _cb2o_builder(cfg: FedCB2OConfig, name: str):
+    def build(ds, model):
+        alg = fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=ds.num_classes, name=name)
+        return alg, lambda d: d.attack_data(), None, None
+    return build
+
+
+def _oracle_builder(scale: Scale, with_attackers: bool, name: str):
+    def build(ds, model):
+        cfg = DFedAvgMConfig(M=scale.M, local=_local(scale))
+        if with_attackers:
+            return dfedavgm(model, cfg, ds.cluster, name=name), lambda d: d.oracle_groups(True), None, None
+        nb = ds.num_benign
+        alg = dfedavgm(model, cfg, ds.cluster[:nb], name=name)
+        return alg, lambda d: d.oracle_groups(False), ds.cluster[:nb], ds.malicious[:nb]
+    return build
+
+
+def _settings(scale: Scale, seeds: int, args) -> dict:
+    flip = attacks.LabelFlipConfig() if args.dataset == "mnist" else None
+    return {"scale": args.scale, "seeds": seeds, "dataset": args.dataset, "model": scale.model, "rounds": scale.rounds,
+            "epochs": scale.epochs, "lr": scale.lr, "batch_size": scale.batch_size, "M": scale.M, "alpha": scale.alpha,
+            "kappa": scale.kappa, "zeta": scale.zeta, "include_self": bool(args.include_self),
+            "source_class": flip.source if flip else emnist.EMNIST_SOURCE_O,
+            "target_class": flip.target if flip else emnist.EMNIST_TARGET_ZERO}
+
+
+def run_attack_table(args: argparse.Namespace) -> dict:
+    scale = _scale(args)
+    seeds = args.seeds or scale.seeds
+    variants = {
+        "fedcb2o": _cb2o_builder(_cb2o_cfg(scale, "G", scale.T_G, args.include_self), "fedcb2o"),
+        "fedcbo": _cb2o_builder(_cb2o_cfg(scale, "loss", 0, args.include_self), "fedcbo"),
+        "oracle_min": _oracle_builder(scale, False, "oracle_min"),
+        "oracle_max": _oracle_builder(scale, True, "oracle_max"),
+    }
+    results = _run_variants(variants, scale, seeds, args)
+    out = {"experiment": "fedcb2o-attack", **_settings(scale, seeds, args), "T_G": scale.T_G}
+    out.update(_table(results))
+    out["fig5"] = _fig5(results, ["fedcb2o", "fedcbo"], Path(args.output) / "fig5_selection.png")
+    out["asr_ratio_fedcb2o_over_fedcbo"] = round(out["fedcb2o"]["asr"] / max(out["fedcbo"]["asr"], 1e-9), 3)
+    keys = ("fedcb2o", "fedcbo", "oracle_min", "oracle_max")
+    out = {**{k: out.pop(k) for k in keys}, **out}  # the four rows first
+    return out
+
+
+def tg_values(rounds: int) -> dict[str, int]:
+    """The paper's T_G = 0, 20, 30, 40 (of T = 150) scaled to ``rounds``, rounded."""
+    return {f"T_G={t}": int(round(t * rounds / PAPER_ROUNDS)) for t in PAPER_TG}
+
+
+def run_tg_sweep(args: argparse.Namespace) -> dict:
+    scale = _scale(args)
+    seeds = args.seeds or scale.seeds
+    tgs = tg_values(scale.rounds)
+    variants = {name: _cb2o_builder(_cb2o_cfg(scale, "G", t, args.include_self), f"fedcb2o_{name}")
+                for name, t in tgs.items()}
+    results = _run_variants(variants, scale, seeds, args)
+    out = {}
+    out.update(_table(results))
+    out.update({"experiment": "fedcb2o-tg", **_settings(scale, seeds, args), "T_G_scaled": tgs, "published": PUBLISHED_TG})
+    return out
+
+
+ATTACK = Experiment(
+    name="fedcb2o-attack",
+    summary="FedCB2O vs FedCBO under label flipping, with DFedAvgM Oracle Min/Max (rotated MNIST 7->1); --scale small|paper",
+    published="FedCBO: overall accuracy near the oracle, much lower source-class accuracy and much higher ASR than FedCB2O",
+    add_arguments=add_arguments,
+    run=run_attack_table,
+)
+
+TG = Experiment(
+    name="fedcb2o-tg",
+    summary="FedCB2O T_G sweep (0/20/30/40 of 150 rounds, scaled) under label flipping; --scale small|paper",
+    published="overall 82.79/83.68/83.64/83.76, source 55.73/55.98/57.64/56.87, ASR 38.73/38.83/37.31/38.07 (EMNIST)",
+    add_arguments=add_arguments,
+    run=run_tg_sweep,
+)

@@ -1,0 +1,385 @@
+"""FedCB²O, label-flipping attacks, ProbSampling, DFedAvgM oracles, attack metrics."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbo_jax import models
+from cbo_jax.consensus import consensus_weights
+from cbo_jax.federated import attacks, metrics, selection
+from cbo_jax.federated.algorithms.base import AgentData
+from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm, group_neighbours
+from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, aggregate, fedcb2o
+from cbo_jax.federated.local import LocalSGDConfig
+from cbo_jax.federated.mnist import MNIST, DataError
+
+C = 4
+TINY = models.mlp_mnist(hidden=(3,), num_classes=C, input_shape=(2, 2))
+SOURCE, TARGET = 2, 1
+FLIP = attacks.LabelFlipConfig(source=SOURCE, target=TARGET, num_classes=C, benign_per_cluster=4, malicious_per_cluster=2,
+                               benign_samples=10, val_samples=5, malicious_samples=12)
+LOCAL = LocalSGDConfig(epochs=1, batch_size=4, lr=0.1, momentum=0.9)
+
+
+_aggregate = jax.jit(aggregate, static_argnums=(0, 1, 6))
+
+
+def _images(n_train=200, n_test=40, seed=0):
+    rng = np.random.default_rng(seed)
+    return MNIST(rng.integers(0, 256, (n_train, 2, 2)).astype(np.uint8), rng.integers(0, C, n_train).astype(np.int32),
+                 rng.integers(0, 256, (n_test, 2, 2)).astype(np.uint8), rng.integers(0, C, n_test).astype(np.int32), "fake")
+
+
+@pytest.fixture(scope="module")
+def ds():
+    return attacks.label_flip_rotated(_images(), FLIP, seed=3)
+
+
+@pytest.fixture(scope="module")
+def cb2o(ds):
+    """FedCB²O on the tiny attacked data (T_G = 1) and its jitted round, compiled once."""
+    alg = fedcb2o(TINY, FedCB2OConfig(M=5, T_G=1, local=LOCAL), ds.cluster, ds.malicious)
+    return alg, jax.jit(alg.round)
+
+
+# --- data and attackers -----------------------------------------------------------------------
+
+def test_flipped_labels_touch_only_the_source_class(ds):
+    assert ds.x_train.shape == (8, 5, 2, 2) and ds.x_val.shape == (8, 5, 2, 2) and ds.x_mal.shape == (4, 12, 2, 2)
+    changed = ds.y_mal != ds.y_mal_clean
+    assert changed.any(), "the fixture must contain source-class images"
+    assert np.array_equal(changed, ds.y_mal_clean == SOURCE)
+    assert np.all(ds.y_mal[changed] == TARGET) and not np.any(ds.y_mal == SOURCE)
+    assert np.any(ds.y_train == SOURCE)  # benign labels are untouched
+    y = np.array([0, 2, 2, 3, 1])
+    assert attacks.flip_labels(y, 2, 1).tolist() == [0, 1, 1, 3, 1]
+    assert ds.cluster.tolist() == [0] * 4 + [1] * 4 + [0] * 2 + [1] * 2
+    assert ds.malicious.tolist() == [False] * 8 + [True] * 4
+    # cluster 1 sees the images rotated by 180 degrees
+    assert np.array_equal(ds.test_x[1], np.rot90(ds.test_x[0], 2, axes=(1, 2)))
+
+
+def test_attackers_download_attackers_then_benign_of_their_cluster():
+    cluster = np.array([0, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1])
+    malicious = np.array([False] * 6 + [True] * 6)
+    idx, valid = attacks.attacker_selection(jax.random.key(0), cluster, malicious, 4)
+    idx, valid = np.asarray(idx), np.asarray(valid)
+    for a, agent in enumerate(np.nonzero(malicious)[0]):
+        row = idx[a].tolist()
+        assert agent not in row and len(set(row)) == 4 and valid[a].all()
+        assert all(cluster[i] == cluster[agent] for i in row)
+        others = [i for i in np.nonzero(malicious & (cluster == cluster[agent]))[0] if i != agent]
+        assert sorted(row[:2]) == sorted(others) and all(not malicious[i] for i in row[2:])
+    # a budget the cluster cannot fill: the extra slots are invalid
+    _, valid = attacks.attacker_selection(jax.random.key(0), cluster, malicious, 8)
+    assert np.asarray(valid).sum(1).tolist() == [5] * 6
+
+
+def test_attacker_average_is_data_size_weighted():
+    params = {"w": jnp.arange(5.0)[:, None] * jnp.ones((5, 2))}
+    sizes = jnp.array([1.0, 2.0, 3.0, 4.0, 10.0])
+    new = attacks.attacker_average(params, jnp.array([4]), jnp.array([[0, 2]]), jnp.array([[True, True]]), sizes)
+    expected = (1 * 0 + 3 * 2 + 10 * 4) / 14
+    np.testing.assert_allclose(np.asarray(new["w"]), expected, rtol=1e-6)
+
+
+def test_too_little_data_is_a_clear_error():
+    with pytest.raises(DataError, match="needs 35500 training images per cluster"):
+        attacks.label_flip_rotated(_images(), attacks.LabelFlipConfig())
+
+
+# --- ProbSampling -----------------------------------------------------------------------------
+
+def test_prob_sampling_explores_every_agent_first_and_never_duplicates():
+    n, m = 11, 3
+    P = selection.init_prob_likelihood(n)
+    rng = np.random.default_rng(0)
+    seen = np.eye(n, dtype=bool)
+    sample = jax.jit(selection.prob_sampling, static_argnums=2)
+    update = jax.jit(selection.update_prob_likelihood)
+    for r in range(8):
+        idx = np.asarray(sample(jax.random.key(r), P, m))
+        for j in range(n):
+            row = idx[j].tolist()
+            assert j not in row and len(set(row)) == m
+            unexplored = int((~seen[j]).sum())
+            # the first min(M, #unexplored) picks are never-selected agents
+            assert all(not seen[j, i] for i in row[: min(m, unexplored)])
+            if unexplored < m:
+                assert all(seen[j, i] for i in row[unexplored:])
+        loss = jnp.asarray(rng.uniform(0, 2, idx.shape), jnp.float32)
+        P = update(P, jnp.asarray(idx), loss, 2.0, 0.5)
+        seen[np.repeat(np.arange(n), m), idx.ravel()] = True
+    assert seen.all() and not np.isnan(np.asarray(P)).any()
+
+
+def test_prob_sampling_draws_proportionally_to_P():
+    p_row = np.array([-np.inf, 0.1, 0.2, 0.3, 0.4], np.float32)
+    P = jnp.asarray(np.tile(p_row, (1, 1)))
+    picks = np.asarray(jax.vmap(lambda k: selection.prob_sampling(k, P, 1)[0, 0])(jax.random.split(jax.random.key(0), 4000)))
+    freq = np.bincount(picks, minlength=5) / 4000
+    assert freq[0] == 0
+    np.testing.assert_allclose(freq[1:], p_row[1:], atol=0.03)
+
+
+def test_prob_likelihood_update():
+    P = selection.init_prob_likelihood(2, 3)
+    idx = jnp.array([[1], [2]])
+    P1 = selection.update_prob_likelihood(P, idx, jnp.array([[0.5], [jnp.nan]]), kappa=2.0, zeta=0.25)
+    assert float(P1[0, 1]) == pytest.approx(np.exp(-1.0)) and float(P1[1, 2]) == 0.0  # first observation sets it
+    P2 = selection.update_prob_likelihood(P1, idx, jnp.array([[0.0], [0.0]]), kappa=2.0, zeta=0.25)
+    assert float(P2[0, 1]) == pytest.approx(0.75 * np.exp(-1.0) + 0.25) and float(P2[1, 2]) == pytest.approx(0.25)
+    assert np.isnan(float(P2[0, 2])) and np.isneginf(float(P2[1, 1]))
+
+
+# --- the robustness criterion G against NumPy float64 -----------------------------------------
+
+def _np_class_losses(p, x, y, count):
+    h = np.maximum(x.reshape(len(x), -1).astype(np.float64) / 255.0 @ p["Dense_0"]["kernel"] + p["Dense_0"]["bias"], 0)
+    logits = h @ p["Dense_1"]["kernel"] + p["Dense_1"]["bias"]
+    mx = logits.max(1, keepdims=True)
+    per = (np.log(np.exp(logits - mx).sum(1)) + mx[:, 0] - logits[np.arange(len(y)), y])[:count]
+    yc = y[:count]
+    return np.array([per[yc == c].mean() if np.any(yc == c) else np.nan for c in range(C)]), per.mean()
+
+
+@pytest.mark.parametrize("use_G,include_self", [(True, False), (True, True), (False, False)])
+def test_G_weights_and_consensus_match_numpy_float64(use_G, include_self):
+    rng = np.random.default_rng(1)
+    n, nb, m, alpha = 7, 4, 3, 3.0
+    params = models.init_population(TINY, jax.random.key(2), n)
+    x = rng.integers(0, 256, (nb, 9, 2, 2)).astype(np.uint8)
+    y = rng.integers(0, C, (nb, 9)).astype(np.int32)
+    y[:, :3] = 3  # class 3 always present, class 0 absent for agent 0 below
+    y[0][y[0] == 0] = 1
+    counts = np.array([9, 7, 8, 9], np.int32)
+    idx = np.asarray(selection.prob_sampling(jax.random.key(3), selection.init_prob_likelihood(nb, n), m))
+    cfg = FedCB2OConfig(M=m, alpha=alpha, include_self=include_self, eval_chunk=2, local=LOCAL)
+    loss, w, w_self, mcons = _aggregate(TINY, cfg, params, jnp.asarray(idx), AgentData(jnp.asarray(x), jnp.asarray(y),
+                                       jnp.asarray(counts)), jnp.asarray(use_G), C)
+    p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)["params"]
+    row = lambda i: jax.tree_util.tree_map(lambda a: a[i], p64)  # noqa: E731
+    for j in range(nb):
+        own_c, own_mean = _np_class_losses(row(j), x[j], y[j], counts[j])
+        present = ~np.isnan(own_c)
+        G, L = [], []
+        for i in idx[j]:
+            lc, lm = _np_class_losses(row(i), x[j], y[j], counts[j])
+            G.append(np.max((lc - own_c)[present]))
+            L.append(lm)
+        G, L = np.array(G), np.array(L)
+        np.testing.assert_allclose(np.asarray(loss[j]), L, rtol=1e-5)
+        e = G if use_G else L
+        e_self = 0.0 if use_G else own_mean
+        if include_self:
+            e = np.append(e, e_self)
+        ref = np.exp(-alpha * (e - e.min()))
+        ref /= ref.sum()
+        got = np.append(np.asarray(w[j]), float(w_self[j])) if include_self else np.asarray(w[j])
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=1e-7)
+        for name in ("kernel", "bias"):
+            leaf = p64["Dense_0"][name]
+            stack = np.concatenate([leaf[idx[j]], leaf[j][None]]) if include_self else leaf[idx[j]]
+            np.testing.assert_allclose(np.asarray(mcons["params"]["Dense_0"][name][j]), np.tensordot(ref, stack, 1),
+                                       rtol=2e-4, atol=1e-6)
+
+
+# --- robust numerics: NaN/inf models never poison a benign agent -------------------------------
+
+def _poison(params, rows, value):
+    return jax.tree_util.tree_map(lambda a: a.at[rows].set(value), params)
+
+
+def test_nonfinite_malicious_models_get_zero_weight(ds, cb2o):
+    data = ds.attack_data()
+    params = models.init_population(TINY, jax.random.key(0), ds.num_agents)
+    bad = np.nonzero(ds.malicious)[0]
+    # every benign agent downloads all four attackers and one benign agent
+    idx = jnp.asarray([[*bad, (j + 1) % ds.num_benign] for j in range(ds.num_benign)])
+    alg, step = cb2o
+    for value in (jnp.nan, jnp.inf, 1e30):  # NaN/inf parameters; finite parameters with non-finite losses
+        poisoned = _poison(params, bad, value)
+        for include_self in (False, True):
+            cfg = FedCB2OConfig(M=5, include_self=include_self, local=LOCAL)
+            for use_G in (True, False):
+                _, w, _, m = _aggregate(TINY, cfg, poisoned, idx, data.val, jnp.asarray(use_G), C)
+                assert np.all(np.asarray(w[:, :4]) == 0.0)
+                assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree_util.tree_leaves(m))
+        # whole rounds (mean loss in round 0, G in round 1) with the attackers' models broken:
+        # the benign models stay finite and the attackers get no weight
+        state = alg.init(jax.random.key(1))
+        for _ in range(2):
+            state = state._replace(params=_poison(state.params, bad, value))
+            state, info = step(state, data)
+            for leaf in jax.tree_util.tree_leaves(state.params):
+                assert np.isfinite(np.asarray(leaf)[: ds.num_benign]).all()
+            w = np.asarray(info.weights)
+            assert np.all(w[np.isin(np.asarray(info.idx), bad)] == 0.0)
+
+
+def test_all_downloads_broken_keeps_own_model(ds):
+    data = ds.attack_data()
+    params = models.init_population(TINY, jax.random.key(0), ds.num_agents)
+    bad = np.nonzero(ds.malicious)[0]
+    poisoned = _poison(params, bad, jnp.nan)
+    idx = jnp.asarray(np.tile(bad, (ds.num_benign, 1)))
+    _, w, w_self, m = _aggregate(TINY, FedCB2OConfig(M=4, local=LOCAL), poisoned, idx, data.val, jnp.asarray(True), C)
+    assert np.all(np.asarray(w) == 0) and np.all(np.asarray(w_self) == 1.0)
+    for a, b in zip(jax.tree_util.tree_leaves(m), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[: ds.num_benign])
+
+
+# --- whole rounds: determinism, T_G switch, oracles ---------------------------------------------
+
+def _run(alg, data, rounds, key, step=None):
+    state = alg.init(key)
+    step = step or jax.jit(alg.round)
+    infos = []
+    for _ in range(rounds):
+        state, info = step(state, data)
+        infos.append(info)
+    return state, infos
+
+
+def test_fedcb2o_rounds_are_deterministic_and_G_switches_at_T_G(ds, cb2o):
+    data = ds.attack_data()
+    alg, step = cb2o
+    s1, i1 = _run(alg, data, 2, jax.random.key(5), step)
+    s2, i2 = _run(alg, data, 2, jax.random.key(5), step)
+    for a, b in zip(jax.tree_util.tree_leaves((s1, i1)), jax.tree_util.tree_leaves((s2, i2))):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # round 0 (< T_G): weights are exp(-α L) of the mean validation losses it reports
+    np.testing.assert_allclose(np.asarray(i1[0].weights), np.asarray(consensus_weights(i1[0].loss, 10.0)), rtol=1e-5,
+                               atol=1e-7)
+    assert int(s1.round) == 2 and not np.isnan(np.asarray(s1.P)).all()
+
+
+def test_dfedavgm_neighbours_stay_in_their_group_and_average_by_size(ds):
+    groups = np.array([0, 0, 0, 1, 1, 1, 1])
+    idx = np.asarray(group_neighbours(jax.random.key(0), groups, 2))
+    for j, row in enumerate(idx):
+        assert j not in row and len(set(row.tolist())) == 2 and all(groups[i] == groups[j] for i in row)
+    alg = dfedavgm(TINY, DFedAvgMConfig(M=3, local=LOCAL), ds.cluster)
+    state, infos = _run(alg, ds.oracle_groups(True), 1, jax.random.key(0))
+    info = infos[0]
+    sizes = np.where(ds.malicious, 12, 5).astype(float)
+    idx = np.asarray(info.idx)
+    assert np.all(ds.cluster[idx] == ds.cluster[:, None])
+    expected = sizes[idx] / (sizes[idx].sum(1) + sizes)[:, None]
+    np.testing.assert_allclose(np.asarray(info.weights), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="M"):
+        dfedavgm(TINY, DFedAvgMConfig(M=6), ds.cluster)  # clusters have 6 agents: at most 5 neighbours
+
+
+# --- metrics ------------------------------------------------------------------------------------
+
+def test_attack_metrics_and_fig5_categories():
+    def apply(p, x):
+        return jax.nn.one_hot(jnp.broadcast_to(p["pred"], x.shape[:1]), C) * 10.0
+
+    constant = models.Model(init=lambda k: {"pred": jnp.int32(0)}, apply=apply, name="constant", num_classes=C)
+    test_y = jnp.asarray([[0, 1, 2, 2, 3], [2, 2, 2, 1, 0]])
+    test_x = jnp.zeros((2, 5, 2, 2))
+    params = {"pred": jnp.asarray([TARGET, SOURCE])}  # agent 0 always says 'target', agent 1 'source'
+    out = metrics.attack_metrics(constant, params, test_x, test_y, jnp.asarray([0, 1]), SOURCE, TARGET, test_batch=2)
+    assert out["overall_acc"] == pytest.approx((20 + 60) / 2)
+    assert out["source_acc"] == pytest.approx(50.0) and out["asr"] == pytest.approx(50.0)
+    assert out["asr_per_cluster"] == [pytest.approx(100.0), pytest.approx(0.0)]
+    cluster = jnp.asarray([0, 0, 1, 0, 1])
+    malicious = jnp.asarray([False, False, False, True, True])
+    idx = jnp.asarray([[1, 3, 4, 2], [0, 2, 3, 4]])
+    w = jnp.asarray([[0.5, 0.0, 0.25, 0.25], [1.0, 0.0, 0.0, 0.0]])
+    freq, weight = metrics.category_stats(idx, w, cluster, malicious)
+    np.testing.assert_allclose(np.asarray(freq), [0.25, 0.25, 0.25, 0.25])
+    np.testing.assert_allclose(np.asarray(weight), [0.75, 0.0, 0.125, 0.125])
+
+
+# --- models and data sources ---------------------------------------------------------------------
+
+def test_paper_cnn_shapes():
+    cnn = models.cnn_emnist(num_classes=47)
+    p = jax.eval_shape(cnn.init, jax.random.key(0))["params"]
+    assert p["Conv_0"]["kernel"].shape == (5, 5, 1, 32) and p["Conv_1"]["kernel"].shape == (5, 5, 32, 64)
+    assert p["Dense_0"]["kernel"].shape == (7 * 7 * 64, 2048) and p["Dense_1"]["kernel"].shape == (2048, 47)
+    out = jax.eval_shape(cnn.apply, {"params": p}, jax.ShapeDtypeStruct((3, 28, 28), jnp.uint8))
+    assert out.shape == (3, 47)
+
+
+def test_emnist_through_tfds_mock_data():
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from cbo_jax.federated import emnist
+
+    with tfds.testing.mock_data(num_examples=6):
+        up = emnist.load_emnist_tfds()
+    with tfds.testing.mock_data(num_examples=6):
+        raw = emnist.load_emnist_tfds(transpose=False)
+    assert up.train_images.shape == (6, 28, 28) and up.train_images.dtype == np.uint8
+    assert up.test_labels.shape == (6,) and up.train_labels.max() < emnist.EMNIST_BALANCED_CLASSES
+    np.testing.assert_array_equal(up.train_images, np.swapaxes(raw.train_images, 1, 2))
+    assert up.source == "tfds:emnist/balanced"
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: FedCB2OConfig(zeta=0.0), "zeta"),
+    (lambda: FedCB2OConfig(kappa=-1.0), "kappa"),
+    (lambda: FedCB2OConfig(T_G=-1), "T_G"),
+    (lambda: FedCB2OConfig(criterion="mean"), "criterion"),
+    (lambda: FedCB2OConfig(alpha=float("nan")), "alpha"),
+    (lambda: FedCB2OConfig(M=0), "M"),
+    (lambda: attacks.LabelFlipConfig(source=1, target=1), "source and target"),
+    (lambda: attacks.LabelFlipConfig(target=10), "target"),
+    (lambda: attacks.LabelFlipConfig(val_samples=500), "val_samples"),
+    (lambda: attacks.LabelFlipConfig(malicious_per_cluster=(1, 2, 3)), "malicious_per_cluster"),
+    (lambda: attacks.LabelFlipConfig(num_clusters=3), "num_clusters"),
+    (lambda: DFedAvgMConfig(M=0), "M"),
+    (lambda: selection.prob_sampling(jax.random.key(0), selection.init_prob_likelihood(4), 4), "M="),
+    (lambda: fedcb2o(TINY, FedCB2OConfig(M=12), FLIP_CLUSTER, FLIP_MAL), "M="),
+])
+def test_bad_input_names_the_parameter(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+FLIP_CLUSTER = np.array([0] * 4 + [1] * 4 + [0] * 2 + [1] * 2)
+FLIP_MAL = np.array([False] * 8 + [True] * 4)
+
+
+def test_registry_and_scaled_T_G():
+    from cbo_jax.experiments import fedcb2o_attack, registry
+
+    reg = registry()
+    assert "fedcb2o-attack" in reg and "fedcb2o-tg" in reg
+    assert fedcb2o_attack.tg_values(150) == {"T_G=0": 0, "T_G=20": 20, "T_G=30": 30, "T_G=40": 40}
+    assert fedcb2o_attack.tg_values(20) == {"T_G=0": 0, "T_G=20": 3, "T_G=30": 4, "T_G=40": 5}
+
+
+def test_cli_refuses_the_bundled_subset_clearly(tmp_path, capsys):
+    from cbo_jax.cli import main
+
+    rc = main(["reproduce", "fedcb2o-attack", "--source", "bundled", "--output", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    assert "needs 35500 training images per cluster" in capsys.readouterr().err
+
+
+def test_fedcbo_prob_sampling_option():
+    from cbo_jax.federated.algorithms import FedCBOConfig, fedcbo
+
+    rng = np.random.default_rng(0)
+    data = AgentData(jnp.asarray(rng.integers(0, 256, (6, 5, 2, 2)).astype(np.uint8)),
+                     jnp.asarray(rng.integers(0, C, (6, 5)).astype(np.int32)), jnp.full((6,), 5, jnp.int32))
+    alg = fedcbo(TINY, FedCBOConfig(M=2, selection="prob_sampling", local=LOCAL), 6)
+    state = alg.init(jax.random.key(0))
+    assert np.isnan(np.asarray(state.P)[~np.eye(6, dtype=bool)]).all()
+    state, info = jax.jit(alg.round)(state, data)
+    idx, P = np.asarray(info.idx), np.asarray(state.P)
+    assert np.asarray(info.is_random).all()  # round 0 explores
+    rows = np.repeat(np.arange(6), 2)
+    assert np.all((P[rows, idx.ravel()] > 0) & (P[rows, idx.ravel()] <= 1))
+    assert np.isnan(P).sum() == 30 - 12
+    with pytest.raises(ValueError, match="zeta"):
+        FedCBOConfig(selection="prob_sampling", zeta=2.0)
