@@ -147,6 +147,8 @@ def _add_run(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--resume", action="store_true",
                    help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
+    p.add_argument("--shard", action="store_true",
+                   help="split the agents over all devices (N must be a multiple of the device count)")
     add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
 
@@ -156,7 +158,10 @@ def _cmd_run(args) -> int:
 
     cfg = config_from_args(args.algorithm, args)
     out = args.output or Path("results") / f"run-{args.algorithm}"
-    res = run_experiment(cfg, out, progress=not args.no_progress, resume=args.resume)
+    from cbo_jax import sharding
+
+    res = run_experiment(cfg, out, progress=not args.no_progress, resume=args.resume,
+                         mesh=sharding.agent_mesh() if args.shard else None)
     s = res.summary
     print(f"{s['algorithm']}: mean test accuracy {s['final_test_acc']:.2f}% after {s['rounds']} rounds "
           f"({s['num_agents']} agents, {s['num_clusters']} clusters, {s['seconds']:.0f} s)")

@@ -32,9 +32,15 @@ def test_eight_devices(sharded_results):
 
 
 @pytest.mark.parametrize("name", ["cbo_padded_x", "cbo_padded_consensus", "cbo_runs_x", "clustered_padded_x",
-                                  "clustered_padded_consensus", "cb2o_padded_consensus"])
+                                  "clustered_padded_consensus", "cb2o_padded_consensus", "fed_fedcbo_params",
+                                  "fed_fedavg_params", "fed_ifca_params", "fed_local_params", "fed_fedcbo_acc",
+                                  "fed_fedavg_acc", "fed_ifca_acc", "fed_local_acc"])
 def test_sharded_equals_unsharded(sharded_results, name):
     assert sharded_results[name] < 1e-4, sharded_results
+
+
+def test_federated_state_is_split_over_agents(sharded_results):
+    assert "agents" in sharded_results["fed_fedcbo_sharded"]
 
 
 def test_padding_agents_stay_inert(sharded_results):

@@ -114,7 +114,7 @@ def build(cfg: FedRunConfig, num_agents: int):
 
 
 def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progress: bool = True,
-                   data: fdata.FederatedData | None = None, resume: bool = False) -> RunResult:
+                   data: fdata.FederatedData | None = None, resume: bool = False, mesh=None) -> RunResult:
     """Run one configured experiment; write its results directory when ``out_dir`` is given."""
     data = data if data is not None else load_data(cfg)
     model, algorithm = build(cfg, data.num_agents)
@@ -124,7 +124,7 @@ def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progres
         (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
     res = run_federated(algorithm, model, data, cfg.rounds, jax.random.key(cfg.seed), eval_every=cfg.eval_every,
                         eval_chunk=cfg.eval_chunk, test_size=cfg.test_size, out_dir=out,
-                        checkpoint_every=cfg.checkpoint_every, resume=resume, progress=progress)
+                        checkpoint_every=cfg.checkpoint_every, resume=resume, mesh=mesh, progress=progress)
     if out is not None:
         (out / "summary.json").write_text(json.dumps(res.summary, indent=2) + "\n")
         plot_history(res.history, out, title=cfg.algorithm)
