@@ -34,13 +34,20 @@ def test_eight_devices(sharded_results):
 @pytest.mark.parametrize("name", ["cbo_padded_x", "cbo_padded_consensus", "cbo_runs_x", "clustered_padded_x",
                                   "clustered_padded_consensus", "cb2o_padded_consensus", "fed_fedcbo_params",
                                   "fed_fedavg_params", "fed_ifca_params", "fed_local_params", "fed_fedcbo_acc",
-                                  "fed_fedavg_acc", "fed_ifca_acc", "fed_local_acc"])
+                                  "fed_fedavg_acc", "fed_ifca_acc", "fed_local_acc", "exchange_random",
+                                  "exchange_skewed", "agg_sharded_loss", "agg_sharded_m", "fed_fedcbo_exchange_params",
+                                  "fed_fedcbo_exchange_acc"])
 def test_sharded_equals_unsharded(sharded_results, name):
     assert sharded_results[name] < 1e-4, sharded_results
 
 
 def test_federated_state_is_split_over_agents(sharded_results):
     assert "agents" in sharded_results["fed_fedcbo_sharded"]
+
+
+def test_fedcbo_exchange_never_gathers_the_population(sharded_results):
+    assert sharded_results["exchange_random"] == 0.0 and sharded_results["exchange_skewed"] == 0.0
+    assert sharded_results["agg_sharded_all_gathers"] == 0
 
 
 def test_padding_agents_stay_inert(sharded_results):

@@ -107,9 +107,12 @@ def load_data(cfg: FedRunConfig) -> fdata.FederatedData:
     return fdata.rotated_mnist(source, cfg.agents, cfg.clusters, cfg.samples_per_agent, seed=cfg.data_seed)
 
 
-def build(cfg: FedRunConfig, num_agents: int):
+def build(cfg: FedRunConfig, num_agents: int, mesh=None):
+    """The model and the algorithm; with ``mesh``, FedCBO exchanges its downloads between devices."""
     model = models.mlp_mnist()
-    builder = {"fedcbo": fedcbo, "fedavg": fedavg, "ifca": ifca, "local": local_only}[cfg.algorithm]
+    if cfg.algorithm == "fedcbo":
+        return model, fedcbo(model, cfg.algorithm_config(), num_agents, mesh=mesh)
+    builder = {"fedavg": fedavg, "ifca": ifca, "local": local_only}[cfg.algorithm]
     return model, builder(model, cfg.algorithm_config(), num_agents)
 
 
@@ -117,7 +120,7 @@ def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progres
                    data: fdata.FederatedData | None = None, resume: bool = False, mesh=None) -> RunResult:
     """Run one configured experiment; write its results directory when ``out_dir`` is given."""
     data = data if data is not None else load_data(cfg)
-    model, algorithm = build(cfg, data.num_agents)
+    model, algorithm = build(cfg, data.num_agents, mesh=mesh)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ default, also the fastest on CPU) and 11.7 GB with 16 (benchmarks/RESULTS_fedcbo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -44,7 +45,7 @@ from cbo_jax.sde import diffusion, normal_like
 
 PyTree = Any
 
-__all__ = ["FedCBOConfig", "FedCBOState", "fedcbo", "aggregate"]
+__all__ = ["FedCBOConfig", "FedCBOState", "fedcbo", "aggregate", "aggregate_sharded"]
 
 LOSS_REDUCTIONS = ("mean", "sum_of_batch_means")
 
@@ -149,11 +150,73 @@ def aggregate(model: Model, cfg: FedCBOConfig, params: PyTree, idx: jax.Array, d
     return jax.lax.map(one_agent, (idx, data.x, data.y, data.counts, params), batch_size=cfg.eval_chunk)
 
 
-def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
-    """Build FedCBO for ``num_agents`` agents training ``model``."""
+def _largest_divisor_at_most(n: int, k: int) -> int:
+    return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
+
+
+def aggregate_sharded(model: Model, cfg: FedCBOConfig, params: PyTree, idx: jax.Array, data: AgentData, *,
+                      mesh, capacity: int | None = None):
+    """:func:`aggregate` with the agent axis split over ``mesh`` (``N`` a multiple of its size).
+
+    Each device evaluates the downloads of its own agents. The downloaded models are
+    fetched with :func:`cbo_jax.federated.exchange.fetch_rows`: ``eval_chunk`` agents
+    at a time, only the requested rows travel, in buffers of ``capacity`` rows per
+    device pair (default: twice the even share). No device ever holds more than its
+    own shard plus one chunk's downloads. Same results as :func:`aggregate`.
+    """
+    from jax.sharding import PartitionSpec
+
+    from cbo_jax.federated.exchange import default_capacity, fetch_rows
+    from cbo_jax.sharding import AGENT_AXIS
+
+    d = mesh.size
+    n = idx.shape[0]
+    if n % d:
+        raise ValueError(f"N={n} agents cannot be split evenly over {d} devices")
+    n_loc = n // d
+    chunk = _largest_divisor_at_most(n_loc, cfg.eval_chunk)
+    cap = capacity or default_capacity(chunk * cfg.M, d)
+    b = cfg.local.batch_size
+
+    def loss_of(p, x, y, c):
+        return agent_loss(model, p, x, y, c, batch_size=b, reduction=cfg.loss_reduction)
+
+    def local(params_l, idx_l, x_l, y_l, c_l):
+        table = pop.zero_nonfinite_rows(params_l)  # (clean rows, finite flags), once per round
+
+        def one_agent(clean, finite, x_j, y_j, c_j, theta_j):
+            loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(clean)
+            loss = jnp.where(finite, loss, jnp.inf)
+            w = consensus_weights(loss, cfg.alpha)
+            return loss, loss_of(theta_j, x_j, y_j, c_j), pop.weighted_mean(clean, w)
+
+        def one_chunk(args):
+            idx_c, x_c, y_c, c_c, theta_c = args
+            clean, finite = fetch_rows(table, idx_c, axis_name=AGENT_AXIS, num_devices=d, capacity=cap)
+            return jax.vmap(one_agent)(clean, finite, x_c, y_c, c_c, theta_c)
+
+        split = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_loc // chunk, chunk) + a.shape[1:]), t)  # noqa: E731
+        out = jax.lax.map(one_chunk, split((idx_l, x_l, y_l, c_l, params_l)))
+        return jax.tree_util.tree_map(lambda a: a.reshape((n_loc,) + a.shape[2:]), out)
+
+    spec = PartitionSpec(AGENT_AXIS)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 5, out_specs=(spec, spec, spec), check_vma=False)(
+        params, idx, data.x, data.y, data.counts)
+
+
+def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Algorithm:
+    """Build FedCBO for ``num_agents`` agents training ``model``.
+
+    ``mesh``: a :func:`cbo_jax.sharding.agent_mesh` when the run is sharded
+    (``run_federated(..., mesh=mesh)``): the downloads are then exchanged between
+    devices by :func:`aggregate_sharded` instead of being gathered.
+    """
     n = _checks.positive_int("num_agents", num_agents)
     if cfg.M > n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
+    if mesh is not None and n % mesh.size:
+        raise ValueError(f"N={n} agents cannot be split evenly over {mesh.size} devices; choose N a multiple of it")
+    agg = aggregate if mesh is None else functools.partial(aggregate_sharded, mesh=mesh)
 
     def init(key: jax.Array) -> FedCBOState:
         k_model, k_state = jax.random.split(key)
@@ -183,7 +246,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int) -> Algorithm:
             eps = jnp.ones(())
             idx = selection.uniform(k_sel, n, cfg.M)
             is_random = jnp.ones(idx.shape, bool)
-        loss, own_loss, m = aggregate(model, cfg, params, idx, data)
+        loss, own_loss, m = agg(model, cfg, params, idx, data)
         diff = pop.tree_sub(params, m)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
         if cfg.noise != "none" and cfg.sigma1 > 0:
