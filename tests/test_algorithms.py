@@ -187,3 +187,17 @@ def test_checkpoint_resume_equals_uninterrupted_run(build, tmp_path):
     assert strip(lines(tmp_path / "full")) == strip(lines(part))
     with pytest.raises(ValueError, match="out_dir"):
         run_federated(alg, model, data, 5, jax.random.key(3), resume=True, progress=False)
+
+
+def test_eval_chunk_for_memory_budget():
+    from cbo_jax.federated.algorithms.fedcbo import eval_chunk_for_budget, planned_round_bytes
+
+    data = AgentData.from_federated(_two_cluster_data(n_per=4, n=12))
+    model = models.mlp_mnist(hidden=(64,), num_classes=2, input_shape=(2, 1))
+    cfg = FedCBOConfig(M=6, local=LocalSGDConfig(epochs=1, batch_size=6))
+    sizes = {c: planned_round_bytes(fedcbo(model, dataclasses.replace(cfg, eval_chunk=c), 8), data) for c in (4, 1)}
+    assert sizes[4] > sizes[1]  # bigger chunks plan more memory
+    chunk, plan = eval_chunk_for_budget(model, cfg, data, sizes[1], candidates=(4, 1))
+    assert chunk == 1 and plan == sizes  # the largest chunk that fits
+    with pytest.raises(ValueError, match="even with eval_chunk=1"):
+        eval_chunk_for_budget(model, cfg, data, 1024, candidates=(1,))

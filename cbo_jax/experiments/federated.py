@@ -21,6 +21,7 @@ from cbo_jax.federated import data as fdata
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
+from cbo_jax.federated.algorithms.base import AgentData
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.run import RunResult, run_federated
 
@@ -67,10 +68,13 @@ class FedRunConfig:
     test_size: int | None = None
     seed: int = 0
     checkpoint_every: int | None = None
+    memory_budget_gb: float | None = None  # FedCBO: pick the largest eval_chunk whose round fits
 
     def __post_init__(self):
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
+        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+            raise ValueError(f"memory_budget_gb must be > 0, got {self.memory_budget_gb}")
         self.local_config()  # validates the local SGD fields
         self.algorithm_config()
 
@@ -120,6 +124,14 @@ def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progres
                    data: fdata.FederatedData | None = None, resume: bool = False, mesh=None) -> RunResult:
     """Run one configured experiment; write its results directory when ``out_dir`` is given."""
     data = data if data is not None else load_data(cfg)
+    if cfg.memory_budget_gb is not None and cfg.algorithm == "fedcbo":
+        from cbo_jax.federated.algorithms.fedcbo import eval_chunk_for_budget
+
+        chunk, plan = eval_chunk_for_budget(models.mlp_mnist(), cfg.algorithm_config(),
+                                            AgentData.from_federated(data), cfg.memory_budget_gb * 2**30, mesh=mesh)
+        print(f"memory budget {cfg.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
+              + ", ".join(f"{c}: {b / 2**30:.2f}" for c, b in plan.items()) + ")", flush=True)
+        cfg = cfg.replace(eval_chunk=chunk)
     model, algorithm = build(cfg, data.num_agents, mesh=mesh)
     out = Path(out_dir) if out_dir is not None else None
     if out is not None:

@@ -45,7 +45,8 @@ from cbo_jax.sde import diffusion, normal_like
 
 PyTree = Any
 
-__all__ = ["FedCBOConfig", "FedCBOState", "fedcbo", "aggregate", "aggregate_sharded"]
+__all__ = ["FedCBOConfig", "FedCBOState", "fedcbo", "aggregate", "aggregate_sharded", "planned_round_bytes",
+           "eval_chunk_for_budget"]
 
 LOSS_REDUCTIONS = ("mean", "sum_of_batch_means")
 
@@ -269,3 +270,44 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Al
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
     return Algorithm(name="fedcbo", init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg)
+
+
+def planned_round_bytes(algorithm: Algorithm, data: AgentData, key: jax.Array | None = None) -> int:
+    """Bytes XLA plans for one round: arguments + outputs + temporaries - aliased.
+
+    Compiles the round on abstract shapes (nothing is allocated). Measured at the
+    paper's scale, this plan plus the Python process's own baseline (about 0.5 GB)
+    was within 0.3–0.5 GB of the peak RSS of a real round (benchmarks/RESULTS_fedcbo.md).
+    """
+    key = jax.random.key(0) if key is None else key
+    state = jax.eval_shape(algorithm.init, key)
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), data)
+    ma = jax.jit(algorithm.round).lower(state, shapes).compile().memory_analysis()
+    return int(ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
+
+
+def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budget_bytes: float, *,
+                          candidates=(64, 32, 16, 8, 4, 2, 1), mesh=None) -> tuple[int, dict]:
+    """The largest ``eval_chunk`` whose planned round memory fits ``budget_bytes``.
+
+    Larger chunks evaluate more downloads at once (faster on accelerators) and need
+    more memory: a few times ``eval_chunk · M · P`` floats for ``P`` parameters per
+    model. Tries ``candidates`` from the largest down, compiling one round each on
+    abstract shapes (:func:`planned_round_bytes`). Returns ``(eval_chunk, plan)``
+    with ``plan`` mapping each tried chunk to its planned bytes. Raises
+    ``ValueError`` when even the smallest candidate does not fit.
+    """
+    if not budget_bytes > 0:
+        raise ValueError(f"memory budget must be > 0 bytes, got {budget_bytes}")
+    n = int(data.counts.shape[0])
+    plan: dict[int, int] = {}
+    for chunk in sorted(set(int(c) for c in candidates), reverse=True):
+        if chunk < 1:
+            continue
+        alg = fedcbo(model, dataclasses.replace(cfg, eval_chunk=chunk), n, mesh=mesh)
+        plan[chunk] = planned_round_bytes(alg, data)
+        if plan[chunk] <= budget_bytes:
+            return chunk, plan
+    smallest = min(plan)
+    raise ValueError(f"a FedCBO round needs {plan[smallest] / 2**30:.2f} GiB even with eval_chunk={smallest}; "
+                     f"the budget is {budget_bytes / 2**30:.2f} GiB")
