@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 PyTree = Any
 
 __all__ = ["AGENT_AXIS", "agent_mesh", "padded_size", "pad_rows", "agent_sharding", "shard_agents",
-           "prepare_population"]
+           "prepare_population", "shard_leading"]
 
 AGENT_AXIS = "agents"
 
@@ -88,6 +88,26 @@ def shard_agents(tree: PyTree, mesh: Mesh, *, axis: int = 0) -> PyTree:
                 f"a leaf of shape {leaf.shape} cannot be split over {mesh.size} devices along axis {axis}"
             )
         return jax.device_put(leaf, agent_sharding(mesh, leaf.ndim, axis))
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def shard_leading(tree: PyTree, mesh: Mesh, n: int) -> PyTree:
+    """Split every array leaf whose leading axis has length ``n`` over the mesh; replicate the rest.
+
+    For states that mix per-agent arrays with shared ones (a federated algorithm's
+    models and optimiser states next to its round counter and key).
+    """
+    if n % mesh.size:
+        raise ValueError(f"N={n} agents cannot be split evenly over {mesh.size} devices; choose N a multiple of it")
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(x):
+        if not isinstance(x, (jax.Array, np.ndarray)):
+            return x
+        if x.ndim >= 1 and x.shape[0] == n:
+            return jax.device_put(x, agent_sharding(mesh, x.ndim, 0))
+        return jax.device_put(x, replicated)
 
     return jax.tree_util.tree_map(put, tree)
 

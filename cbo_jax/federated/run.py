@@ -27,6 +27,7 @@ from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.models import Model
+from cbo_jax.sharding import shard_leading
 
 __all__ = ["RunResult", "run_federated"]
 
@@ -50,24 +51,6 @@ def _scan_rounds(state, data: AgentData, cluster, *, round_fn, length: int, num_
         return s, rec
 
     return jax.lax.scan(body, state, None, length=length)
-
-
-def _shard_agents(mesh, n: int, state, *rest):
-    """Split every leaf whose leading axis has length ``n`` over ``mesh``; replicate the rest."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from cbo_jax.sharding import agent_sharding
-
-    if n % mesh.size:
-        raise ValueError(f"N={n} agents cannot be split evenly over {mesh.size} devices; choose N a multiple of it")
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def put(x):
-        if isinstance(x, (jax.Array, np.ndarray)) and x.ndim >= 1 and x.shape[0] == n:
-            return jax.device_put(x, agent_sharding(mesh, x.ndim, 0))
-        return jax.device_put(x, replicated) if isinstance(x, (jax.Array, np.ndarray)) else x
-
-    return tuple(jax.tree_util.tree_map(put, t) for t in (state, *rest))
 
 
 def _to_py(v):
@@ -132,7 +115,7 @@ def run_federated(
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     if mesh is not None:
-        state, agent_data, cluster = _shard_agents(mesh, data.num_agents, state, agent_data, cluster)
+        state, agent_data, cluster = shard_leading((state, agent_data, cluster), mesh, data.num_agents)
     history: list[dict] = []
     done = 0
     if out is not None:
@@ -140,7 +123,7 @@ def run_federated(
         if resume and ckpt.exists(out / "checkpoint"):
             state, meta = ckpt.restore(out / "checkpoint", state)
             if mesh is not None:
-                state = _shard_agents(mesh, data.num_agents, state)[0]
+                state = shard_leading(state, mesh, data.num_agents)
             done = int(meta["step"])
             if done > rounds:
                 raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
