@@ -5,6 +5,7 @@
     cbo-jax demo
     cbo-jax reproduce --list
     cbo-jax reproduce NAME [options]
+    cbo-jax report RESULTS_DIR [--format html|md] [-o FILE]
 
 ``reproduce`` prints, as its very last line, one JSON object with the measured
 numbers, and saves it under ``--output`` (default ``results/NAME/summary.json``).
@@ -194,7 +195,10 @@ def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="run a named reproduction of a published result",
                        description="Run a named, configured reproduction; the last line printed is one JSON object.")
     p.add_argument("name", nargs="?", help="reproduction name (see --list)")
-    p.add_argument("--list", action="store_true", help="list the reproductions")
+    p.add_argument("--list", action="store_true",
+                   help="list the reproductions: published number, the repository's measurement, your last run")
+    p.add_argument("--results-root", type=Path, default=Path("results"),
+                   help="where --list looks for your last runs (RESULTS_ROOT/NAME/summary.json; default results)")
     p.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_reproduce)
@@ -205,9 +209,9 @@ def _cmd_reproduce(args, extra: list[str]) -> int:
 
     reg = registry()
     if args.list or args.name is None:
-        width = max(len(n) for n in reg)
-        for name, exp in reg.items():
-            print(f"{name:<{width}}  {exp.summary}\n{'':<{width}}  published: {exp.published}")
+        from cbo_jax.experiments.catalog import format_list
+
+        print(format_list(args.results_root))
         return 0 if args.list else 2
     if args.name not in reg:
         print(f"cbo-jax reproduce: unknown name {args.name!r}; choose from {sorted(reg)}", file=sys.stderr)
@@ -225,6 +229,31 @@ def _cmd_reproduce(args, extra: list[str]) -> int:
     (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
     print(json.dumps(_json_safe(result)))
+    return 0
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="render a results directory to one HTML or Markdown file",
+                       description="Render every summary.json, metrics.jsonl and plot under RESULTS_DIR into one "
+                                   "report: tables, comparison tables across runs, curves. HTML is self-contained; "
+                                   "Markdown writes its images to <report>_files/.")
+    p.add_argument("results_dir", type=Path, help="a directory written by demo, run or reproduce")
+    p.add_argument("--format", choices=("html", "md"), default=None,
+                   help="report format (default: from --output's suffix, else html)")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="report file (default RESULTS_DIR/report.html or report.md)")
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    from cbo_jax.report import render
+
+    try:
+        path = render(args.results_dir, args.output, args.format)
+    except FileNotFoundError as err:
+        print(f"cbo-jax report: {err}", file=sys.stderr)
+        return 2
+    print(path)
     return 0
 
 
@@ -265,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_demo(sub)
     _add_reproduce(sub)
+    _add_report(sub)
     return parser
 
 

@@ -1,0 +1,125 @@
+"""`cbo-jax reproduce --list` (the catalogue) and `cbo-jax report` (results to one file)."""
+
+import base64
+import json
+import re
+
+import pytest
+
+from cbo_jax import cli
+from cbo_jax.experiments import catalog, registry
+from cbo_jax.report import flatten, render
+
+
+def test_every_reproduction_has_a_recorded_measurement_and_headline_keys():
+    names = set(registry())
+    assert names == set(catalog.RECORDED), names ^ set(catalog.RECORDED)
+    assert names == set(catalog.HEADLINE_KEYS), names ^ set(catalog.HEADLINE_KEYS)
+    for rec in catalog.RECORDED.values():
+        assert rec.command.split("cbo-jax reproduce ")[1].split()[0] in names
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d", rec.date)
+
+
+def test_headline_follows_nested_keys_and_skips_missing_ones():
+    summary = {"scale": "small", "fedcb2o": {"asr": 2.85, "source_acc": 87.7}, "fedcbo": {"asr": 5.55},
+               "oracle_min": {"source_acc": 87.94}}
+    text = catalog.headline("fedcb2o-attack", summary)
+    assert text == ("scale=small, fedcb2o.asr=2.85, fedcbo.asr=5.55, fedcb2o.source_acc=87.7, "
+                    "oracle_min.source_acc=87.94")
+    # unknown reproduction: the top-level numbers, not the timing
+    assert catalog.headline("other", {"a": 1, "b": [1], "wall_seconds": 3.0, "c": 1.5e-5}) == "a=1, c=1.5e-05"
+
+
+def test_list_shows_published_recorded_and_the_last_local_run(tmp_path, capsys):
+    run_dir = tmp_path / "meanfield-scaling"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"slope": -0.4871, "sizes": [100, 1000]}))
+    (tmp_path / "cb2o-malicious").mkdir()
+    (tmp_path / "cb2o-malicious" / "summary.json").write_text("{not json")
+    assert cli.main(["reproduce", "--list", "--results-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    for name, exp in registry().items():
+        assert name in out and exp.published in out
+    block = out[out.index("meanfield-scaling"):out.index("cb2o-malicious")]
+    assert "recorded:   slope -0.522" in block
+    assert "last run:   slope=-0.4871" in block
+    assert "last run:   unreadable" in out
+    assert f"none under {tmp_path / 'clustered-consensus'}" in out
+
+
+def test_reproductions_markdown_has_one_row_per_reproduction(tmp_path):
+    md = catalog.reproductions_markdown()
+    rows = [line for line in md.splitlines() if line.startswith("| `")]
+    assert len(rows) == len(registry())
+    assert all(line.count(" | ") == 5 for line in rows)  # six cells, pipes inside cells escaped
+    assert "your last run" in catalog.reproductions_markdown(tmp_path)
+
+
+def _results(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    root = tmp_path / "results"
+    for name, acc in (("fedcbo", [50.0, 80.0, 91.5]), ("fedavg", [40.0, 60.0, 70.25])):
+        d = root / name
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"algorithm": name, "final_test_acc": acc[-1], "rounds": 3,
+                                                    "per_cluster": [acc[-1]] * 2, "nested": {"x": 1}}))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, "test_acc": a, "eps": 0.5,
+                                                             "selection": [[1, 0], [0, 1]]}) + "\n"
+                                                 for r, a in enumerate(acc)) + "garbage line\n")
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(root / "fedcbo" / "accuracy.png")
+    plt.close(fig)
+    (root / "demo.json").write_text(json.dumps({"fedcbo": 91.5, "fedavg": 70.25}))
+    (root / "fedcbo" / "checkpoint").mkdir()
+    (root / "fedcbo" / "checkpoint" / "meta.json").write_text(json.dumps({"hidden": 1}))
+    return root
+
+
+def test_html_report_is_self_contained_with_tables_comparison_and_curves(tmp_path):
+    root = _results(tmp_path)
+    path = render(root)
+    assert path == root / "report.html"
+    page = path.read_text()
+    assert "<table>" in page and "final_test_acc" in page and "70.25" in page
+    # comparison of the two methods: one row each, only what differs
+    assert "<td>fedavg</td><td>70.25</td>" in page and "<td>fedcbo</td><td>91.5</td>" in page
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(images) == 2  # the overlaid curves and fedcbo/accuracy.png
+    assert all(base64.b64decode(i).startswith(b"\x89PNG") for i in images)
+    assert "hidden" not in page  # checkpoints are skipped
+    assert "nested.x" in page and "[2 values]" not in page and "[91.5, 91.5]" in page
+
+
+def test_markdown_report_writes_images_beside_it_and_rerenders_cleanly(tmp_path):
+    root = _results(tmp_path)
+    out = tmp_path / "out" / "rep.md"
+    for _ in range(2):  # a second render must not pick up the first one's images
+        assert render(root, out) == out
+    text = out.read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+    assert len(links) == 2 and all((out.parent / link).is_file() for link in links)
+    assert text.count("## fedcbo") == 1 and "| fedavg | 70.25 |" in text
+    inside = render(root, root / "report.md")
+    assert render(root, inside).read_text().count("![") == 2
+
+
+def test_report_cli_and_bad_input(tmp_path, capsys):
+    root = _results(tmp_path)
+    assert cli.main(["report", str(root), "--format", "md"]) == 0
+    assert capsys.readouterr().out.strip() == str(root / "report.md")
+    assert cli.main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="fmt"):
+        render(root, fmt="pdf")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "No results found" in render(empty).read_text()
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": list(range(20)), "e": [{"x": 1}]}) == {
+        "a.b": 1, "a.c": [1, 2], "d": "[20 values]", "e": "[1 values]"}
