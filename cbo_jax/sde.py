@@ -1,12 +1,12 @@
 """Drift and diffusion terms of the CBO SDE family and one Euler–Maruyama step.
 
-FedCBO eq. (4) for one objective L, with consensus point m:
+FedCBO eq. (4) for one objective L, with consensus point m::
 
     dθ = -λ1 (θ - m) dt - λ2 ∇L(θ) dt + σ1 D(θ - m) dB + σ2 |∇L(θ)| dB~
 
 with the consensus diffusion ``D`` either isotropic, ``D(u) dB = |u| dB`` (the norm of
 the whole parameter vector of the agent), or anisotropic (Carrillo et al. 2021),
-``D(u) dB = u ∘ dB`` (component-wise). Its Euler–Maruyama discretisation, eq. (15):
+``D(u) dB = u ∘ dB`` (component-wise). Its Euler–Maruyama discretisation, eq. (15)::
 
     θ ← θ - λ1 γ (θ - m) - λ2 γ ∇L(θ) + σ1 √γ D(θ - m) z + σ2 √γ |∇L(θ)| z~,
 

@@ -2,7 +2,7 @@
 
 One population of ``N`` particles, ``K`` lower-level objectives ``L_1..L_K``. Particle
 ``i`` carries a class label ``k_i`` that only selects which objective it follows
-(FedCBO eq. (4), Euler–Maruyama eq. (15)):
+(FedCBO eq. (4), Euler–Maruyama eq. (15))::
 
     θ ← θ - λ1 γ (θ - m_k) - λ2 γ ∇L_k(θ) + σ1 √γ D(θ - m_k) z + σ2 √γ |∇L_k(θ)| z~,
 
@@ -67,8 +67,8 @@ class ClusteredConfig:
       alpha: inverse temperature: a number ``>= 0`` or a schedule of
         :mod:`cbo_jax.schedules`; each class keeps its own α (a schedule that reads
         the energies sees its class's energies).
-      noise: ``"isotropic"`` (eq. (4): σ1 |θ - m_k| dB, the default), ``"anisotropic"``
-        (σ1 (θ - m_k) ∘ dB) or ``"none"``.
+      noise: ``"isotropic"`` (eq. (4): ``σ1 |θ - m_k| dB``, the default), ``"anisotropic"``
+        (``σ1 (θ - m_k) ∘ dB``) or ``"none"``.
       lambda2, sigma2: gradient drift ``-λ2 ∇L_k dt`` and gradient noise
         ``σ2 |∇L_k| dB~`` (the objectives must then be differentiable).
       beta: quantile ``β ∈ (0, 1]`` of the lower-level sub-level set (CB²O eq. (1.4));
