@@ -1,7 +1,7 @@
 """Single-objective consensus-based optimization as a pure ``(init, step)`` pair.
 
 The particle system is FedCBO eq. (4) for one objective ``L`` (with ``λ2 = σ2 = 0``
-it is the CBO model of Pinnau, Totzeck, Tse and Martin, 2017):
+it is the CBO model of Pinnau, Totzeck, Tse and Martin, 2017)::
 
     dθ = -λ1 (θ - m_α) dt - λ2 ∇L(θ) dt + σ1 D(θ - m_α) dB + σ2 |∇L(θ)| dB~,
     m_α = Σ_i θ_i e^{-α L(θ_i)} / Σ_i e^{-α L(θ_i)},
@@ -48,7 +48,7 @@ class CBOConfig:
       dt: time step ``γ > 0``.
       alpha: inverse temperature: a number ``>= 0`` (constant) or a schedule from
         :mod:`cbo_jax.schedules`.
-      noise: ``"anisotropic"`` (σ1 (θ - m) ∘ dB), ``"isotropic"`` (σ1 |θ - m| dB) or
+      noise: ``"anisotropic"`` (``σ1 (θ - m) ∘ dB``), ``"isotropic"`` (``σ1 |θ - m| dB``) or
         ``"none"``.
       lambda2: gradient drift ``λ2 >= 0`` (``-λ2 ∇L dt``); needs a differentiable objective.
       sigma2: gradient noise ``σ2 >= 0`` (``σ2 |∇L| dB~``).
