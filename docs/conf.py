@@ -158,6 +158,11 @@ def _import_by_name_preferring_modules(name, *args, **kwargs):
 if _import_by_name_orig is not None:
     _autosummary._import_by_name = _import_by_name_preferring_modules
 
+# The one-line summaries in autosummary tables end at the first ". "; the docstrings cite
+# equations as "eq. (4)" and "eqs. (19)-(21)", which are abbreviations, not sentence ends.
+if hasattr(_autosummary, "WELL_KNOWN_ABBREVIATIONS"):
+    _autosummary.WELL_KNOWN_ABBREVIATIONS = (*_autosummary.WELL_KNOWN_ABBREVIATIONS, "eq.", "eqs.", "Eq.", "Eqs.")
+
 
 def _skip_namedtuple_fields(app, what, name, obj, skip, options):
     """Skip NamedTuple fields: their docstring is Python's "Alias for field number N".
