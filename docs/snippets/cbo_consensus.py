@@ -1,6 +1,5 @@
 import jax
 import jax.numpy as jnp
-import numpy as np
 import cbo_jax as cj
 from cbo_jax import consensus, sde
 
@@ -11,7 +10,7 @@ w = consensus.consensus_weights(energy, alpha=1e12)       # finite even for huge
 m = consensus.consensus_point(x, energy, alpha=50.0)
 print(float(w.sum()), m, float(consensus.effective_sample_size(energy, 50.0)))
 
-# One Euler–Maruyama step of eq. (15) with the anisotropic diffusion
+# The diffusion term D(θ - m) z of eq. (15), anisotropic: (θ - m) ∘ z
 print(sde.diffusion("anisotropic", x - m, jax.random.normal(jax.random.key(1), x.shape)).shape)
 
 # Gradient drift λ2 ∇L and gradient noise σ2 |∇L| switch on with lambda2 / sigma2

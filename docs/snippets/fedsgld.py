@@ -1,6 +1,5 @@
 import jax
 import jax.numpy as jnp
-import numpy as np
 from cbo_jax import models
 from cbo_jax.federated import privacy
 from cbo_jax.federated.algorithms.fedsgld import (FedPDConfig, FedSGLDConfig, SGLDConfig, clip_by_global_norm,
