@@ -1,0 +1,174 @@
+"""Helpers for the example notebooks, and the script → notebook converter.
+
+The notebooks in ``examples/notebooks/`` are written as plain Python scripts in the
+"percent" format: a line ``# %%`` starts a code cell and ``# %% [markdown]`` starts a
+Markdown cell whose lines are comments. The scripts run as they are
+(``python examples/notebooks/01_cbo_basics.py``), and::
+
+    python -m cbo_jax.notebook examples/notebooks/*.py
+
+writes the matching ``.ipynb`` files (no outputs), which the test suite keeps in sync.
+
+Inside the notebooks:
+
+* :func:`small_mode` is the size switch: small problems on a CPU, the full sizes on a
+  GPU/TPU, overridden by the environment variable ``CBO_JAX_SMALL`` (``1`` or ``0``);
+* :class:`LiveFigure` redraws a matplotlib figure in place while a simulation runs in a
+  notebook, and saves it to a file when the code runs as a script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["small_mode", "device_summary", "in_notebook", "LiveFigure", "script_to_notebook", "main"]
+
+
+def small_mode() -> bool:
+    """True for the laptop-sized settings: ``$CBO_JAX_SMALL`` if set, else "no accelerator"."""
+    env = os.environ.get("CBO_JAX_SMALL")
+    if env is not None:
+        if env not in ("0", "1"):
+            raise ValueError(f"CBO_JAX_SMALL must be 0 or 1, got {env!r}")
+        return env == "1"
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def device_summary() -> str:
+    """One line: JAX version, backend and devices."""
+    import jax
+
+    devs = jax.devices()
+    return f"JAX {jax.__version__}, backend {jax.default_backend()}, {len(devs)} x {devs[0].device_kind}"
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (Colab included), False in a plain Python process."""
+    shell = sys.modules.get("IPython")
+    if shell is None:
+        return False
+    ip = shell.get_ipython()
+    return ip is not None and "IPKernelApp" in getattr(ip, "config", {})
+
+
+class LiveFigure:
+    """A matplotlib figure shown once and redrawn in place (notebooks) or saved (scripts).
+
+    Args:
+      fig: the figure to show.
+      path: where :meth:`close` saves it (and where :meth:`update` saves it when not in a
+        notebook); None to not save.
+    """
+
+    def __init__(self, fig, path: str | Path | None = None):
+        self.fig = fig
+        self.path = Path(path) if path is not None else None
+        self._handle = None
+        if in_notebook():
+            from IPython.display import display
+
+            self._handle = display(fig, display_id=True)
+
+    def update(self) -> None:
+        """Redraw after the figure's artists changed."""
+        if self._handle is not None:
+            self._handle.update(self.fig)
+
+    def close(self) -> Path | None:
+        """Final redraw; save to ``path`` if given; release the figure. Returns the path."""
+        import matplotlib.pyplot as plt
+
+        self.update()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fig.savefig(self.path, dpi=100)
+        plt.close(self.fig)
+        return self.path
+
+
+# ----------------------------------------------------------------------------- converter
+
+_CODE, _MARKDOWN = "# %%", "# %% [markdown]"
+
+
+def script_to_notebook(text: str) -> dict:
+    """A percent-format script as an nbformat-4 notebook dict (cells only, no outputs)."""
+    cells: list[dict] = []
+    kind, lines = None, []
+
+    def flush():
+        if kind is None:
+            return
+        body = list(lines)
+        while body and not body[-1].strip():
+            body.pop()
+        while body and not body[0].strip():
+            body.pop(0)
+        if kind == "markdown":
+            body = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in body]
+        src = [ln + "\n" for ln in body]
+        if src:
+            src[-1] = src[-1][:-1]
+        cell = {"cell_type": kind, "metadata": {}, "source": src}
+        if kind == "code":
+            cell.update(execution_count=None, outputs=[])
+        if src:
+            cells.append(cell)
+
+    for line in text.splitlines():
+        stripped = line.rstrip()
+        if stripped == _MARKDOWN or stripped == _CODE:
+            flush()
+            kind, lines = ("markdown" if stripped == _MARKDOWN else "code"), []
+        elif kind is not None:
+            lines.append(stripped)
+    flush()
+    if not cells:
+        raise ValueError("no '# %%' cells found")
+    return {
+        "cells": cells,
+        "metadata": {
+            "accelerator": "GPU",
+            "colab": {"provenance": []},
+            "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+
+
+def _with_ids(nb: dict, stem: str) -> dict:
+    for i, cell in enumerate(nb["cells"]):
+        cell["id"] = f"{stem[:40]}-{i}"
+    return nb
+
+
+def notebook_json(script: str | Path) -> str:
+    """The ``.ipynb`` text for ``script`` (deterministic: cell ids from the file name)."""
+    path = Path(script)
+    nb = _with_ids(script_to_notebook(path.read_text()), path.stem)
+    return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m cbo_jax.notebook SCRIPT.py ...``: write SCRIPT.ipynb beside each script."""
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m cbo_jax.notebook SCRIPT.py [SCRIPT.py ...]", file=sys.stderr)
+        return 2
+    for name in args:
+        src = Path(name)
+        out = src.with_suffix(".ipynb")
+        out.write_text(notebook_json(src))
+        print(out)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
