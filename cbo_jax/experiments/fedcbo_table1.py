@@ -6,9 +6,10 @@ training, mean test accuracy over agents (%), averaged over seeds.
 anisotropic, σ1 = 0.01 and 0.05).
 
 Scales:
-  small: N = 120 agents of 200 images, M = 20, τ = 5 epochs, T = 40 rounds, 3 seeds
-         (real MNIST: set CBO_JAX_DATA_DIR, or --source bundled for the shipped subset).
-  paper: N = 1200, M = 200, τ = 10, T = 100, full test sets (a GPU-sized run).
+
+* small: N = 120 agents of 200 images, M = 20, τ = 5 epochs, T = 40 rounds, 3 seeds
+  (real MNIST: set CBO_JAX_DATA_DIR, or --source bundled for the shipped subset).
+* paper: N = 1200, M = 200, τ = 10, T = 100, full test sets (a GPU-sized run).
 """
 
 from __future__ import annotations

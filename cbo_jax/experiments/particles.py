@@ -325,7 +325,7 @@ def _add_cb2o(p: argparse.ArgumentParser) -> None:
 
 
 def bilevel_problem(d: int):
-    """L(θ) = |θ - a|² |θ - b|² (global minimisers a and b), G(θ) = |θ - a|² (prefers a)."""
+    """``L(θ) = |θ - a|² |θ - b|²`` (global minimisers a and b), ``G(θ) = |θ - a|²`` (prefers a)."""
     a, b = np.full(d, 1.0), np.full(d, -1.0)
 
     def lower(x):
