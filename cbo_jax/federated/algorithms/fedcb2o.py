@@ -7,6 +7,7 @@ federated learning through consensus-based bi-level optimization" (REFERENCE_NOT
 1. LocalUpdate: every agent trains τ epochs of mini-batch SGD on its own training data
    (the benign agents on their training split, the attackers on their flipped data).
 2. For every benign agent ``j`` (synchronously, from the models after step 1):
+
    a. ``A_n ← ProbSampling(P^j, M)``: never-observed agents first, then ``∝ P^{j,i}``;
    b. download ``θ_i, i ∈ A_n``; evaluate them on ``j``'s VALIDATION split: the mean
       loss ``L_j^i`` and the class-wise losses ``L_{j,c}(θ_i)``;
