@@ -77,35 +77,98 @@ try:
 except ValueError as err:
     out["max_abs_refused"] = "max_abs" in str(err)
 
-# Federated algorithms: every leading-N array split over the 8 devices (N=16).
+# Federated algorithms with N=13 agents: padded to 16 with inactive agents, every
+# leading-axis array split over the 8 devices. Equal to the unsharded run: parameters,
+# test accuracy and every metric (SR, train loss, participants, ...).
 from cbo_jax import models  # noqa: E402
+from cbo_jax.federated import run as fed_run  # noqa: E402
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg,  # noqa: E402
                                           fedcbo, ifca, local_only)
 from cbo_jax.federated.data import FederatedData  # noqa: E402
 from cbo_jax.federated.local import LocalSGDConfig  # noqa: E402
 from cbo_jax.federated.run import run_federated  # noqa: E402
 
-x = rng.normal(size=(16, 20, 2, 1)).astype(np.float32)
-cl = np.repeat([0, 1], 8)
+NF = 13
+x = rng.normal(size=(NF, 20, 2, 1)).astype(np.float32)
+cl = (np.arange(NF) >= 7).astype(np.int32)
 y = (x[:, :, 0, 0] > 0).astype(np.int32)
 y[cl == 1] = 1 - y[cl == 1]
 tx = rng.normal(size=(2, 50, 2, 1)).astype(np.float32)
 ty = np.stack([(tx[0, :, 0, 0] > 0), (tx[1, :, 0, 0] <= 0)]).astype(np.int32)
-data = FederatedData(x, y, np.full(16, 20, np.int32), cl.astype(np.int32), tx, ty)
+data = FederatedData(x, y, np.full(NF, 20, np.int32), cl, tx, ty)
 model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2, 1))
 loc = LocalSGDConfig(epochs=1, batch_size=8)
-algs = {"fedcbo": fedcbo(model, FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01), 16),
-        "fedavg": fedavg(model, FedAvgConfig(local=loc), 16), "ifca": ifca(model, IFCAConfig(k=2, local=loc), 16),
-        "local": local_only(model, LocalConfig(local=loc), 16)}
+fcfg_run = FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01, participation=0.8)
+algs = {"fedcbo": fedcbo(model, fcfg_run, NF), "fedavg": fedavg(model, FedAvgConfig(local=loc, participation=0.6), NF),
+        "ifca": ifca(model, IFCAConfig(k=2, local=loc), NF),
+        "local": local_only(model, LocalConfig(local=loc, participation=0.5), NF),
+        "fedcbo_exchange": fedcbo(model, fcfg_run, NF, mesh=mesh)}
+
+
+def history_diff(ha, hb):
+    def nums(h):
+        return np.concatenate([np.ravel(np.asarray(v, np.float64)) for r in h for k, v in sorted(r.items())
+                               if k not in ("elapsed_s", "server_model_per_cluster")])
+
+    return diff(nums(ha), nums(hb))
+
+
+def poisoned(alg, seen):
+    """The same algorithm whose padding agents start from garbage models (poisoned
+    data comes from the patched pad_agent_data below); records the sharding of the
+    padded state when run_federated cuts the padding off."""
+
+    def resize(state, size):
+        if size < jax.tree_util.tree_leaves(state.params)[0].shape[0]:
+            seen.append(str(jax.tree_util.tree_leaves(state.params)[0].sharding.spec))
+        state = alg.resize(state, size)
+        if size > NF and hasattr(state, "opt_state"):
+            state = state._replace(params=jax.tree_util.tree_map(lambda a: a.at[NF:].set(3.0), state.params))
+        return state
+
+    return alg._replace(resize=resize)
+
+
+clean_pad = fed_run.pad_agent_data
+
+
+def poisoned_pad(agent_data, size):  # padding agents with data: they still must not count
+    d = clean_pad(agent_data, size)
+    return d._replace(x=d.x.at[NF:].set(5.0 + jnp.asarray(rng.normal(size=d.x[NF:].shape), d.x.dtype)),
+                      y=d.y.at[NF:].set(1), counts=d.counts.at[NF:].set(20))
+
+
+runs = {}
 for name, alg in algs.items():
-    a = run_federated(alg, model, data, 3, jax.random.key(5), progress=False)
+    a = runs["fedcbo"][0] if name == "fedcbo_exchange" else run_federated(alg, model, data, 3, jax.random.key(5),
+                                                                           progress=False)
     b = run_federated(alg, model, data, 3, jax.random.key(5), progress=False, mesh=mesh)
+    seen = []
+    fed_run.pad_agent_data = poisoned_pad
+    try:
+        c = run_federated(poisoned(alg, seen), model, data, 3, jax.random.key(5), progress=False, mesh=mesh)
+    finally:
+        fed_run.pad_agent_data = clean_pad
+    runs[name] = (a, b, c)
     leaves_a = jax.tree_util.tree_leaves(a.state.params)
-    leaves_b = jax.tree_util.tree_leaves(b.state.params)
-    out[f"fed_{name}_params"] = max(diff(u, v) for u, v in zip(leaves_a, leaves_b))
+    out[f"fed_{name}_params"] = max(diff(u, v) for u, v in zip(leaves_a, jax.tree_util.tree_leaves(b.state.params)))
     out[f"fed_{name}_acc"] = abs(a.summary["final_test_acc"] - b.summary["final_test_acc"])
-    if name == "fedcbo":
-        out["fed_fedcbo_sharded"] = str(jax.tree_util.tree_leaves(b.state.params)[0].sharding.spec)
+    out[f"fed_{name}_metrics"] = history_diff(a.history, b.history)
+    out[f"fed_{name}_poisoned"] = max(max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(b.state.params),
+                                                                     jax.tree_util.tree_leaves(c.state.params))),
+                                      history_diff(b.history, c.history))
+    out[f"fed_{name}_shapes_ok"] = all(
+        u.shape == v.shape for u, v in zip(jax.tree_util.tree_leaves(a.state), jax.tree_util.tree_leaves(b.state)))
+    if seen:
+        out[f"fed_{name}_padded_spec"] = seen[0]
+out["fed_fedcbo_P"] = diff(np.nan_to_num(runs["fedcbo"][0].state.P, neginf=-9), np.nan_to_num(runs["fedcbo"][1].state.P,
+                                                                                              neginf=-9))
+try:  # an algorithm that cannot pad is refused before anything runs
+    run_federated(algs["local"]._replace(resize=None), model, data, 1, jax.random.key(5), progress=False, mesh=mesh)
+    out["fed_no_resize_refused"] = False
+except ValueError as err:
+    out["fed_no_resize_refused"] = "multiple" in str(err)
+out["fed_fedcbo_sr_checked"] = "sr" in runs["fedcbo"][1].history[-1] and "sr" in runs["fedcbo_exchange"][1].history[-1]
 
 # The exchange: only requested rows move; equals the global gather, also when the
 # requests are skewed onto one device (several rounds through small buffers).
@@ -130,7 +193,8 @@ for name, req in (("random", rng.integers(0, 32, (32, 5))), ("skewed", rng.integ
 # compiled program has no all-gather (the population is never copied whole).
 params = models.init_population(model, jax.random.key(0), 16)
 idx = jnp.asarray(np.stack([rng.choice(np.delete(np.arange(16), j), 3, replace=False) for j in range(16)]), jnp.int32)
-adata = AgentData.from_federated(data)
+adata = AgentData(jnp.asarray(rng.normal(size=(16, 20, 2, 1)), jnp.float32), jnp.asarray(rng.integers(0, 2, (16, 20)),
+                  jnp.int32), jnp.asarray(rng.integers(5, 21, 16), jnp.int32))
 fcfg = FedCBOConfig(M=3, local=loc, eval_chunk=2)
 ref = aggregate(model, fcfg, params, idx, adata)
 sh = sharding.shard_agents((params, idx, adata), mesh)
@@ -139,12 +203,6 @@ res = agg(*sh)
 out["agg_sharded_loss"] = diff(res[0], ref[0])
 out["agg_sharded_m"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(res[2]), jax.tree_util.tree_leaves(ref[2])))
 out["agg_sharded_all_gathers"] = agg.lower(*sh).compile().as_text().count("all-gather")
-a = run_federated(algs["fedcbo"], model, data, 3, jax.random.key(5), progress=False)
-b = run_federated(fedcbo(model, FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01), 16, mesh=mesh), model,
-                  data, 3, jax.random.key(5), progress=False, mesh=mesh)
-out["fed_fedcbo_exchange_params"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(a.state.params),
-                                                                     jax.tree_util.tree_leaves(b.state.params)))
-out["fed_fedcbo_exchange_acc"] = abs(a.summary["final_test_acc"] - b.summary["final_test_acc"])
 
 print(json.dumps(out))
 sys.stdout.flush()

@@ -97,7 +97,8 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
     return params, opt_state, losses[-1]
 
 
-def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, x, y, counts, key) -> LocalResult:
+def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, x, y, counts, key,
+                num_real: int | None = None) -> LocalResult:
     """Run :class:`LocalSGDConfig` local training on every agent (vmapped).
 
     Args:
@@ -107,13 +108,22 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
         ``cfg.reset_optimizer``).
       x, y, counts: the agents' stacked data (see :class:`FederatedData`).
       key: PRNG key (one sub-key per agent).
+      num_real: with padding agents after the first ``num_real`` (sharded runs,
+        :mod:`cbo_jax.federated.padding`), the sub-keys are split for the real agents
+        only, so that they do not depend on the padding.
     """
     opt = make_optimizer(cfg)
     n = counts.shape[0]
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
     train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one(model, cfg, opt, p, s, xi, yi, c, k))
-    return LocalResult(*train(params, opt_state, x, y, counts, jax.random.split(key, n)))
+    if num_real is None or num_real == n:
+        keys = jax.random.split(key, n)
+    else:
+        from cbo_jax.federated.padding import agent_keys
+
+        keys = agent_keys(key, num_real, n)
+    return LocalResult(*train(params, opt_state, x, y, counts, keys))
 
 
 def agent_loss(model: Model, params: PyTree, x, y, count, batch_size: int | None = None, reduction: str = "mean"):

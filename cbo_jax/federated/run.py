@@ -20,14 +20,16 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm
 from cbo_jax.federated.data import FederatedData
+from cbo_jax.federated.padding import pad_agent_data
 from cbo_jax.models import Model
-from cbo_jax.sharding import shard_leading
+from cbo_jax.sharding import padded_size, shard_leading
 
 __all__ = ["RunResult", "run_federated"]
 
@@ -40,8 +42,12 @@ class RunResult(NamedTuple):
 
 @functools.partial(jax.jit, static_argnames=("round_fn", "length", "num_clusters"), donate_argnums=(0,))
 def _scan_rounds(state, data: AgentData, cluster, *, round_fn, length: int, num_clusters: int):
+    n = cluster.shape[0]  # the real agents; a sharded run's data may hold padding agents after them
+
     def body(s, _):
         s, info = round_fn(s, data)
+        if info.active.shape[0] != n:
+            info = jax.tree_util.tree_map(lambda a: a[:n] if a.ndim else a, info)  # drop the padding agents
         rec = {"train_loss": jnp.mean(info.train_loss), "eps": info.eps, "participants": jnp.sum(info.active)}
         if info.idx.shape[1] > 0:
             rec["sr"] = fm.selection_rate(info.idx, cluster)
@@ -91,10 +97,14 @@ def run_federated(
       mesh: a :func:`cbo_jax.sharding.agent_mesh`: every array of the data and the
         state whose leading axis is the agent axis (models, optimiser states, the
         likelihood matrix's rows, ...) is split over the mesh's devices and the
-        jitted rounds run partitioned by XLA; ``N`` must be a multiple of the device
-        count. Results equal the single-device run up to float rounding. FedCBO's
-        downloads are gathered by XLA here, which may copy every model to every
-        device (see the project's issues for the exchange that avoids it).
+        jitted rounds run partitioned by XLA. Any ``N`` works: when it is not a
+        multiple of the device count, inactive padding agents are appended up to
+        :func:`cbo_jax.sharding.padded_size` (no data, never in ``G_n``, never
+        downloaded or averaged; :mod:`cbo_jax.federated.padding`), and dropped
+        again from the metrics, the evaluation, the checkpoints and the returned
+        state. Results equal the single-device run up to float rounding. FedCBO's
+        downloads are gathered by XLA unless the algorithm was built with the same
+        mesh (``fedcbo(..., mesh=mesh)``: the gather-free exchange).
       resume: with ``out_dir``, continue from ``out_dir/checkpoint`` when it exists:
         the state and the metrics rows up to its round are restored, and the run goes
         on to ``rounds``. A run stopped after round r and resumed ends in exactly the
@@ -112,18 +122,23 @@ def run_federated(
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("resume=True needs out_dir (the checkpoint lives in out_dir/checkpoint)")
+    n = data.num_agents
+    size = n if mesh is None else padded_size(n, mesh)
+    if size != n and algorithm.resize is None:
+        raise ValueError(f"{algorithm.name} cannot run with padding agents: choose N (now {n}) a multiple of the "
+                         f"{mesh.size} devices")
+
+    def to_user(s):  # the state without padding agents (what is evaluated, saved and returned)
+        return s if size == n else algorithm.resize(s, n)
+
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
-    if mesh is not None:
-        state, agent_data, cluster = shard_leading((state, agent_data, cluster), mesh, data.num_agents)
     history: list[dict] = []
     done = 0
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         if resume and ckpt.exists(out / "checkpoint"):
             state, meta = ckpt.restore(out / "checkpoint", state)
-            if mesh is not None:
-                state = shard_leading(state, mesh, data.num_agents)
             done = int(meta["step"])
             if done > rounds:
                 raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
@@ -132,6 +147,12 @@ def run_federated(
             if len(history) != done:
                 raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done}; cannot resume")
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    if mesh is not None:
+        if size != n:
+            state = jax.jit(algorithm.resize, static_argnums=1)(state, size)
+            agent_data = pad_agent_data(agent_data, size)
+        state, agent_data = shard_leading((state, agent_data), mesh, size)
+        cluster = jax.device_put(cluster, NamedSharding(mesh, PartitionSpec()))
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -144,7 +165,7 @@ def run_federated(
             length = min(eval_every - done % eval_every, rounds - done)
             state, rec = _scan_rounds(state, agent_data, cluster, round_fn=algorithm.round, length=length, num_clusters=k)
             rec = jax.device_get(rec)
-            kind, params = algorithm.eval_models(state)
+            kind, params = algorithm.eval_models(to_user(state))
             last_eval = fm.evaluate(model, kind, params, test_x, test_y, cluster, chunk=eval_chunk)
             for i in range(length):
                 row = {"round": done + i + 1}
@@ -169,14 +190,14 @@ def run_federated(
                     post["SR"] = f"{history[-1]['sr']:.2f}"
                 bar.set_postfix(post)
             if out is not None and checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
-                ckpt.save(out / "checkpoint", state, step=done, meta={"algorithm": algorithm.name})
+                ckpt.save(out / "checkpoint", to_user(state), step=done, meta={"algorithm": algorithm.name})
     finally:
         if bar is not None:
             bar.close()
     summary = {
         "algorithm": algorithm.name,
         "rounds": rounds,
-        "num_agents": data.num_agents,
+        "num_agents": n,
         "num_clusters": k,
         "final_test_acc": last_eval.get("test_acc"),
         "final_test_acc_per_cluster": last_eval.get("test_acc_per_cluster"),
@@ -187,4 +208,4 @@ def run_federated(
         summary["final_sr_oracle"] = history[-1]["sr_oracle"]
     if "cluster_purity" in history[-1]:
         summary["final_cluster_purity"] = history[-1]["cluster_purity"]
-    return RunResult(state=state, history=history, summary=summary)
+    return RunResult(state=to_user(state), history=history, summary=summary)

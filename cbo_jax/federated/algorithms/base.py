@@ -70,11 +70,17 @@ class RoundInfo(NamedTuple):
 
 
 class Algorithm(NamedTuple):
+    """``resize(state, size)``: the state with its agent axis padded to ``size`` agents
+    (inactive padding agents appended, :mod:`cbo_jax.federated.padding`) or cut back to
+    the real ones; ``None`` when the algorithm cannot run padded. ``round`` accepts
+    data with padding agents after the ``N`` real ones when ``resize`` is given."""
+
     name: str
     init: Callable[[jax.Array], Any]
     round: Callable[[Any, AgentData], tuple[Any, RoundInfo]]
     eval_models: Callable[[Any], tuple[str, PyTree]]
     config: Any
+    resize: Callable[[Any, int], Any] | None = None
 
 
 def participants(key: jax.Array, n: int, participation: float) -> jax.Array:

@@ -16,6 +16,7 @@ from cbo_jax import _checks
 from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
                                                weighted_rows_mean)
 from cbo_jax.federated.local import local_train
+from cbo_jax.federated.padding import agents_in, resize_rows
 
 PyTree = Any
 
@@ -44,16 +45,18 @@ def fedavg(model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         return FedAvgState(model.init(k_model), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: FedAvgState, data: AgentData):
+        size = agents_in(data, n)  # n, or more with padding agents (sharded runs)
         key, k_part, k_local = jax.random.split(state.key, 3)
-        active = participants(k_part, n, cfg.participation)
-        trained = local_train(model, cfg.local, broadcast(state.params, n), None, data.x, data.y, data.counts, k_local)
+        active = resize_rows(participants(k_part, n, cfg.participation), size)  # padding never takes part
+        trained = local_train(model, cfg.local, broadcast(state.params, size), None, data.x, data.y, data.counts, k_local,
+                              num_real=n)
         weights = jnp.where(active, data.counts, 0).astype(jnp.float32)
         params = weighted_rows_mean(trained.params, weights)
-        info = RoundInfo(active, jnp.zeros((n, 0), jnp.int32), jnp.zeros((n, 0), bool), jnp.zeros(()), trained.loss,
-                         jnp.zeros((n,), jnp.int32))
+        info = RoundInfo(active, jnp.zeros((size, 0), jnp.int32), jnp.zeros((size, 0), bool), jnp.zeros(()),
+                         trained.loss, jnp.zeros((size,), jnp.int32))
         return FedAvgState(params, state.round + 1, key), info
 
     def eval_models(state):
         return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.params)
 
-    return Algorithm("fedavg", init, round_fn, eval_models, cfg)
+    return Algorithm("fedavg", init, round_fn, eval_models, cfg, lambda state, size: state)  # no agent axis

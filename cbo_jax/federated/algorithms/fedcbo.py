@@ -6,6 +6,7 @@ splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
 1. ``G_n``: the participating agents (all of them in the paper).
 2. LocalUpdate: τ epochs of mini-batch SGD (step ``λ2 γ``) on each agent's data.
 3. LocalAggregation, for every ``j`` in ``G_n`` synchronously (from the old models):
+
    a. ``A_n``: ``M`` other agents by ε-greedy sampling on ``P^j`` (Remark 3);
    b. ``L_j^i``: loss of each downloaded ``θ_i`` on ``j``'s own training data;
    c. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α L_j^i)``              (19)
@@ -40,6 +41,7 @@ from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
 from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, participants, tree_where_rows
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
+from cbo_jax.federated.padding import agents_in, padding_downloads, resize_rows
 from cbo_jax.models import Model, init_population
 from cbo_jax.sde import diffusion, normal_like
 
@@ -210,13 +212,15 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Al
 
     ``mesh``: a :func:`cbo_jax.sharding.agent_mesh` when the run is sharded
     (``run_federated(..., mesh=mesh)``): the downloads are then exchanged between
-    devices by :func:`aggregate_sharded` instead of being gathered.
+    devices by :func:`aggregate_sharded` instead of being gathered. ``N`` need not be
+    a multiple of the device count: ``run_federated`` appends inactive padding agents
+    (:mod:`cbo_jax.federated.padding`), which select among, and are selected by, no one.
+    The real agents' selection, noise and local-training keys are drawn for ``N``
+    agents, as in the unsharded run.
     """
     n = _checks.positive_int("num_agents", num_agents)
     if cfg.M > n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
-    if mesh is not None and n % mesh.size:
-        raise ValueError(f"N={n} agents cannot be split evenly over {mesh.size} devices; choose N a multiple of it")
     agg = aggregate if mesh is None else functools.partial(aggregate_sharded, mesh=mesh)
 
     def init(key: jax.Array) -> FedCBOState:
@@ -231,27 +235,35 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Al
         )
 
     def round_fn(state: FedCBOState, data: AgentData):
+        # With padding agents (sharded runs: size > n) P is (size, n): padding rows are
+        # never read, and only the n real columns can be selected.
+        size = agents_in(data, n)
         key, k_part, k_local, k_sel, k_noise = jax.random.split(state.key, 5)
-        active = participants(k_part, n, cfg.participation)
-        trained = local_train(model, cfg.local, state.params, state.opt_state, data.x, data.y, data.counts, k_local)
+        active = resize_rows(participants(k_part, n, cfg.participation), size)  # padding never takes part
+        trained = local_train(model, cfg.local, state.params, state.opt_state, data.x, data.y, data.counts, k_local,
+                              num_real=n)
         params = tree_where_rows(active, trained.params, state.params)
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
+        P_real = state.P if size == n else state.P[:n]
         if cfg.selection == "epsilon_greedy":
             eps = selection.epsilon_schedule(state.round, cfg.eps0, cfg.eps_decay, cfg.eps_min)
-            idx, is_random = selection.epsilon_greedy(k_sel, state.P, cfg.M, eps)
+            idx, is_random = selection.epsilon_greedy(k_sel, P_real, cfg.M, eps)
         elif cfg.selection == "prob_sampling":
             eps = jnp.zeros(())
-            idx = selection.prob_sampling(k_sel, state.P, cfg.M)
-            is_random = jnp.take_along_axis(jnp.isnan(state.P), idx, axis=1)  # exploration picks
+            idx = selection.prob_sampling(k_sel, P_real, cfg.M)
+            is_random = jnp.take_along_axis(jnp.isnan(P_real), idx, axis=1)  # exploration picks
         else:
             eps = jnp.ones(())
             idx = selection.uniform(k_sel, n, cfg.M)
             is_random = jnp.ones(idx.shape, bool)
+        if size != n:  # padding agents download real ones (results discarded: they are inactive)
+            idx = jnp.concatenate([idx, padding_downloads(n, size, cfg.M)], axis=0)
+            is_random = resize_rows(is_random, size)
         loss, own_loss, m = agg(model, cfg, params, idx, data)
         diff = pop.tree_sub(params, m)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
         if cfg.noise != "none" and cfg.sigma1 > 0:
-            z = normal_like(k_noise, diff)
+            z = resize_rows(normal_like(k_noise, resize_rows(diff, n)), size)  # drawn for the n real agents
             scale = cfg.sigma1 * jnp.sqrt(cfg.gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
@@ -265,23 +277,37 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Al
             is_random=is_random,
             eps=jnp.asarray(eps, jnp.float32),
             train_loss=trained.loss,
-            assignment=jnp.zeros((n,), jnp.int32),
+            assignment=jnp.zeros((size,), jnp.int32),
         )
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
-    return Algorithm(name="fedcbo", init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg)
+    def resize(state: FedCBOState, size: int) -> FedCBOState:
+        # Rows only: P keeps its n columns (the selectable agents).
+        return state._replace(params=resize_rows(state.params, size), opt_state=resize_rows(state.opt_state, size),
+                              P=resize_rows(state.P, size))
+
+    return Algorithm(name="fedcbo", init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg,
+                     resize=resize)
 
 
-def planned_round_bytes(algorithm: Algorithm, data: AgentData, key: jax.Array | None = None) -> int:
+def planned_round_bytes(algorithm: Algorithm, data: AgentData, key: jax.Array | None = None, *,
+                        size: int | None = None) -> int:
     """Bytes XLA plans for one round: arguments + outputs + temporaries - aliased.
 
     Compiles the round on abstract shapes (nothing is allocated). Measured at the
     paper's scale, this plan plus the Python process's own baseline (about 0.5 GB)
     was within 0.3–0.5 GB of the peak RSS of a real round (benchmarks/RESULTS_fedcbo.md).
+    ``size``: plan the round padded to this many agents (a sharded run's
+    ``padded_size(N, mesh)``).
     """
     key = jax.random.key(0) if key is None else key
-    state = jax.eval_shape(algorithm.init, key)
-    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), data)
+    n = int(data.counts.shape[0])
+    size = n if size is None else size
+    if size == n:
+        state = jax.eval_shape(algorithm.init, key)
+    else:
+        state = jax.eval_shape(lambda k: algorithm.resize(algorithm.init(k), size), key)
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct((size,) + a.shape[1:], a.dtype), data)
     ma = jax.jit(algorithm.round).lower(state, shapes).compile().memory_analysis()
     return int(ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes)
 
@@ -300,12 +326,17 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
     if not budget_bytes > 0:
         raise ValueError(f"memory budget must be > 0 bytes, got {budget_bytes}")
     n = int(data.counts.shape[0])
+    size = n
+    if mesh is not None:
+        from cbo_jax.sharding import padded_size
+
+        size = padded_size(n, mesh)
     plan: dict[int, int] = {}
     for chunk in sorted(set(int(c) for c in candidates), reverse=True):
         if chunk < 1:
             continue
         alg = fedcbo(model, dataclasses.replace(cfg, eval_chunk=chunk), n, mesh=mesh)
-        plan[chunk] = planned_round_bytes(alg, data)
+        plan[chunk] = planned_round_bytes(alg, data, size=size)
         if plan[chunk] <= budget_bytes:
             return chunk, plan
     smallest = min(plan)

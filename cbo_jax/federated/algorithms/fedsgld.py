@@ -56,6 +56,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo
+from cbo_jax.federated.padding import agent_keys, agents_in, resize_rows
 from cbo_jax.models import Model, cross_entropy
 
 PyTree = Any
@@ -378,24 +379,34 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
         return sgld_oracle(grad_fn, x_start, key, spec)
 
     def round_fn(state: PrimalDualState, data: AgentData):
+        size = agents_in(data, n)  # n, or more with padding agents (sharded runs): left out of the average
         key, k_local = jax.random.split(state.key)
         start = state.x if cfg.warm_start else state.x0
-        res = jax.vmap(local)(start, state.lam, state.x0, data.x, data.y, data.counts, jax.random.split(k_local, n))
+        res = jax.vmap(local)(start, state.lam, state.x0, data.x, data.y, data.counts, agent_keys(k_local, n, size))
         x_out = res.average
         lam = jax.tree_util.tree_map(lambda l, a, b: l + dual_lr * gamma * (a - b), state.lam, x_out, state.x0)
         msg = jax.tree_util.tree_map(lambda a, l: a + l / gamma, x_out, lam)
-        x0_new = jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), msg)
+        if size == n:
+            x0_new = jax.tree_util.tree_map(lambda m: jnp.mean(m, axis=0), msg)
+        else:
+            real = jnp.arange(size) < n
+            x0_new = jax.tree_util.tree_map(
+                lambda m: jnp.sum(jnp.where(real.reshape((size,) + (1,) * (m.ndim - 1)), m, 0), axis=0) / n, msg)
         x0_bcast = jax.tree_util.tree_map(lambda new, old: new + beta * (new - old), x0_new, state.server)
         train_loss = jax.vmap(lambda p, xi, yi, ci: node_loss(model, p, xi, yi, ci))(x_out, data.x, data.y, data.counts)
-        info = RoundInfo(jnp.ones((n,), bool), jnp.zeros((n, 0), jnp.int32), jnp.zeros((n, 0), bool), jnp.zeros(()),
-                         train_loss, jnp.zeros((n,), jnp.int32))
-        new = PrimalDualState(res.last, lam, _broadcast(x0_bcast, n), x0_new, state.round + 1, key)
+        info = RoundInfo(resize_rows(jnp.ones((n,), bool), size), jnp.zeros((size, 0), jnp.int32),
+                         jnp.zeros((size, 0), bool), jnp.zeros(()), train_loss, jnp.zeros((size,), jnp.int32))
+        new = PrimalDualState(res.last, lam, _broadcast(x0_bcast, size), x0_new, state.round + 1, key)
         return new, info
 
     def eval_models(state):
         return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.server)
 
-    return Algorithm(name, init, round_fn, eval_models, cfg)
+    def resize(state: PrimalDualState, size: int) -> PrimalDualState:
+        return state._replace(x=resize_rows(state.x, size), lam=resize_rows(state.lam, size),
+                              x0=resize_rows(state.x0, size))
+
+    return Algorithm(name, init, round_fn, eval_models, cfg, resize)
 
 
 def fedsgld(model: Model, cfg: FedSGLDConfig, num_agents: int) -> Algorithm:

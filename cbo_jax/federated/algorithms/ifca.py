@@ -20,6 +20,7 @@ from cbo_jax import population as pop
 from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
                                                weighted_rows_mean)
 from cbo_jax.federated.local import agent_loss, local_train
+from cbo_jax.federated.padding import agents_in, resize_rows
 from cbo_jax.models import init_population
 
 PyTree = Any
@@ -52,15 +53,16 @@ def ifca(model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
         return IFCAState(init_population(model, k_model, cfg.k), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: IFCAState, data: AgentData):
+        size = agents_in(data, n)  # n, or more with padding agents (sharded runs)
         key, k_part, k_local = jax.random.split(state.key, 3)
-        active = participants(k_part, n, cfg.participation)
+        active = resize_rows(participants(k_part, n, cfg.participation), size)  # padding never takes part
         # (N, k) local losses of every server model; cluster estimate = argmin.
         losses = jax.vmap(
             lambda x, y, c: jax.vmap(lambda p: agent_loss(model, p, x, y, c))(state.params)
         )(data.x, data.y, data.counts)
         assignment = jnp.argmin(losses, axis=1).astype(jnp.int32)
         start = pop.gather(state.params, assignment)
-        trained = local_train(model, cfg.local, start, None, data.x, data.y, data.counts, k_local)
+        trained = local_train(model, cfg.local, start, None, data.x, data.y, data.counts, k_local, num_real=n)
         member = (assignment[None, :] == jnp.arange(cfg.k)[:, None]) & active[None, :]
         weights = jnp.where(member, data.counts[None, :], 0).astype(jnp.float32)  # (k, N)
         averaged = weighted_rows_mean(trained.params, weights)
@@ -68,7 +70,9 @@ def ifca(model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
         params = jax.tree_util.tree_map(
             lambda new, old: jnp.where(jnp.reshape(chosen, (cfg.k,) + (1,) * (new.ndim - 1)), new, old), averaged, state.params
         )
-        info = RoundInfo(active, jnp.zeros((n, 0), jnp.int32), jnp.zeros((n, 0), bool), jnp.zeros(()), trained.loss, assignment)
+        info = RoundInfo(active, jnp.zeros((size, 0), jnp.int32), jnp.zeros((size, 0), bool), jnp.zeros(()), trained.loss,
+                         assignment)
         return IFCAState(params, state.round + 1, key), info
 
-    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg)
+    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg,
+                     lambda state, size: state)  # no agent axis in the state
