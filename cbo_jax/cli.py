@@ -149,7 +149,7 @@ def _add_run(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
     p.add_argument("--shard", action="store_true",
-                   help="split the agents over all devices (N must be a multiple of the device count)")
+                   help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
     add_run_arguments(p)
     p.set_defaults(func=_cmd_run)
 

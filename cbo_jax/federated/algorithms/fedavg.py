@@ -38,6 +38,16 @@ def broadcast(params: PyTree, n: int) -> PyTree:
 
 
 def fedavg(model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
+    """FedAvg as a pure ``(init, round)`` pair for ``num_agents`` agents.
+
+    Args:
+      model: the model every agent trains (:mod:`cbo_jax.models`).
+      cfg: participation share and local SGD (:class:`FedAvgConfig`).
+      num_agents: ``N``.
+
+    Returns an :class:`~cbo_jax.federated.algorithms.base.Algorithm`; its state holds the
+    one global model. Run it with :func:`cbo_jax.federated.run.run_federated`.
+    """
     n = _checks.positive_int("num_agents", num_agents)
 
     def init(key):

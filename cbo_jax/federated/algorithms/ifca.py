@@ -46,6 +46,17 @@ class IFCAState(NamedTuple):
 
 
 def ifca(model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
+    """IFCA as a pure ``(init, round)`` pair for ``num_agents`` agents.
+
+    Args:
+      model: the model every agent trains (:mod:`cbo_jax.models`).
+      cfg: the number of server models ``k``, participation share and local SGD
+        (:class:`IFCAConfig`).
+      num_agents: ``N``.
+
+    Returns an :class:`~cbo_jax.federated.algorithms.base.Algorithm`; its state holds the
+    ``k`` server models. Run it with :func:`cbo_jax.federated.run.run_federated`.
+    """
     n = _checks.positive_int("num_agents", num_agents)
 
     def init(key):

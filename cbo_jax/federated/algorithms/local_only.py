@@ -31,6 +31,16 @@ class LocalState(NamedTuple):
 
 
 def local_only(model, cfg: LocalConfig, num_agents: int) -> Algorithm:
+    """Local training only, as a pure ``(init, round)`` pair for ``num_agents`` agents.
+
+    Args:
+      model: the model every agent trains (:mod:`cbo_jax.models`).
+      cfg: participation share and local SGD (:class:`LocalConfig`).
+      num_agents: ``N``.
+
+    Returns an :class:`~cbo_jax.federated.algorithms.base.Algorithm` whose state holds
+    one model per agent; agents never communicate.
+    """
     n = _checks.positive_int("num_agents", num_agents)
 
     def init(key):
