@@ -74,11 +74,12 @@ RECORDED: dict[str, Recorded] = {
         "final training loss, low noise: FedSGLD 0.523, FedPD 0.517; high noise: FedSGLD 0.617, noisy FedPD 0.693",
         "cbo-jax reproduce fedsgld-synthetic", "benchmarks/RESULTS_fedsgld.md", _D),
     "fedcb2o-attack": Recorded(
-        "small scale (T=15, 3 seeds), ASR: FedCB²O 2.85, FedCBO 5.55 (ratio 0.51); source acc.: FedCB²O 87.70, "
-        "Oracle Min 87.94",
+        "small scale (T=30, 3 seeds), ASR: FedCB²O 1.63, FedCBO 3.49 (ratio 0.47); source acc.: FedCB²O 89.77, "
+        "Oracle Min 89.82",
         _DATA + "cbo-jax reproduce fedcb2o-attack --scale small", "benchmarks/RESULTS_fedcb2o.md", _D),
     "fedcb2o-tg": Recorded(
-        "small scale, T_G 0/20/30/40 (scaled): overall 73.66/87.02/88.15/88.47, ASR 2.90/3.12/2.96/2.85",
+        "small scale (T=30), T_G 0/20/30/40 of 150 (0/4/6/8 of 30): overall 89.02/90.27/90.46/90.62, "
+        "ASR 1.86/1.69/1.64/1.63",
         _DATA + "cbo-jax reproduce fedcb2o-tg --scale small", "benchmarks/RESULTS_fedcb2o.md", _D),
 }
 
