@@ -170,6 +170,95 @@ except ValueError as err:
     out["fed_no_resize_refused"] = "multiple" in str(err)
 out["fed_fedcbo_sr_checked"] = "sr" in runs["fedcbo"][1].history[-1] and "sr" in runs["fedcbo_exchange"][1].history[-1]
 
+# FedCB²O (criterion G after T_G = 1, so 3 rounds cover both energies) and DFedAvgM
+# (Oracle Max) through run_attack: N = 12 (8 benign, 4 attackers) padded to 16, the
+# padding after the attackers. Equal to the unsharded run: parameters, P, every metric.
+from cbo_jax.federated import attack_run, attacks  # noqa: E402
+from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm  # noqa: E402
+from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o  # noqa: E402
+from cbo_jax.federated.mnist import MNIST  # noqa: E402
+
+tiny = models.mlp_mnist(hidden=(3,), num_classes=4, input_shape=(2, 2))
+images = MNIST(rng.integers(0, 256, (200, 2, 2)).astype(np.uint8), rng.integers(0, 4, 200).astype(np.int32),
+               rng.integers(0, 256, (40, 2, 2)).astype(np.uint8), rng.integers(0, 4, 40).astype(np.int32), "fake")
+ads = attacks.label_flip_rotated(images, attacks.LabelFlipConfig(
+    source=2, target=1, num_classes=4, benign_per_cluster=4, malicious_per_cluster=2, benign_samples=10, val_samples=5,
+    malicious_samples=12), seed=3)
+NA = ads.num_agents
+aloc = LocalSGDConfig(epochs=1, batch_size=4, lr=0.1, momentum=0.9)
+attack_algs = {"fedcb2o": (fedcb2o(tiny, FedCB2OConfig(M=5, T_G=1, local=aloc), ads.cluster, ads.malicious),
+                           ads.attack_data()),
+               "dfedavgm": (dfedavgm(tiny, DFedAvgMConfig(M=3, local=aloc), ads.cluster, name="oracle-max"),
+                            ads.oracle_groups(with_attackers=True))}
+
+
+def flat(v):  # every number of a metrics row (dicts and lists nested)
+    if isinstance(v, dict):
+        return [x for k in sorted(v) for x in flat(v[k])]
+    if isinstance(v, (list, tuple)):
+        return [x for e in v for x in flat(e)]
+    return [float(v)]
+
+
+def attack_history_diff(ha, hb):
+    a = np.asarray(flat([{k: v for k, v in r.items() if k != "elapsed_s"} for r in ha]), np.float64)
+    b = np.asarray(flat([{k: v for k, v in r.items() if k != "elapsed_s"} for r in hb]), np.float64)
+    return diff(np.nan_to_num(a, nan=-7.0), np.nan_to_num(b, nan=-7.0)) if a.shape == b.shape else float("inf")
+
+
+def poisoned_attack(alg, seen):  # padding agents start from garbage models
+    def resize(state, size):
+        if size < jax.tree_util.tree_leaves(state.params)[0].shape[0]:
+            seen.append(str(jax.tree_util.tree_leaves(state.params)[0].sharding.spec))
+        state = alg.resize(state, size)
+        if size > NA:
+            state = state._replace(params=jax.tree_util.tree_map(lambda a: a.at[NA:].set(3.0), state.params))
+        return state
+
+    return alg._replace(resize=resize)
+
+
+clean_attack_pad = attack_run.pad_attack_data
+
+
+def poisoned_attack_pad(data, size, num_real):  # padding agents with shifted data and full counts
+    d = clean_attack_pad(data, size, num_real)
+    groups = (d.benign, d.malicious) if isinstance(d, attacks.AttackData) else tuple(d)
+    g = groups[-1]
+    extra = size - num_real
+    g = g._replace(x=g.x.at[-extra:].set(jnp.asarray(rng.integers(0, 256, g.x[-extra:].shape), g.x.dtype)),
+                   y=g.y.at[-extra:].set(1), counts=g.counts.at[-extra:].set(g.x.shape[1]))
+    return d._replace(malicious=g) if isinstance(d, attacks.AttackData) else groups[:-1] + (g,)
+
+
+for name, (alg, adata_) in attack_algs.items():
+    kw = dict(progress=False)
+    a = attack_run.run_attack(alg, tiny, adata_, ads, 3, jax.random.key(6), **kw)
+    b = attack_run.run_attack(alg, tiny, adata_, ads, 3, jax.random.key(6), mesh=mesh, **kw)
+    seen = []
+    attack_run.pad_attack_data = poisoned_attack_pad
+    try:
+        c = attack_run.run_attack(poisoned_attack(alg, seen), tiny, adata_, ads, 3, jax.random.key(6), mesh=mesh, **kw)
+    finally:
+        attack_run.pad_attack_data = clean_attack_pad
+    out[f"att_{name}_params"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(a.state.params),
+                                                               jax.tree_util.tree_leaves(b.state.params)))
+    out[f"att_{name}_metrics"] = attack_history_diff(a.history, b.history)
+    out[f"att_{name}_asr"] = abs(a.summary["asr"] - b.summary["asr"]) + abs(a.summary["overall_acc"]
+                                                                             - b.summary["overall_acc"])
+    out[f"att_{name}_poisoned"] = max(max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(b.state.params),
+                                                                     jax.tree_util.tree_leaves(c.state.params))),
+                                      attack_history_diff(b.history, c.history))
+    out[f"att_{name}_shapes_ok"] = all(
+        u.shape == v.shape for u, v in zip(jax.tree_util.tree_leaves(a.state), jax.tree_util.tree_leaves(b.state)))
+    out[f"att_{name}_padded_spec"] = seen[0] if seen else ""
+    if name == "fedcb2o":
+        out["att_fedcb2o_P"] = max(diff(np.nan_to_num(a.state.P, nan=-7.0, neginf=-9),
+                                        np.nan_to_num(b.state.P, nan=-7.0, neginf=-9)),
+                                   diff(np.nan_to_num(b.state.P, nan=-7.0, neginf=-9),
+                                        np.nan_to_num(c.state.P, nan=-7.0, neginf=-9)))
+        out["att_fedcb2o_G_rounds"] = len(a.history) == 3 and "asr" in a.history[-1]
+
 # The exchange: only requested rows move; equals the global gather, also when the
 # requests are skewed onto one device (several rounds through small buffers).
 from functools import partial  # noqa: E402

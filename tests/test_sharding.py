@@ -53,6 +53,31 @@ def test_federated_padding_agents_never_count(sharded_results, alg):
     assert sharded_results["fed_no_resize_refused"]
 
 
+ATTACKED = ("fedcb2o", "dfedavgm")
+
+
+@pytest.mark.parametrize("alg", ATTACKED)
+def test_attack_runs_sharded_equal_unsharded(sharded_results, alg):
+    # run_attack(..., mesh=): N=12 (8 benign, 4 attackers) padded to 16 on 8 devices,
+    # 3 rounds (FedCB²O: mean loss in round 0, criterion G from T_G=1): the returned
+    # models, every metric of every round (Fig. 5 statistics, train loss, attack
+    # metrics) and FedCB²O's P equal the unsharded run's.
+    r = sharded_results
+    for what in ("params", "metrics", "asr"):
+        assert r[f"att_{alg}_{what}"] < 1e-4, r
+    assert r[f"att_{alg}_shapes_ok"]  # the user sees exactly N agents
+    assert "agents" in r[f"att_{alg}_padded_spec"]  # the padded state was split over the devices
+    if alg == "fedcb2o":
+        assert r["att_fedcb2o_P"] < 1e-4 and r["att_fedcb2o_G_rounds"], r
+
+
+@pytest.mark.parametrize("alg", ATTACKED)
+def test_attack_padding_agents_never_count(sharded_results, alg):
+    # Padding agents given data (full counts) and garbage models change nothing:
+    # ProbSampling and the attackers never select them, no average weighs them.
+    assert sharded_results[f"att_{alg}_poisoned"] < 1e-6, sharded_results
+
+
 def test_federated_state_is_split_over_agents(sharded_results):
     for alg in ("fedcbo", "local", "fedcbo_exchange"):  # the padded state, before the padding is dropped
         assert "agents" in sharded_results[f"fed_{alg}_padded_spec"]

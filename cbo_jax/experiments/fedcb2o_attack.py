@@ -46,7 +46,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from cbo_jax import models
+from cbo_jax import models, sharding
 from cbo_jax.experiments import Experiment
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
@@ -105,6 +105,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", default="auto", help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
+    p.add_argument("--shard", action="store_true",
+                   help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
 
 
 def _scale(args) -> Scale:
@@ -154,7 +156,8 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
             out = out_root / name / f"seed{seed}" if out_root else None
             res = run_attack(algorithm, model, data_fn(ds), ds, scale.rounds, jax.random.key(seed), cluster=cluster,
                              malicious=malicious, eval_every=scale.eval_every, eval_chunk=scale.eval_chunk, test_size=2000,
-                             out_dir=out, progress=not args.no_progress)
+                             out_dir=out, progress=not args.no_progress,
+                             mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None)
             results.setdefault(name, []).append(res)
     return results
 

@@ -8,6 +8,11 @@ consensus weight by same/other cluster × benign/malicious, :func:`metrics.categ
 and at evaluation rounds the attack metrics of the benign agents' own models
 (:func:`metrics.attack_metrics`). The true clusters and the attacker mask enter the
 metrics only; the algorithm was built without them (except the attackers' own strategy).
+
+With ``mesh=`` the run is sharded over the agent axis as in ``run_federated``: inactive
+padding agents are appended after the ``N`` real ones (``Algorithm.resize`` and
+:func:`cbo_jax.federated.padding.pad_attack_data`) and dropped again from the
+evaluation and the returned state; the per-round metrics read the benign agents only.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from cbo_jax import _checks
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.attacks import AttackDataset
+from cbo_jax.federated.padding import pad_attack_data
 from cbo_jax.federated.run import RunResult
 from cbo_jax.models import Model
+from cbo_jax.sharding import agent_sharding, padded_size, shard_leading
 
 __all__ = ["run_attack"]
 
@@ -46,7 +54,8 @@ def _scan(state, data, cluster, malicious, *, round_fn, length: int, num_benign:
 
 def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDataset, rounds: int, key: jax.Array, *,
                cluster=None, malicious=None, eval_every: int | None = None, eval_chunk: int = 8,
-               test_size: int | None = None, out_dir: str | Path | None = None, progress: bool = True) -> RunResult:
+               test_size: int | None = None, out_dir: str | Path | None = None, mesh=None,
+               progress: bool = True) -> RunResult:
     """Run ``rounds`` rounds of an attacked algorithm and measure the benign agents.
 
     Args:
@@ -58,6 +67,13 @@ def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDat
         dataset's; Oracle Min passes the benign agents' only).
       eval_every: evaluate every this many rounds (default: only after the last).
       test_size: images per test set at intermediate evaluations (the last one uses all).
+      mesh: a :func:`cbo_jax.sharding.agent_mesh`: the state's agent axis (models,
+        optimiser states) is split over the mesh's devices, and so is every data group
+        whose agent count is a multiple of the device count (the others are replicated).
+        Any ``N`` works: inactive padding agents are appended up to
+        :func:`cbo_jax.sharding.padded_size` (no data, never selected, downloaded or
+        averaged) and dropped from the evaluation and the returned state. Results equal
+        the single-device run up to float rounding.
     """
     _checks.positive_int("rounds", rounds)
     eval_every = rounds if eval_every is None else _checks.positive_int("eval_every", eval_every)
@@ -69,8 +85,31 @@ def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDat
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("")
+    n = int(cluster.shape[0])
+    size = n if mesh is None else padded_size(n, mesh)
+    if size != n and algorithm.resize is None:
+        raise ValueError(f"{algorithm.name} cannot run with padding agents: choose N (now {n}) a multiple of the "
+                         f"{mesh.size} devices")
+
+    def to_user(s):  # the state without padding agents (what is evaluated and returned)
+        return s if size == n else algorithm.resize(s, n)
+
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
+    if mesh is not None:
+        if size != n:
+            state = jax.jit(algorithm.resize, static_argnums=1)(state, size)
+            data = pad_attack_data(data, size, n)
+        state = shard_leading(state, mesh, size)
+        replicated = NamedSharding(mesh, PartitionSpec())
+
+        def put(x):  # a data group is split over the devices when its agents divide evenly
+            x = jnp.asarray(x)
+            even = x.ndim >= 1 and x.shape[0] > 0 and x.shape[0] % mesh.size == 0
+            return jax.device_put(x, agent_sharding(mesh, x.ndim, 0) if even else replicated)
+
+        data = jax.tree_util.tree_map(put, data)
+        cluster, malicious = jax.device_put((cluster, malicious), replicated)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -84,7 +123,7 @@ def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDat
             state, rec = _scan(state, data, cluster, malicious, round_fn=algorithm.round, length=length, num_benign=nb)
             rec = jax.device_get(rec)
             done += length
-            _, params = algorithm.eval_models(state)
+            _, params = algorithm.eval_models(to_user(state))
             benign = jax.tree_util.tree_map(lambda a: a[:nb], params)
             n_test = None if done == rounds else test_size
             tx, ty = dataset.test_x[:, :n_test], dataset.test_y[:, :n_test]
@@ -113,4 +152,4 @@ def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDat
                "seconds": round(time.perf_counter() - t0, 2)}
     if out is not None:
         (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return RunResult(state=state, history=history, summary=summary)
+    return RunResult(state=to_user(state), history=history, summary=summary)

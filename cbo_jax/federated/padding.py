@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["resize_rows", "pad_agent_data", "agent_keys", "padding_downloads", "agents_in"]
+__all__ = ["resize_rows", "pad_agent_data", "agent_keys", "padding_downloads", "agents_in", "pad_attack_data"]
 
 
 def _resize(leaf, size: int, fill):
@@ -80,3 +80,29 @@ def agents_in(data, num_real: int) -> int:
     if size < num_real:
         raise ValueError(f"the data holds {size} agents but the algorithm was built for {num_real}")
     return size
+
+
+def pad_attack_data(data, size: int, num_real: int):
+    """The attack experiments' data (:func:`cbo_jax.federated.attack_run.run_attack`)
+    with ``size - num_real`` padding agents appended to its last training group.
+
+    ``data`` is an :class:`~cbo_jax.federated.attacks.AttackData` (benign training
+    splits, their validation splits, the attackers; the agents are benign first, then
+    the attackers, so the padding goes after the attackers, or after the benign agents
+    when there are none; the validation splits belong to the benign agents and stay
+    as they are) or a tuple of ``AgentData`` groups of consecutive agents (DFedAvgM:
+    the padding goes into the last group). Padding agents have no samples (count 0).
+    """
+    extra = size - num_real
+    if extra < 0:
+        raise ValueError(f"cannot pad {num_real} agents down to {size}")
+    if extra == 0:
+        return data
+    fields = getattr(data, "_fields", ())
+    if "malicious" in fields and "benign" in fields:
+        group = "malicious" if data.malicious.counts.shape[0] > 0 else "benign"
+        g = getattr(data, group)
+        return data._replace(**{group: resize_rows(g, g.counts.shape[0] + extra)})
+    groups = tuple(data)
+    last = groups[-1]
+    return groups[:-1] + (resize_rows(last, last.counts.shape[0] + extra),)

@@ -26,9 +26,9 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm, weighted_rows_mean
-from cbo_jax.federated.algorithms.fedcb2o import AttackRoundInfo
-from cbo_jax.federated.attacks import grouped_local_train
+from cbo_jax.federated.algorithms.fedcb2o import AttackRoundInfo, train_groups
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
+from cbo_jax.federated.padding import resize_rows
 from cbo_jax.models import Model, init_population
 
 PyTree = Any
@@ -74,7 +74,10 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups, name: str = "dfedavgm") 
     """Build DFedAvgM over agents with group ids ``groups`` (``(N,)``; the oracle's clusters).
 
     The round function takes a tuple of :class:`AgentData` holding consecutive agents
-    (see :func:`~cbo_jax.federated.attacks.grouped_local_train`).
+    (see :func:`~cbo_jax.federated.attacks.grouped_local_train`). The last group may hold
+    inactive padding agents after the ``N`` real ones (sharded ``run_attack(..., mesh=)``,
+    :mod:`cbo_jax.federated.padding`): they are nobody's neighbour, weigh nothing in any
+    average and keep their models; random numbers are drawn for the ``N`` real agents.
     """
     groups = np.asarray(groups, np.int32)
     n = groups.shape[0]
@@ -91,18 +94,26 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups, name: str = "dfedavgm") 
 
     def round_fn(state: DFedAvgMState, data: tuple[AgentData, ...]):
         key, k_local, k_sel = jax.random.split(state.key, 3)
-        trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, tuple(data), k_local)
+        trained = train_groups(model, cfg.local, state.params, state.opt_state, tuple(data), k_local, n)
+        size = pop.num_agents(trained.params)  # n, or more with padding agents (sharded runs)
         idx = group_neighbours(k_sel, groups, cfg.M)
         sizes = jnp.concatenate([g.counts for g in data]).astype(jnp.float32)
         clean, ok = pop.zero_nonfinite_rows(trained.params)
         w = jnp.where(ok[idx], sizes[idx], 0.0)
-        w_self = jnp.where(ok, sizes, 0.0)
+        w_self = jnp.where(ok, sizes, 0.0)[:n]
         rows = jnp.arange(n)
-        dense = jnp.zeros((n, n), jnp.float32).at[rows[:, None], idx].add(w).at[rows, rows].add(w_self)
+        # (n, size): the padding agents' columns stay zero (never averaged)
+        dense = jnp.zeros((n, size), jnp.float32).at[rows[:, None], idx].add(w).at[rows, rows].add(w_self)
         params = weighted_rows_mean(clean, dense)
+        if size != n:  # padding agents keep their (never read) models
+            params = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0), params, trained.params)
         total = jnp.maximum(jnp.sum(w, axis=1) + w_self, 1e-30)
         info = AttackRoundInfo(idx=idx, weights=w / total[:, None], self_weight=w_self / total,
                                loss=jnp.full(idx.shape, jnp.nan), train_loss=trained.loss)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info
 
-    return Algorithm(name=name, init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg)
+    def resize(state: DFedAvgMState, size: int) -> DFedAvgMState:
+        return state._replace(params=resize_rows(state.params, size), opt_state=resize_rows(state.opt_state, size))
+
+    return Algorithm(name=name, init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg,
+                     resize=resize)

@@ -54,7 +54,8 @@ from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm
 from cbo_jax.federated.attacks import AttackData, attacker_average, attacker_selection, grouped_local_train
-from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
+from cbo_jax.federated.local import LocalResult, LocalSGDConfig, local_train, make_optimizer
+from cbo_jax.federated.padding import resize_rows
 from cbo_jax.models import Model, cross_entropy, init_population
 
 PyTree = Any
@@ -211,6 +212,32 @@ def aggregate(model: Model, cfg: FedCB2OConfig, params: PyTree, idx: jax.Array, 
     return jax.lax.map(one_agent, (idx, val.x, val.y, val.counts, own_params), batch_size=cfg.eval_chunk)
 
 
+def train_groups(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree, groups: tuple[AgentData, ...],
+                 key: jax.Array, num_real: int) -> LocalResult:
+    """:func:`~cbo_jax.federated.attacks.grouped_local_train`, also with inactive padding
+    agents after the ``num_real`` real ones (sharded runs, :mod:`cbo_jax.federated.padding`).
+
+    The padding lies in the last group; that group's local-training keys are drawn for
+    its real agents only, so the real agents get the keys of the unpadded run.
+    """
+    total = sum(int(g.counts.shape[0]) for g in groups)
+    if total == num_real:
+        return grouped_local_train(model, cfg, params, opt_state, groups, key)
+    extra = total - num_real
+    if extra < 0 or extra >= int(groups[-1].counts.shape[0]):
+        raise ValueError(f"the data groups hold {total} agents; expected {num_real} real ones, then padding agents in "
+                         f"the last group")
+    results, start = [], 0
+    for i, (g, k) in enumerate(zip(groups, jax.random.split(key, len(groups)))):
+        stop = start + int(g.counts.shape[0])
+        rows = lambda t: jax.tree_util.tree_map(lambda a: a[start:stop], t)  # noqa: E731
+        real = stop - start - extra if i == len(groups) - 1 else None
+        results.append(local_train(model, cfg, rows(params), rows(opt_state), g.x, g.y, g.counts, k, num_real=real))
+        start = stop
+    cat = lambda *xs: jnp.concatenate(xs, axis=0)  # noqa: E731
+    return LocalResult(*(jax.tree_util.tree_map(cat, *[getattr(r, f) for r in results]) for f in LocalResult._fields))
+
+
 def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: int | None = None,
             name: str | None = None) -> Algorithm:
     """Build FedCB²O (or, with ``criterion="loss"``, FedCBO with ProbSampling) under attack.
@@ -223,7 +250,13 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
         attackers' strategy reads them.
       num_classes: classes of the validation losses (default ``model.num_classes``).
 
-    The round function takes :class:`~cbo_jax.federated.attacks.AttackData`.
+    The round function takes :class:`~cbo_jax.federated.attacks.AttackData`. It also
+    takes data with inactive padding agents after the ``N`` real ones (in the last
+    training group; :func:`cbo_jax.federated.padding.pad_attack_data`), as a sharded
+    ``run_attack(..., mesh=)`` passes it: the state then holds them too (``resize``),
+    ProbSampling selects among the ``N`` real agents only (``P`` keeps its ``N``
+    columns), the attackers never download them, and their models are left out of
+    every average. Random numbers are drawn for the ``N`` real agents.
     """
     cluster = np.asarray(cluster, np.int32)
     malicious = np.asarray(malicious, bool)
@@ -248,7 +281,8 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
     def round_fn(state: FedCB2OState, data: AttackData):
         key, k_local, k_sel, k_att = jax.random.split(state.key, 4)
         groups = (data.benign, data.malicious) if has_attackers else (data.benign,)
-        trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, groups, k_local)
+        trained = train_groups(model, cfg.local, state.params, state.opt_state, groups, k_local, n)
+        size = pop.num_agents(trained.params)  # n, or more with padding agents (sharded runs)
         params = trained.params
         idx = selection.prob_sampling(k_sel, state.P, cfg.M)
         use_G = (cfg.criterion == "G") & (state.round >= cfg.T_G)
@@ -262,9 +296,15 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
             new = jax.tree_util.tree_map(lambda b, a: jnp.concatenate([b, a], axis=0), benign, bad)
         else:
             new = benign
+        if size != n:  # padding agents keep their (never read) models
+            new = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0), new, params)
         info = AttackRoundInfo(idx=idx, weights=w, self_weight=w_self, loss=loss, train_loss=trained.loss)
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
+    def resize(state: FedCB2OState, size: int) -> FedCB2OState:
+        # Rows of the models only: P (benign rows, N selectable columns) does not change.
+        return state._replace(params=resize_rows(state.params, size), opt_state=resize_rows(state.opt_state, size))
+
     default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
     return Algorithm(name=name or default, init=init, round=round_fn, eval_models=lambda s: ("agent", s.params),
-                     config=cfg)
+                     config=cfg, resize=resize)
