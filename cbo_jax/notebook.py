@@ -19,6 +19,7 @@ Inside the notebooks:
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import sys
@@ -72,12 +73,20 @@ class LiveFigure:
         if in_notebook():
             from IPython.display import display
 
-            self._handle = display(fig, display_id=True)
+            # a PNG rather than the figure itself: shown whatever matplotlib backend is active
+            self._handle = display(self._image(), display_id=True)
+
+    def _image(self):
+        from IPython.display import Image
+
+        buf = io.BytesIO()
+        self.fig.savefig(buf, format="png", dpi=80)
+        return Image(data=buf.getvalue(), format="png")
 
     def update(self) -> None:
         """Redraw after the figure's artists changed."""
         if self._handle is not None:
-            self._handle.update(self.fig)
+            self._handle.update(self._image())
 
     def close(self) -> Path | None:
         """Final redraw; save to ``path`` if given; release the figure. Returns the path."""

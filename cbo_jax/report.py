@@ -126,10 +126,7 @@ def _numeric_columns(rows: list[dict]) -> list[str]:
 
 def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     """Small multiples: one panel per numeric column, one line per labelled run."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from cbo_jax._plotting import subplots
 
     columns: list[str] = []
     for rows in series.values():
@@ -141,7 +138,7 @@ def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
         return None
     ncol = min(3, len(columns))
     nrow = math.ceil(len(columns) / ncol)
-    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
+    fig, axes = subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
     for ax, col in zip(axes.flat, columns):
         for label, rows in series.items():
             pts = [(r.get("round", r.get("step", i + 1)), r[col]) for i, r in enumerate(rows)
@@ -162,7 +159,6 @@ def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
     return buf.getvalue()
 
 

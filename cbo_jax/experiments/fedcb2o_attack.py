@@ -180,13 +180,10 @@ def _table(results) -> dict:
 
 def _fig5(results, names, path: Path) -> dict:
     """Fig. 5 analogue: selection frequency and total weight per category vs round (mean over seeds)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from cbo_jax._plotting import subplots
 
     summary = {}
-    fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.4 * len(names)), squeeze=False)
+    fig, axes = subplots(len(names), 2, figsize=(10, 3.4 * len(names)), squeeze=False)
     for row, name in zip(axes, names):
         runs = results[name]
         rounds = [h["round"] for h in runs[0].history]
@@ -205,7 +202,6 @@ def _fig5(results, names, path: Path) -> dict:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return summary
 
 

@@ -148,14 +148,11 @@ def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progres
 
 def plot_history(history: list[dict], out: Path, title: str = "") -> list[Path]:
     """Accuracy vs round, and (FedCBO) SR_n vs its oracle, as PNG files."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from cbo_jax._plotting import subplots
 
     paths = []
     ev = [h for h in history if "test_acc" in h]
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = subplots(figsize=(5, 3.5))
     ax.plot([h["round"] for h in ev], [h["test_acc"] for h in ev], marker="o")
     ax.set_xlabel("communication round")
     ax.set_ylabel("mean test accuracy (%)")
@@ -164,9 +161,8 @@ def plot_history(history: list[dict], out: Path, title: str = "") -> list[Path]:
     fig.tight_layout()
     paths.append(out / "accuracy.png")
     fig.savefig(paths[-1], dpi=120)
-    plt.close(fig)
     if history and "sr" in history[0]:
-        fig, ax = plt.subplots(figsize=(5, 3.5))
+        fig, ax = subplots(figsize=(5, 3.5))
         rounds = [h["round"] for h in history]
         ax.plot(rounds, [h["sr"] for h in history], label="SR$_n$ (measured)")
         ax.plot(rounds, [h["sr_oracle"] for h in history], "--", label="oracle (1-ε)+ε·share")
@@ -178,7 +174,6 @@ def plot_history(history: list[dict], out: Path, title: str = "") -> list[Path]:
         fig.tight_layout()
         paths.append(out / "selection_rate.png")
         fig.savefig(paths[-1], dpi=120)
-        plt.close(fig)
     return paths
 
 

@@ -181,12 +181,9 @@ def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_no
 
 
 def plot_curves(curves: dict, out: Path, title: str) -> Path:
-    import matplotlib
+    from cbo_jax._plotting import subplots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    fig, ax = subplots(figsize=(5.5, 3.8))
     for name, c in curves.items():
         ax.plot(np.arange(1, len(c["train_loss"]) + 1), c["train_loss"], label=name)
     ax.set_xlabel("communication round")
@@ -197,7 +194,6 @@ def plot_curves(curves: dict, out: Path, title: str) -> Path:
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=120)
-    plt.close(fig)
     return out
 
 

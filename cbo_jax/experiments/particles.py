@@ -40,19 +40,14 @@ from cbo_jax.simulate import simulate
 def _savefig(fig, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     print(f"saved {path}", flush=True)
 
 
 def _pyplot():
-    import matplotlib
+    """The figure factory (``.subplots``) for saved plots; never switches a notebook's backend."""
+    from cbo_jax import _plotting
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return _plotting
 
 
 # --------------------------------------------------------------------------------------

@@ -95,6 +95,18 @@ for name, res in results.items():
     s = res.summary
     print(f"{name:>8} {s['overall_acc']:>10.2f} {s['source_acc']:>15.2f} {s['asr']:>7.2f}")
 
+fig, axes = plt.subplots(1, 3, figsize=(10, 3))
+for ax, (key, title) in zip(axes, (("overall_acc", "overall accuracy (%)"), ("source_acc", "source-class accuracy (%)"),
+                                   ("asr", "attack success rate (%)"))):
+    values = [res.summary[key] for res in results.values()]
+    ax.bar(list(results), values, color=["tab:green", "tab:red"])
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(0, max(values) * 1.15)
+fig.tight_layout()
+LiveFigure(fig, f"{OUT}/metrics.png").close()
+
 # %% [markdown]
 # ## Whom the agents select and how much weight attackers get (Fig. 5)
 #
