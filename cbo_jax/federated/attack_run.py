@@ -32,10 +32,10 @@ from cbo_jax import _checks
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.attacks import AttackDataset
-from cbo_jax.federated.padding import pad_attack_data
+from cbo_jax.federated.padding import pad_attack_data, padded_run
 from cbo_jax.federated.run import RunResult
 from cbo_jax.models import Model
-from cbo_jax.sharding import agent_sharding, padded_size, shard_leading
+from cbo_jax.sharding import agent_sharding, shard_leading
 
 __all__ = ["run_attack"]
 
@@ -86,19 +86,14 @@ def run_attack(algorithm: Algorithm, model: Model, data: Any, dataset: AttackDat
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.jsonl").write_text("")
     n = int(cluster.shape[0])
-    size = n if mesh is None else padded_size(n, mesh)
-    if size != n and algorithm.resize is None:
-        raise ValueError(f"{algorithm.name} cannot run with padding agents: choose N (now {n}) a multiple of the "
-                         f"{mesh.size} devices")
-
-    def to_user(s):  # the state without padding agents (what is evaluated and returned)
-        return s if size == n else algorithm.resize(s, n)
+    layout = padded_run(algorithm, n, mesh)
+    size, to_user = layout.size, layout.to_user  # to_user: the state without padding agents
 
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     if mesh is not None:
         if size != n:
-            state = jax.jit(algorithm.resize, static_argnums=1)(state, size)
+            state = layout.to_padded(state)
             data = pad_attack_data(data, size, n)
         state = shard_leading(state, mesh, size)
         replicated = NamedSharding(mesh, PartitionSpec())

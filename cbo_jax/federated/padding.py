@@ -17,14 +17,15 @@ the padded shape: the real agents see exactly the numbers of the unsharded run
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["resize_rows", "pad_agent_data", "agent_keys", "padding_downloads", "agents_in", "pad_attack_data"]
+__all__ = ["resize_rows", "pad_agent_data", "agent_keys", "padding_downloads", "agents_in", "pad_attack_data",
+           "PaddedRun", "padded_run"]
 
 
 def _resize(leaf, size: int, fill):
@@ -106,3 +107,37 @@ def pad_attack_data(data, size: int, num_real: int):
     groups = tuple(data)
     last = groups[-1]
     return groups[:-1] + (resize_rows(last, last.counts.shape[0] + extra),)
+
+
+class PaddedRun(NamedTuple):
+    """How a run of ``n`` real agents is laid out on a mesh (see :func:`padded_run`).
+
+    Attributes:
+      n: real agents.
+      size: agents in the run's state and data (``n`` without a mesh or padding).
+      to_padded: state of ``n`` agents -> state of ``size`` agents.
+      to_user: state of ``size`` agents -> state of the ``n`` real agents (what is
+        evaluated, checkpointed and returned).
+    """
+
+    n: int
+    size: int
+    to_padded: Callable
+    to_user: Callable
+
+
+def padded_run(algorithm, n: int, mesh=None) -> PaddedRun:
+    """The padding of a federated run of ``algorithm`` with ``n`` agents on ``mesh``.
+
+    Raises ``ValueError`` when padding is needed and ``algorithm`` has no ``resize``.
+    """
+    from cbo_jax.sharding import padded_size
+
+    size = n if mesh is None else padded_size(n, mesh)
+    if size == n:
+        return PaddedRun(n, size, lambda s: s, lambda s: s)
+    if algorithm.resize is None:
+        raise ValueError(f"{algorithm.name} cannot run with padding agents: choose N (now {n}) a multiple of the "
+                         f"{mesh.size} devices")
+    pad = jax.jit(algorithm.resize, static_argnums=1)
+    return PaddedRun(n, size, lambda s: pad(s, size), lambda s: algorithm.resize(s, n))

@@ -27,9 +27,9 @@ from cbo_jax import checkpoint as ckpt
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm
 from cbo_jax.federated.data import FederatedData
-from cbo_jax.federated.padding import pad_agent_data
+from cbo_jax.federated.padding import pad_agent_data, padded_run
 from cbo_jax.models import Model
-from cbo_jax.sharding import padded_size, shard_leading
+from cbo_jax.sharding import shard_leading
 
 __all__ = ["RunResult", "run_federated"]
 
@@ -122,14 +122,8 @@ def run_federated(
     out = Path(out_dir) if out_dir is not None else None
     if resume and out is None:
         raise ValueError("resume=True needs out_dir (the checkpoint lives in out_dir/checkpoint)")
-    n = data.num_agents
-    size = n if mesh is None else padded_size(n, mesh)
-    if size != n and algorithm.resize is None:
-        raise ValueError(f"{algorithm.name} cannot run with padding agents: choose N (now {n}) a multiple of the "
-                         f"{mesh.size} devices")
-
-    def to_user(s):  # the state without padding agents (what is evaluated, saved and returned)
-        return s if size == n else algorithm.resize(s, n)
+    layout = padded_run(algorithm, data.num_agents, mesh)
+    size, to_user = layout.size, layout.to_user  # to_user: the state without padding agents
 
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
@@ -148,8 +142,8 @@ def run_federated(
                 raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done}; cannot resume")
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     if mesh is not None:
-        if size != n:
-            state = jax.jit(algorithm.resize, static_argnums=1)(state, size)
+        if size != layout.n:
+            state = layout.to_padded(state)
             agent_data = pad_agent_data(agent_data, size)
         state, agent_data = shard_leading((state, agent_data), mesh, size)
         cluster = jax.device_put(cluster, NamedSharding(mesh, PartitionSpec()))
@@ -197,7 +191,7 @@ def run_federated(
     summary = {
         "algorithm": algorithm.name,
         "rounds": rounds,
-        "num_agents": n,
+        "num_agents": layout.n,
         "num_clusters": k,
         "final_test_acc": last_eval.get("test_acc"),
         "final_test_acc_per_cluster": last_eval.get("test_acc_per_cluster"),
