@@ -11,7 +11,8 @@ splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
    b. ``L_j^i``: loss of each downloaded ``θ_i`` on ``j``'s own training data;
    c. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α L_j^i)``              (19)
    d. ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` [+ Appendix E noise
-      ``σ1 √γ |θ_j - m_j| z`` (isotropic) or ``σ1 √γ (θ_j - m_j) ∘ z`` (anisotropic)] (20)
+      ``σ1 √γ |θ_j - m_j| z`` (isotropic) or ``σ1 √γ (θ_j - m_j) ∘ z`` (anisotropic),
+      ``z`` drawn from agent ``j``'s own stream ``fold_in(key, j)``]                (20)
    e. ``P^{j,i} ← P^{j,i} + (L_j^j - L_j^i)`` for ``i ∈ A_n``                 (21)
 
 The weights of (19) are computed in log space (:mod:`cbo_jax.consensus`): identical to
@@ -43,7 +44,7 @@ from cbo_jax.federated.algorithms.base import Algorithm, AgentData, RoundInfo, p
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
 from cbo_jax.federated.padding import agents_in, padding_downloads, resize_rows
 from cbo_jax.models import Model, init_population
-from cbo_jax.sde import diffusion, normal_like
+from cbo_jax.sde import diffusion, per_particle_normal
 
 PyTree = Any
 
@@ -263,7 +264,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, mesh=None) -> Al
         diff = pop.tree_sub(params, m)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
         if cfg.noise != "none" and cfg.sigma1 > 0:
-            z = resize_rows(normal_like(k_noise, resize_rows(diff, n)), size)  # drawn for the n real agents
+            z = per_particle_normal(k_noise, diff, jnp.arange(size))  # agent j's own stream: fold_in(k, j)
             scale = cfg.sigma1 * jnp.sqrt(cfg.gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
