@@ -1,10 +1,10 @@
 """The ``cbo-jax`` command.
 
     cbo-jax optimize --objective rastrigin --dim 20 [options]
-    cbo-jax run fedcbo|fedavg|ifca|local [options | --config FILE]
+    cbo-jax run fedcbo|fedavg|ifca|local [options | --config FILE]   (--help: the algorithm's options)
     cbo-jax demo
     cbo-jax reproduce --list
-    cbo-jax reproduce NAME [options]
+    cbo-jax reproduce NAME [options]                                  (--help: its options)
     cbo-jax report RESULTS_DIR [--format html|md] [-o FILE]
 
 ``reproduce`` prints, as its very last line, one JSON object with the measured
@@ -141,23 +141,28 @@ def _add_run(sub) -> None:
 
     p = sub.add_parser("run", help="run one federated algorithm on rotated MNIST",
                        description="Run FedCBO or a baseline on rotated MNIST and write a results directory "
-                                   "(config.json, metrics.jsonl, summary.json, plots). Options override --config.")
-    p.add_argument("algorithm", choices=ALGORITHMS)
-    p.add_argument("--config", type=Path, default=None, help="JSON file with any of the options below (underscored names)")
-    p.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--resume", action="store_true",
-                   help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
-    p.add_argument("--shard", action="store_true",
-                   help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
-    add_run_arguments(p)
-    p.set_defaults(func=_cmd_run)
+                                   "(config.json, metrics.jsonl, summary.json, metrics.png). `cbo-jax run ALGORITHM "
+                                   "--help` lists the algorithm's options; they override --config.")
+    algs = p.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
+    for name in ALGORITHMS:
+        q = algs.add_parser(name, help=f"run {name}", description=f"Run {name} on rotated MNIST. Options override "
+                            "--config; nested options are written section.field (--local.lr).")
+        q.add_argument("--config", type=Path, default=None,
+                       help="JSON file of options: nested as config.json records them, or flat names")
+        q.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
+        q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--resume", action="store_true",
+                       help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
+        q.add_argument("--shard", action="store_true",
+                       help="split the agents over all devices (any N: padded with inactive agents, dropped from the "
+                            "results)")
+        q.set_defaults(func=_cmd_run, run_flags=add_run_arguments(q, name))
 
 
 def _cmd_run(args) -> int:
     from cbo_jax.experiments.federated import config_from_args, run_experiment
 
-    cfg = config_from_args(args.algorithm, args)
+    cfg = config_from_args(args.algorithm, args, args.run_flags)
     out = args.output or Path("results") / f"run-{args.algorithm}"
     from cbo_jax import sharding
 
@@ -192,41 +197,40 @@ def _cmd_demo(args) -> int:
 
 
 def _add_reproduce(sub) -> None:
+    from cbo_jax.experiments import registry
+
     p = sub.add_parser("reproduce", help="run a named reproduction of a published result",
-                       description="Run a named, configured reproduction; the last line printed is one JSON object.")
-    p.add_argument("name", nargs="?", help="reproduction name (see --list)")
+                       description="Run a named, configured reproduction; the last line printed is one JSON object. "
+                                   "`cbo-jax reproduce NAME --help` lists that reproduction's options.")
     p.add_argument("--list", action="store_true",
                    help="list the reproductions: published number, the repository's measurement, your last run")
     p.add_argument("--results-root", type=Path, default=Path("results"),
                    help="where --list looks for your last runs (RESULTS_ROOT/NAME/summary.json; default results)")
-    p.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
-    p.add_argument("--no-progress", action="store_true")
+    names = p.add_subparsers(dest="name", metavar="NAME")
+    for exp in registry().values():
+        q = names.add_parser(exp.name, help=exp.summary, description=f"{exp.summary}. Published: {exp.published}")
+        q.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
+        q.add_argument("--no-progress", action="store_true")
+        exp.add_arguments(q)
     p.set_defaults(func=_cmd_reproduce)
 
 
-def _cmd_reproduce(args, extra: list[str]) -> int:
+def _cmd_reproduce(args) -> int:
     from cbo_jax.experiments import registry
 
-    reg = registry()
     if args.list or args.name is None:
         from cbo_jax.experiments.catalog import format_list
 
         print(format_list(args.results_root))
         return 0 if args.list else 2
-    if args.name not in reg:
-        print(f"cbo-jax reproduce: unknown name {args.name!r}; choose from {sorted(reg)}", file=sys.stderr)
-        return 2
-    exp = reg[args.name]
-    p = argparse.ArgumentParser(prog=f"cbo-jax reproduce {exp.name}", description=exp.summary)
-    exp.add_arguments(p)
-    opts = p.parse_args(extra, namespace=argparse.Namespace(**vars(args)))
+    exp = registry()[args.name]
     out_dir = args.output or Path("results") / exp.name
     out_dir.mkdir(parents=True, exist_ok=True)
-    opts.output = out_dir
+    args.output = out_dir
     t0 = time.perf_counter()
-    result = exp.run(opts)
+    result = exp.run(args)
     result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
-    (out_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "summary.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n")
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
     print(json.dumps(_json_safe(result)))
     return 0
@@ -301,13 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args = parser.parse_args(argv)
     try:
         _maybe_initialize_distributed(args)
-        if args.command == "reproduce":
-            return _cmd_reproduce(args, extra)
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return args.func(args)
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)

@@ -20,6 +20,7 @@ PyTree = Any
 __all__ = [
     "num_agents",
     "weighted_mean",
+    "weighted_average",
     "mean",
     "gather",
     "sq_norms",
@@ -31,6 +32,7 @@ __all__ = [
     "ravel",
     "unravel_fn",
     "pad_agents",
+    "resize_rows",
     "per_agent",
     "tree_isfinite_rows",
     "zero_nonfinite_rows",
@@ -71,6 +73,15 @@ def weighted_mean(population: PyTree, weights: jax.Array) -> PyTree:
     normalised weights (see :func:`cbo_jax.consensus.consensus_weights`) for a mean.
     """
     return jax.tree_util.tree_map(lambda leaf: _contract_rows(weights, leaf), population)
+
+
+def weighted_average(population: PyTree, weights: jax.Array) -> PyTree:
+    """``Σ_i w_i x_i / Σ_i w_i`` over the agent axis for weights ``>= 0`` (``(N,)`` or ``(K, N)``).
+
+    All-zero weights give zeros (no division by zero).
+    """
+    w = weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), 1e-30)
+    return weighted_mean(population, w)
 
 
 def mean(population: PyTree) -> PyTree:
@@ -179,6 +190,33 @@ def pad_agents(population: PyTree, multiple: int) -> tuple[PyTree, jax.Array]:
     )
     mask = jnp.arange(n + n_pad) < n
     return padded, mask
+
+
+def _resize_leaf(leaf, size: int, fill):
+    leaf = leaf if isinstance(leaf, jax.Array) else jnp.asarray(leaf)
+    n = leaf.shape[0]
+    if size == n:
+        return leaf
+    if size < n:
+        return leaf[:size]
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return leaf[jnp.minimum(jnp.arange(size), n - 1)]  # keys: repeat the last one
+    if leaf.dtype == jnp.bool_:
+        value = False
+    elif jnp.issubdtype(leaf.dtype, jnp.inexact):
+        value = fill
+    else:
+        value = 0
+    return jnp.concatenate([leaf, jnp.full((size - n,) + leaf.shape[1:], value, leaf.dtype)], axis=0)
+
+
+def resize_rows(tree: PyTree, size: int, fill: float = 0.0) -> PyTree:
+    """Every leaf with its leading (agent) axis extended to ``size`` rows, or cut to them.
+
+    New rows hold ``fill`` (floating leaves), ``False`` (bool) or ``0`` (integer); PRNG
+    key leaves repeat their last key. Works inside and outside ``jit``.
+    """
+    return jax.tree_util.tree_map(lambda leaf: _resize_leaf(leaf, size, fill), tree)
 
 
 def per_agent(f: Callable[[PyTree], jax.Array]) -> Callable[[PyTree], jax.Array]:

@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 PyTree = Any
 
 __all__ = ["AGENT_AXIS", "agent_mesh", "padded_size", "pad_rows", "agent_sharding", "shard_agents",
-           "prepare_population", "shard_leading"]
+           "prepare_population", "shard_leading", "shard_fields"]
 
 AGENT_AXIS = "agents"
 
@@ -110,6 +110,34 @@ def shard_leading(tree: PyTree, mesh: Mesh, n: int) -> PyTree:
         return jax.device_put(x, replicated)
 
     return jax.tree_util.tree_map(put, tree)
+
+
+def shard_fields(tree: PyTree, mesh: Mesh) -> PyTree:
+    """Place a federated state or data pytree on ``mesh``.
+
+    A NamedTuple that lists its per-agent fields in ``agent_fields`` (an algorithm's
+    state) has those fields split over the devices along their leading axis and the
+    rest replicated. Any other pytree (the round's data) has every leaf whose leading
+    axis divides evenly over the devices split, and the rest replicated (for example
+    the attack experiments' benign group when its size does not divide).
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def split(x):
+        return jax.device_put(x, agent_sharding(mesh, x.ndim, 0))
+
+    def maybe(x):
+        if not isinstance(x, (jax.Array, np.ndarray)):
+            return x
+        even = x.ndim >= 1 and x.shape[0] > 0 and x.shape[0] % mesh.size == 0
+        return split(x) if even else jax.device_put(x, replicated)
+
+    fields = getattr(type(tree), "agent_fields", None)
+    if fields is None:
+        return jax.tree_util.tree_map(maybe, tree)
+    return tree._replace(**{f: jax.tree_util.tree_map(split if f in fields else
+                                                      lambda x: jax.device_put(x, replicated), getattr(tree, f))
+                            for f in tree._fields})
 
 
 def prepare_population(x0: PyTree, mesh: Mesh, *, axis: int = 0, forbid_padding: str | None = None) -> tuple[PyTree, int]:

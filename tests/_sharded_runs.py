@@ -77,187 +77,80 @@ try:
 except ValueError as err:
     out["max_abs_refused"] = "max_abs" in str(err)
 
-# Federated algorithms with N=13 agents: padded to 16 with inactive agents, every
-# leading-axis array split over the 8 devices. Equal to the unsharded run: parameters,
-# test accuracy and every metric (SR, train loss, participants, ...).
-from cbo_jax import models  # noqa: E402
+# Federated: every pinned run (tests/_federated_variants.py) on the 8 devices, N=13 agents
+# (12 in the attack runs) padded to 16 with inactive agents, every per-agent array split
+# over the devices. Compared with the pinned runs of the pre-redesign code, sharded and
+# unsharded: the final state (every array) and every metric of every round.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _federated_variants as fv  # noqa: E402
+from cbo_jax.federated import padding as fpad  # noqa: E402
 from cbo_jax.federated import run as fed_run  # noqa: E402
-from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg,  # noqa: E402
-                                          fedcbo, ifca, local_only)
-from cbo_jax.federated.data import FederatedData  # noqa: E402
-from cbo_jax.federated.local import LocalSGDConfig  # noqa: E402
-from cbo_jax.federated.run import run_federated  # noqa: E402
+from cbo_jax.federated.data import AgentData  # noqa: E402
+from cbo_jax.federated.exchange import exchange_downloads, fetch_rows  # noqa: E402
 
-NF = 13
-x = rng.normal(size=(NF, 20, 2, 1)).astype(np.float32)
-cl = (np.arange(NF) >= 7).astype(np.int32)
-y = (x[:, :, 0, 0] > 0).astype(np.int32)
-y[cl == 1] = 1 - y[cl == 1]
-tx = rng.normal(size=(2, 50, 2, 1)).astype(np.float32)
-ty = np.stack([(tx[0, :, 0, 0] > 0), (tx[1, :, 0, 0] <= 0)]).astype(np.int32)
-data = FederatedData(x, y, np.full(NF, 20, np.int32), cl, tx, ty)
-model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2, 1))
-loc = LocalSGDConfig(epochs=1, batch_size=8)
-fcfg_run = FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01, participation=0.8)
-algs = {"fedcbo": fedcbo(model, fcfg_run, NF), "fedavg": fedavg(model, FedAvgConfig(local=loc, participation=0.6), NF),
-        "ifca": ifca(model, IFCAConfig(k=2, local=loc), NF),
-        "local": local_only(model, LocalConfig(local=loc, participation=0.5), NF),
-        "fedcbo_exchange": fedcbo(model, fcfg_run, NF, mesh=mesh)}
+pinned = np.load(fv.PINNED)
 
 
-def history_diff(ha, hb):
-    def nums(h):
-        return np.concatenate([np.ravel(np.asarray(v, np.float64)) for r in h for k, v in sorted(r.items())
-                               if k not in ("elapsed_s", "server_model_per_cluster")])
-
-    return diff(nums(ha), nums(hb))
-
-
-def poisoned(alg, seen):
-    """The same algorithm whose padding agents start from garbage models (poisoned
-    data comes from the patched pad_agent_data below); records the sharding of the
-    padded state when run_federated cuts the padding off."""
-
-    def resize(state, size):
-        if size < jax.tree_util.tree_leaves(state.params)[0].shape[0]:
-            seen.append(str(jax.tree_util.tree_leaves(state.params)[0].sharding.spec))
-        state = alg.resize(state, size)
-        if size > NF and hasattr(state, "opt_state"):
-            state = state._replace(params=jax.tree_util.tree_map(lambda a: a.at[NF:].set(3.0), state.params))
-        return state
-
-    return alg._replace(resize=resize)
-
-
-clean_pad = fed_run.pad_agent_data
-
-
-def poisoned_pad(agent_data, size):  # padding agents with data: they still must not count
-    d = clean_pad(agent_data, size)
-    return d._replace(x=d.x.at[NF:].set(5.0 + jnp.asarray(rng.normal(size=d.x[NF:].shape), d.x.dtype)),
-                      y=d.y.at[NF:].set(1), counts=d.counts.at[NF:].set(20))
+def worst(c):
+    return max(c["diffs"].values(), default=0.0)
 
 
 runs = {}
-for name, alg in algs.items():
-    a = runs["fedcbo"][0] if name == "fedcbo_exchange" else run_federated(alg, model, data, 3, jax.random.key(5),
-                                                                           progress=False)
-    b = run_federated(alg, model, data, 3, jax.random.key(5), progress=False, mesh=mesh)
-    seen = []
-    fed_run.pad_agent_data = poisoned_pad
-    try:
-        c = run_federated(poisoned(alg, seen), model, data, 3, jax.random.key(5), progress=False, mesh=mesh)
-    finally:
-        fed_run.pad_agent_data = clean_pad
-    runs[name] = (a, b, c)
-    leaves_a = jax.tree_util.tree_leaves(a.state.params)
-    out[f"fed_{name}_params"] = max(diff(u, v) for u, v in zip(leaves_a, jax.tree_util.tree_leaves(b.state.params)))
-    out[f"fed_{name}_acc"] = abs(a.summary["final_test_acc"] - b.summary["final_test_acc"])
-    out[f"fed_{name}_metrics"] = history_diff(a.history, b.history)
-    out[f"fed_{name}_poisoned"] = max(max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(b.state.params),
-                                                                     jax.tree_util.tree_leaves(c.state.params))),
-                                      history_diff(b.history, c.history))
-    out[f"fed_{name}_shapes_ok"] = all(
-        u.shape == v.shape for u, v in zip(jax.tree_util.tree_leaves(a.state), jax.tree_util.tree_leaves(b.state)))
-    if seen:
-        out[f"fed_{name}_padded_spec"] = seen[0]
-out["fed_fedcbo_P"] = diff(np.nan_to_num(runs["fedcbo"][0].state.P, neginf=-9), np.nan_to_num(runs["fedcbo"][1].state.P,
-                                                                                              neginf=-9))
-try:  # an algorithm that cannot pad is refused before anything runs
-    run_federated(algs["local"]._replace(resize=None), model, data, 1, jax.random.key(5), progress=False, mesh=mesh)
-    out["fed_no_resize_refused"] = False
-except ValueError as err:
-    out["fed_no_resize_refused"] = "multiple" in str(err)
-out["fed_fedcbo_sr_checked"] = "sr" in runs["fedcbo"][1].history[-1] and "sr" in runs["fedcbo_exchange"][1].history[-1]
+import time  # noqa: E402
+t_fed = time.perf_counter()
+for name in fv.variants():
+    s, h = fv.run_variant(name, mesh)
+    runs[name] = (s, h)
+    c8, c1 = fv.compare(name, "mesh8", s, h, pinned), fv.compare(name, "single", s, h, pinned)
+    out[f"fed_{name}_vs_pinned_mesh8"] = worst(c8)
+    out[f"fed_{name}_vs_single"] = worst(c1)
+    out[f"fed_{name}_missing"] = sorted(set(c8["missing"]) - fv.DROPPED)
 
-# FedCB²O (criterion G after T_G = 1, so 3 rounds cover both energies) and DFedAvgM
-# (Oracle Max) through run_attack: N = 12 (8 benign, 4 attackers) padded to 16, the
-# padding after the attackers. Equal to the unsharded run: parameters, P, every metric.
-from cbo_jax.federated import attack_run, attacks  # noqa: E402
-from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm  # noqa: E402
-from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o  # noqa: E402
-from cbo_jax.federated.mnist import MNIST  # noqa: E402
+print(f"federated variants: {time.perf_counter() - t_fed:.1f} s", file=sys.stderr)
+# FedCBO's downloads through the all_to_all exchange: the same run, no population gather.
+alg, data, rms, ms, seed = fv.variants()["fedcbo_egreedy_iso"]()
+from cbo_jax.federated.algorithms import fedcbo  # noqa: E402
 
-tiny = models.mlp_mnist(hidden=(3,), num_classes=4, input_shape=(2, 2))
-images = MNIST(rng.integers(0, 256, (200, 2, 2)).astype(np.uint8), rng.integers(0, 4, 200).astype(np.int32),
-               rng.integers(0, 256, (40, 2, 2)).astype(np.uint8), rng.integers(0, 4, 40).astype(np.int32), "fake")
-ads = attacks.label_flip_rotated(images, attacks.LabelFlipConfig(
-    source=2, target=1, num_classes=4, benign_per_cluster=4, malicious_per_cluster=2, benign_samples=10, val_samples=5,
-    malicious_samples=12), seed=3)
-NA = ads.num_agents
-aloc = LocalSGDConfig(epochs=1, batch_size=4, lr=0.1, momentum=0.9)
-attack_algs = {"fedcb2o": (fedcb2o(tiny, FedCB2OConfig(M=5, T_G=1, local=aloc), ads.cluster, ads.malicious),
-                           ads.attack_data()),
-               "dfedavgm": (dfedavgm(tiny, DFedAvgMConfig(M=3, local=aloc), ads.cluster, name="oracle-max"),
-                            ads.oracle_groups(with_attackers=True))}
+exch = fedcbo(fv.MODEL, alg.config, data.num_agents, downloads=exchange_downloads(mesh))
+res = fed_run(exch, data, fv.ROUNDS, jax.random.key(seed), round_metrics=rms, metrics=ms, progress=False, mesh=mesh)
+out["fed_exchange_vs_single"] = worst(fv.compare("fedcbo_egreedy_iso", "single", fv.state_arrays(res.state),
+                                                 fv.history_arrays(res.history), pinned))
+
+# Padding agents given data (full counts, garbage inputs; AttackData pads its last group
+# with AgentData.pad) and garbage models change nothing.
+clean_pad_state, clean_agent_pad = fpad.Layout.pad_state, AgentData.pad
+seen = []
 
 
-def flat(v):  # every number of a metrics row (dicts and lists nested)
-    if isinstance(v, dict):
-        return [x for k in sorted(v) for x in flat(v[k])]
-    if isinstance(v, (list, tuple)):
-        return [x for e in v for x in flat(e)]
-    return [float(v)]
+def poisoned_state(self, state):
+    state = clean_pad_state(self, state)
+    if self.padded:
+        fields = getattr(type(state), "agent_fields", ())
+        state = state._replace(**{f: jax.tree_util.tree_map(
+            lambda a: a.at[self.n:].set(3.0) if jnp.issubdtype(a.dtype, jnp.floating) else a, getattr(state, f))
+            for f in fields})
+        seen.append(self.size)
+    return state
 
 
-def attack_history_diff(ha, hb):
-    a = np.asarray(flat([{k: v for k, v in r.items() if k != "elapsed_s"} for r in ha]), np.float64)
-    b = np.asarray(flat([{k: v for k, v in r.items() if k != "elapsed_s"} for r in hb]), np.float64)
-    return diff(np.nan_to_num(a, nan=-7.0), np.nan_to_num(b, nan=-7.0)) if a.shape == b.shape else float("inf")
+def poisoned_agents(self, size):
+    d = clean_agent_pad(self, size)
+    n = self.num_agents
+    return d._replace(x=d.x.at[n:].set(5.0), y=d.y.at[n:].set(1), counts=d.counts.at[n:].set(d.x.shape[1]))
 
 
-def poisoned_attack(alg, seen):  # padding agents start from garbage models
-    def resize(state, size):
-        if size < jax.tree_util.tree_leaves(state.params)[0].shape[0]:
-            seen.append(str(jax.tree_util.tree_leaves(state.params)[0].sharding.spec))
-        state = alg.resize(state, size)
-        if size > NA:
-            state = state._replace(params=jax.tree_util.tree_map(lambda a: a.at[NA:].set(3.0), state.params))
-        return state
-
-    return alg._replace(resize=resize)
-
-
-clean_attack_pad = attack_run.pad_attack_data
-
-
-def poisoned_attack_pad(data, size, num_real):  # padding agents with shifted data and full counts
-    d = clean_attack_pad(data, size, num_real)
-    groups = (d.benign, d.malicious) if isinstance(d, attacks.AttackData) else tuple(d)
-    g = groups[-1]
-    extra = size - num_real
-    g = g._replace(x=g.x.at[-extra:].set(jnp.asarray(rng.integers(0, 256, g.x[-extra:].shape), g.x.dtype)),
-                   y=g.y.at[-extra:].set(1), counts=g.counts.at[-extra:].set(g.x.shape[1]))
-    return d._replace(malicious=g) if isinstance(d, attacks.AttackData) else groups[:-1] + (g,)
-
-
-for name, (alg, adata_) in attack_algs.items():
-    kw = dict(progress=False)
-    a = attack_run.run_attack(alg, tiny, adata_, ads, 3, jax.random.key(6), **kw)
-    b = attack_run.run_attack(alg, tiny, adata_, ads, 3, jax.random.key(6), mesh=mesh, **kw)
-    seen = []
-    attack_run.pad_attack_data = poisoned_attack_pad
-    try:
-        c = attack_run.run_attack(poisoned_attack(alg, seen), tiny, adata_, ads, 3, jax.random.key(6), mesh=mesh, **kw)
-    finally:
-        attack_run.pad_attack_data = clean_attack_pad
-    out[f"att_{name}_params"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(a.state.params),
-                                                               jax.tree_util.tree_leaves(b.state.params)))
-    out[f"att_{name}_metrics"] = attack_history_diff(a.history, b.history)
-    out[f"att_{name}_asr"] = abs(a.summary["asr"] - b.summary["asr"]) + abs(a.summary["overall_acc"]
-                                                                             - b.summary["overall_acc"])
-    out[f"att_{name}_poisoned"] = max(max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(b.state.params),
-                                                                     jax.tree_util.tree_leaves(c.state.params))),
-                                      attack_history_diff(b.history, c.history))
-    out[f"att_{name}_shapes_ok"] = all(
-        u.shape == v.shape for u, v in zip(jax.tree_util.tree_leaves(a.state), jax.tree_util.tree_leaves(b.state)))
-    out[f"att_{name}_padded_spec"] = seen[0] if seen else ""
-    if name == "fedcb2o":
-        out["att_fedcb2o_P"] = max(diff(np.nan_to_num(a.state.P, nan=-7.0, neginf=-9),
-                                        np.nan_to_num(b.state.P, nan=-7.0, neginf=-9)),
-                                   diff(np.nan_to_num(b.state.P, nan=-7.0, neginf=-9),
-                                        np.nan_to_num(c.state.P, nan=-7.0, neginf=-9)))
-        out["att_fedcb2o_G_rounds"] = len(a.history) == 3 and "asr" in a.history[-1]
+fpad.Layout.pad_state, AgentData.pad = poisoned_state, poisoned_agents
+try:
+    for name in ("fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld", "fedcb2o_G",
+                 "oracle_max"):
+        s, h = fv.run_variant(name, mesh)
+        ref_s, ref_h = runs[name]
+        out[f"fed_{name}_poisoned"] = max([float(np.max(np.abs(np.nan_to_num(ref_s[k] - s[k])), initial=0))
+                                           for k in ref_s] + [float(np.nanmax(np.abs(ref_h[k] - h[k]), initial=0))
+                                                              for k in ref_h])
+finally:
+    fpad.Layout.pad_state, AgentData.pad = clean_pad_state, clean_agent_pad
+out["fed_poisoned_padding_used"] = bool(seen) and all(v == 16 for v in seen)
 
 # The exchange: only requested rows move; equals the global gather, also when the
 # requests are skewed onto one device (several rounds through small buffers).
@@ -265,9 +158,9 @@ from functools import partial  # noqa: E402
 
 from jax.sharding import PartitionSpec  # noqa: E402
 
-from cbo_jax.federated.exchange import fetch_rows  # noqa: E402
-from cbo_jax.federated.algorithms.fedcbo import aggregate, aggregate_sharded  # noqa: E402
-from cbo_jax.federated.algorithms.base import AgentData  # noqa: E402
+from cbo_jax import models  # noqa: E402
+from cbo_jax.federated.aggregation import Energy, consensus_downloads  # noqa: E402
+from cbo_jax.federated.local import agent_loss  # noqa: E402
 
 table = {"w": jnp.asarray(rng.normal(size=(32, 3, 2)).astype(np.float32)), "b": jnp.arange(32, dtype=jnp.int32)}
 spec = PartitionSpec(sharding.AGENT_AXIS)
@@ -278,19 +171,33 @@ for name, req in (("random", rng.integers(0, 32, (32, 5))), ("skewed", rng.integ
     got = fetch(table, req)
     out[f"exchange_{name}"] = max(diff(got["w"], table["w"][req]), diff(got["b"], table["b"][req]))
 
-# FedCBO's aggregation through the exchange equals the unsharded aggregation, and its
-# compiled program has no all-gather (the population is never copied whole).
+# The consensus step through the exchange equals the local gather, and its compiled
+# program has no all-gather (the population is never copied whole).
+model = fv.MODEL
 params = models.init_population(model, jax.random.key(0), 16)
 idx = jnp.asarray(np.stack([rng.choice(np.delete(np.arange(16), j), 3, replace=False) for j in range(16)]), jnp.int32)
-adata = AgentData(jnp.asarray(rng.normal(size=(16, 20, 2, 1)), jnp.float32), jnp.asarray(rng.integers(0, 2, (16, 20)),
-                  jnp.int32), jnp.asarray(rng.integers(5, 21, 16), jnp.int32))
-fcfg = FedCBOConfig(M=3, local=loc, eval_chunk=2)
-ref = aggregate(model, fcfg, params, idx, adata)
-sh = sharding.shard_agents((params, idx, adata), mesh)
-agg = jax.jit(partial(aggregate_sharded, model, fcfg, mesh=mesh))
-res = agg(*sh)
-out["agg_sharded_loss"] = diff(res[0], ref[0])
-out["agg_sharded_m"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(res[2]), jax.tree_util.tree_leaves(ref[2])))
+x = jnp.asarray(rng.normal(size=(16, 20, 2, 1)), jnp.float32)
+y = jnp.asarray(rng.integers(0, 2, (16, 20)), jnp.int32)
+c = jnp.asarray(rng.integers(5, 21, 16), jnp.int32)
+
+
+def energy(models_, theta, xj, yj, cj):
+    loss = jax.vmap(lambda p: agent_loss(model, p, xj, yj, cj))(models_)
+    own = agent_loss(model, theta, xj, yj, cj)
+    return Energy(loss, loss, own, own)
+
+
+def step(params, idx, x, y, c, downloads=None):
+    return consensus_downloads(energy, params, idx, params, (x, y, c), alpha=5.0, chunk=2, downloads=downloads)
+
+
+ref = jax.jit(step)(params, idx, x, y, c)
+sh = sharding.shard_agents((params, idx, x, y, c), mesh)
+agg = jax.jit(partial(step, downloads=exchange_downloads(mesh)))
+got = agg(*sh)
+out["agg_sharded_loss"] = diff(got.loss, ref.loss)
+out["agg_sharded_m"] = max(diff(u, v) for u, v in zip(jax.tree_util.tree_leaves(got.consensus),
+                                                      jax.tree_util.tree_leaves(ref.consensus)))
 out["agg_sharded_all_gathers"] = agg.lower(*sh).compile().as_text().count("all-gather")
 
 print(json.dumps(out))

@@ -1,7 +1,8 @@
-"""Federated algorithms: FedCBO aggregation vs NumPy float64, limits, IFCA, determinism."""
+"""Federated algorithms: FedCBO aggregation vs NumPy float64, limits, IFCA, memory planning.
+
+Determinism, resume and padding of every algorithm: tests/test_federated_engine.py."""
 
 import dataclasses
-import json
 
 import jax
 import jax.numpy as jnp
@@ -9,16 +10,27 @@ import numpy as np
 import pytest
 
 from cbo_jax import models
-from cbo_jax.federated import metrics, selection
-from cbo_jax.federated.algorithms import (AgentData, FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg,
-                                          fedcbo, ifca, local_only)
-from cbo_jax.federated.algorithms.fedcbo import aggregate
+from cbo_jax.federated import metrics, run, selection
+from cbo_jax.federated.aggregation import consensus_downloads
+from cbo_jax.federated.algorithms import AgentData, FedCBOConfig, IFCAConfig, fedcbo, ifca
+from cbo_jax.federated.algorithms.fedcbo import loss_energy
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.federated.local import LocalSGDConfig
-from cbo_jax import checkpoint
-from cbo_jax.federated.run import run_federated
 
 TINY = models.mlp_mnist(hidden=(3,), num_classes=4, input_shape=(2, 2))
+
+
+def aggregate(model, cfg, params, idx, data):
+    """FedCBO's eq. (19) for every agent: (loss (N, M), own loss (N,), consensus points)."""
+    res = consensus_downloads(loss_energy(model, cfg), params, idx, params, (data.x, data.y, data.counts),
+                              alpha=cfg.alpha, chunk=cfg.eval_chunk)
+    return res.loss, res.own_loss, res.consensus
+
+
+def _run(alg, model, data, rounds, key, **kw):
+    kw.setdefault("progress", False)
+    rms = [metrics.round_stats, metrics.selection(data.cluster), metrics.cluster_purity(data.cluster)]
+    return run(alg, data, rounds, key, round_metrics=rms, metrics=[metrics.test_accuracy(model, data)], **kw)
 
 
 def _tiny_data(n=6, n_max=7, seed=0):
@@ -48,12 +60,12 @@ def test_fedcbo_aggregation_matches_numpy_float64(reduction):
     n, m, alpha, step = 6, 3, 4.0, 0.7
     data = _tiny_data(n)
     params = models.init_population(TINY, jax.random.key(0), n)
-    idx = selection.uniform(jax.random.key(1), n, m)
+    idx = selection.draw_uniform(jax.random.key(1), n, m)
     cfg = FedCBOConfig(M=m, alpha=alpha, lambda1=1.0, gamma=step, loss_reduction=reduction, eval_chunk=4,
                        local=LocalSGDConfig(batch_size=2))
     loss, own, mcons = aggregate(TINY, cfg, params, idx, data)
     p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), params)["params"]
-    x, y, c = (np.asarray(a) for a in data)
+    x, y, c = (np.asarray(a) for a in data[:3])
     idx = np.asarray(idx)
     for j in range(n):
         pj = lambda i: jax.tree_util.tree_map(lambda a: a[i], p64)  # noqa: E731
@@ -73,7 +85,7 @@ def test_large_alpha_full_download_picks_best_loss_model():
     data = _tiny_data(n)
     params = models.init_population(TINY, jax.random.key(3), n)
     cfg = FedCBOConfig(M=n - 1, alpha=1e12)
-    idx = selection.uniform(jax.random.key(4), n, n - 1)
+    idx = selection.draw_uniform(jax.random.key(4), n, n - 1)
     loss, _, mcons = aggregate(TINY, cfg, params, idx, data)
     best = np.asarray(idx)[np.arange(n), np.asarray(loss).argmin(1)]
     k = params["params"]["Dense_0"]["kernel"]
@@ -94,6 +106,22 @@ def test_nan_model_never_poisons_a_consensus():
             assert np.all(np.isfinite(np.asarray(leaf[j])))
 
 
+def test_agent_without_a_usable_download_keeps_its_own_model():
+    """Every download of agent 0 is NaN: its consensus point is its own model (weight 1 on
+    itself, nothing else), and the round info says so."""
+    n = 5
+    data = _tiny_data(n)
+    params = models.init_population(TINY, jax.random.key(6), n)
+    params = jax.tree_util.tree_map(lambda a: a.at[1:3].set(jnp.nan), params)
+    idx = jnp.asarray([[1, 2]] + [[j for j in range(n) if j not in (i, 1, 2)][:2] for i in range(1, n)])
+    res = consensus_downloads(loss_energy(TINY, FedCBOConfig(M=2)), params, idx, params, (data.x, data.y, data.counts),
+                              alpha=1.0)
+    assert bool(res.fallback[0]) and not bool(np.any(res.fallback[3:]))
+    for m, p in zip(jax.tree_util.tree_leaves(res.consensus), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_array_equal(np.asarray(m[0]), np.asarray(p[0]))
+    assert float(res.self_weight[0]) == 1.0 and np.all(np.asarray(res.weights[0]) == 0)
+
+
 def _two_cluster_data(n_per=6, n=40, seed=0):
     """Two clusters with opposite labelling rules on 2-D inputs: trivially separable."""
     rng = np.random.default_rng(seed)
@@ -110,40 +138,16 @@ def test_ifca_recovers_true_clusters_and_fedcbo_selects_own_cluster():
     data = _two_cluster_data()
     model = models.mlp_mnist(hidden=(8,), num_classes=2, input_shape=(2, 1))
     loc = LocalSGDConfig(epochs=2, batch_size=10, lr=0.1, momentum=0.5)
-    res = run_federated(ifca(model, IFCAConfig(k=2, local=loc), 12), model, data, 10, jax.random.key(0),
-                        eval_every=5, progress=False)
+    alg = ifca(model, IFCAConfig(k=2, local=loc), 12)
+    res = _run(alg, model, data, 10, jax.random.key(0), every=5)
     assert res.summary["final_cluster_purity"] == 1.0
     assert res.summary["final_test_acc"] > 90
     cfg = FedCBOConfig(M=4, alpha=10.0, eps0=0.3, eps_decay=0.05, eps_min=0.0, local=loc)
-    res = run_federated(fedcbo(model, cfg, 12), model, data, 12, jax.random.key(1), eval_every=6, progress=False)
+    alg = fedcbo(model, cfg, 12)
+    res = _run(alg, model, data, 12, jax.random.key(1), every=6)
     assert res.summary["final_sr"] > 0.9 and res.summary["final_test_acc"] > 90
     freq = np.asarray(res.history[-1]["selection_frequency"])
     assert freq[0, 0] > 0.9 and freq[1, 1] > 0.9
-
-
-@pytest.mark.parametrize("build", ["fedcbo", "fedavg", "ifca", "local"])
-def test_same_seed_same_result_and_partial_participation(build, tmp_path):
-    data = _two_cluster_data(n_per=4, n=12)
-    model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2, 1))
-    loc = LocalSGDConfig(epochs=1, batch_size=6)
-    algs = {
-        "fedcbo": lambda: fedcbo(model, FedCBOConfig(M=3, participation=0.5, local=loc, noise="anisotropic", sigma1=0.01), 8),
-        "fedavg": lambda: fedavg(model, FedAvgConfig(participation=0.5, local=loc), 8),
-        "ifca": lambda: ifca(model, IFCAConfig(k=2, participation=0.5, local=loc), 8),
-        "local": lambda: local_only(model, LocalConfig(participation=0.5, local=loc), 8),
-    }
-    alg = algs[build]()  # built once: the second run reuses the compiled rounds
-    a = run_federated(alg, model, data, 3, jax.random.key(7), progress=False, out_dir=tmp_path, checkpoint_every=3)
-    b = run_federated(alg, model, data, 3, jax.random.key(7), progress=False)
-    for la, lb in zip(jax.tree_util.tree_leaves(a.state.params), jax.tree_util.tree_leaves(b.state.params)):
-        np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
-    assert [h["participants"] for h in a.history] == [4, 4, 4]
-    lines = (tmp_path / "metrics.jsonl").read_text().strip().splitlines()
-    assert len(lines) == 3
-    state, meta = checkpoint.restore(tmp_path / "checkpoint", alg.init(jax.random.key(0)))
-    assert meta["step"] == 3
-    np.testing.assert_array_equal(np.asarray(jax.tree_util.tree_leaves(state.params)[0]),
-                                  np.asarray(jax.tree_util.tree_leaves(a.state.params)[0]))
 
 
 def test_selection_metrics():
@@ -164,35 +168,10 @@ def test_fedcbo_bad_input():
         FedCBOConfig(noise="pink")
 
 
-@pytest.mark.parametrize("build", ["fedcbo", "ifca"])
-def test_checkpoint_resume_equals_uninterrupted_run(build, tmp_path):
-    """Stopped after round 2 (of 5), resumed: the same final state and metrics."""
-    data = _two_cluster_data(n_per=4, n=12)
-    model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2, 1))
-    loc = LocalSGDConfig(epochs=1, batch_size=6)
-    alg = (fedcbo(model, FedCBOConfig(M=3, local=loc, noise="isotropic", sigma1=0.01), 8) if build == "fedcbo"
-           else ifca(model, IFCAConfig(k=2, local=loc), 8))
-    kw = dict(progress=False, eval_every=2, checkpoint_every=1)
-    full = run_federated(alg, model, data, 5, jax.random.key(3), out_dir=tmp_path / "full", **kw)
-    part = tmp_path / "part"
-    run_federated(alg, model, data, 2, jax.random.key(3), out_dir=part, **kw)  # "stopped" after round 2
-    resumed = run_federated(alg, model, data, 5, jax.random.key(3), out_dir=part, resume=True, **kw)
-    for a, b in zip(jax.tree_util.tree_leaves(full.state), jax.tree_util.tree_leaves(resumed.state)):
-        a = jax.random.key_data(a) if jnp.issubdtype(a.dtype, jax.dtypes.prng_key) else a
-        b = jax.random.key_data(b) if jnp.issubdtype(b.dtype, jax.dtypes.prng_key) else b
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    strip = lambda rows: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in rows]  # noqa: E731
-    assert strip(full.history) == strip(resumed.history)
-    lines = lambda d: [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]  # noqa: E731
-    assert strip(lines(tmp_path / "full")) == strip(lines(part))
-    with pytest.raises(ValueError, match="out_dir"):
-        run_federated(alg, model, data, 5, jax.random.key(3), resume=True, progress=False)
-
-
 def test_eval_chunk_for_memory_budget():
-    from cbo_jax.federated.algorithms.fedcbo import eval_chunk_for_budget, planned_round_bytes
+    from cbo_jax.federated.memory import eval_chunk_for_budget, planned_round_bytes
 
-    data = AgentData.from_federated(_two_cluster_data(n_per=4, n=12))
+    data = _two_cluster_data(n_per=4, n=12).train
     model = models.mlp_mnist(hidden=(64,), num_classes=2, input_shape=(2, 1))
     cfg = FedCBOConfig(M=6, local=LocalSGDConfig(epochs=1, batch_size=6))
     sizes = {c: planned_round_bytes(fedcbo(model, dataclasses.replace(cfg, eval_chunk=c), 8), data) for c in (4, 1)}

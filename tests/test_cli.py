@@ -42,8 +42,10 @@ def test_reproduce_list_names_every_entry(capsys):
 
 
 def test_reproduce_unknown_name(capsys):
-    assert main(["reproduce", "no-such-thing"]) == 2
-    assert "unknown name" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", "no-such-thing"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'no-such-thing'" in capsys.readouterr().err
 
 
 def test_reproduce_rastrigin_success_small(tmp_path, capsys):

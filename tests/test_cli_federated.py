@@ -1,13 +1,15 @@
-"""cbo-jax run / demo / federated reproductions: results directories and bad input."""
+"""cbo-jax run / demo / federated reproductions: results directories, generated flags, bad input."""
 
 import json
+import struct
 
 import pytest
 
 from cbo_jax.cli import main
 
-TINY = {"source": "bundled", "agents": 8, "clusters": 4, "samples_per_agent": 20, "epochs": 1, "batch_size": 10,
-        "M": 3, "rounds": 2, "eval_every": 1, "test_size": 100, "eval_chunk": 4}
+DATA = {"source": "bundled", "agents": 8, "clusters": 4, "samples_per_agent": 20}
+TINY = {**DATA, "epochs": 1, "batch_size": 10, "M": 3, "rounds": 2, "eval_every": 1, "test_size": 100, "eval_chunk": 4}
+TINY_BASELINE = {k: v for k, v in TINY.items() if k not in ("M", "eval_chunk")}
 
 
 def _last_json(out):
@@ -20,37 +22,112 @@ def test_run_fedcbo_writes_results_directory(tmp_path, capsys):
     out = tmp_path / "res"
     assert main(["run", "fedcbo", "--config", str(cfg), "--alpha", "5", "--output", str(out), "--no-progress"]) == 0
     summary = _last_json(capsys.readouterr().out)
-    assert summary["algorithm"] == "fedcbo" and summary["rounds"] == 2 and 0 <= summary["final_test_acc"] <= 100
-    assert json.loads((out / "config.json").read_text())["alpha"] == 5.0
+    assert summary["algorithm"] == "fedcbo" and summary["rounds"] == 2 and summary["num_clusters"] == 4
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1, 2] and all("sr" in r and "test_acc" in r for r in rows)
-    assert (out / "accuracy.png").stat().st_size > 0 and (out / "selection_rate.png").exists()
+    assert summary["final_test_acc"] == rows[-1]["test_acc"] and summary["final_sr"] == rows[-1]["sr"]
+    # the mean over agents of the per-cluster accuracies (equal cluster sizes) is the overall accuracy
+    per = rows[-1]["test_acc_per_cluster"]
+    assert sum(per) / len(per) == pytest.approx(rows[-1]["test_acc"], rel=1e-5)
+    assert (out / "metrics.png").stat().st_size > 0
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["config"]["alpha"] == 5.0 and recorded["config"]["M"] == 3 and recorded["data"]["agents"] == 8
+    # config.json is a valid --config file: the same run again (one round) from it
+    again = tmp_path / "again"
+    assert main(["run", "fedcbo", "--config", str(out / "config.json"), "--rounds", "1", "--output", str(again),
+                 "--no-progress"]) == 0
+    assert json.loads((again / "config.json").read_text())["config"] == recorded["config"]
+    assert rows[0]["test_acc"] == json.loads((again / "metrics.jsonl").read_text())["test_acc"]
+
+
+def _read_events(path):
+    """The scalars of a TensorBoard event file, parsed with tensorboardX's own protobuf."""
+    from tensorboardX.proto import event_pb2
+
+    raw, scalars, pos = path.read_bytes(), {}, 0
+    while pos < len(raw):
+        (length,) = struct.unpack("<Q", raw[pos:pos + 8])
+        event = event_pb2.Event.FromString(raw[pos + 12:pos + 12 + length])
+        pos += 12 + length + 4  # length, its crc, the record, its crc
+        for v in event.summary.value:
+            scalars.setdefault(v.tag, []).append((event.step, v.simple_value))
+    return scalars
+
+
+def test_tensorboard_event_files_read_back(tmp_path, capsys):
+    pytest.importorskip("tensorboardX")
+    out = tmp_path / "tb"
+    argv = ["run", "fedcbo", "--tensorboard", "--agents", "8", "--clusters", "2", "--M", "3", "--epochs", "1",
+            "--samples-per-agent", "20", "--batch-size", "10", "--test-size", "50", "--eval-every", "1", "--source",
+            "bundled", "--no-progress", "--rounds", "2", "--output", str(out)]
+    assert main(argv) == 0
+    files = sorted(out.glob("events.out.tfevents*"))
+    assert files
+    scalars = _read_events(files[0])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    for key in ("test_acc", "sr", "train_loss", "selection_frequency/1/0", "test_acc_per_cluster/0"):
+        assert [s for s, _ in scalars[key]] == [1, 2], key
+    assert [v for _, v in scalars["test_acc"]] == pytest.approx([r["test_acc"] for r in rows], rel=1e-6)
+
+
+def test_generated_flags_help_and_strict_parsing(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "fedcbo", "--help"])
+    text = capsys.readouterr().out
+    for flag in ("--local.lr", "--local.batch-size", "--data.agents", "--agents", "--epochs", "--M", "--eval-every",
+                 "--tensorboard"):
+        assert flag in text
+    with pytest.raises(SystemExit):
+        main(["reproduce", "fedcb2o-attack", "--help"])
+    text = capsys.readouterr().out
+    assert "--T-G" in text and "--include-self" in text and "--scale" in text
+    # an option of another algorithm is not accepted
+    with pytest.raises(SystemExit):
+        main(["run", "fedavg", "--M", "5", "--no-progress"])
+    assert "--M" in capsys.readouterr().err
+    # booleans: true/false/yes/no/1/0, nothing else
+    assert main(["run", "fedcbo", "--local.reset-optimizer", "nope", "--no-progress"]) == 2
+    assert "--local.reset-optimizer: expected bool" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
-    "extra,match",
+    "algorithm,extra,match",
     [
-        (["--M", "8"], "M="),
-        (["--agents", "10"], "divisible"),
-        (["--clusters", "3", "--agents", "9"], "rotation count"),
-        (["--source", "idx", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir: not a directory"),
-        (["--lr", "-1"], "lr must be > 0"),
+        ("fedcbo", ["--M", "8"], "M="),
+        ("fedcbo", ["--agents", "10"], "divisible"),
+        ("ifca", ["--clusters", "3", "--agents", "9"], "rotation count"),
+        ("fedcbo", ["--source", "idx", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir: not a directory"),
+        ("fedcbo", ["--lr", "-1"], "lr must be > 0"),
+        ("fedcbo", ["--rounds", "two"], "--rounds: expected int"),
     ],
 )
-def test_run_bad_input_is_a_clear_error(tmp_path, capsys, extra, match):
+def test_run_bad_input_is_a_clear_error(tmp_path, capsys, algorithm, extra, match):
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps(TINY))
-    rc = main(["run", "ifca" if "--clusters" in extra else "fedcbo", "--config", str(cfg), "--output", str(tmp_path / "r"),
-               "--no-progress", *extra])
+    cfg.write_text(json.dumps(TINY if algorithm == "fedcbo" else TINY_BASELINE))
+    rc = main(["run", algorithm, "--config", str(cfg), "--output", str(tmp_path / "r"), "--no-progress", *extra])
     assert rc == 2
     assert match in capsys.readouterr().err
 
 
-def test_config_file_unknown_key(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "content,match",
+    [
+        ({**TINY_BASELINE, "learning_rate": 0.1}, "unknown option 'learning_rate'"),
+        ({**TINY_BASELINE, "M": 3}, "unknown option 'M'"),  # a FedCBO option in a Local config
+        ({**TINY_BASELINE, "lr": "0.1"}, "lr: expected float"),
+        ({**TINY_BASELINE, "reset_optimizer": "no"}, "reset_optimizer: expected bool"),
+        ([1, 2], "expected a JSON object"),
+        ("{not json", "not valid JSON"),
+    ],
+)
+def test_config_file_errors_name_the_option(tmp_path, capsys, content, match):
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(json.dumps({**TINY, "learning_rate": 0.1}))
+    cfg.write_text(content if isinstance(content, str) else json.dumps(content))
     assert main(["run", "local", "--config", str(cfg), "--no-progress"]) == 2
-    assert "learning_rate" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert match in err and str(cfg) in err
+    assert main(["run", "local", "--config", str(tmp_path / "missing.json"), "--no-progress"]) == 2
+    assert "no such file" in capsys.readouterr().err
 
 
 def test_reproduce_list_has_fedcbo_entries(capsys):

@@ -8,9 +8,10 @@ import pytest
 from cbo_jax import models
 from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import attacks, metrics, selection
+from cbo_jax.federated.aggregation import consensus_downloads
 from cbo_jax.federated.algorithms.base import AgentData
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm, group_neighbours
-from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, aggregate, fedcb2o
+from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o, g_energy
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.mnist import MNIST, DataError
 
@@ -20,6 +21,14 @@ SOURCE, TARGET = 2, 1
 FLIP = attacks.LabelFlipConfig(source=SOURCE, target=TARGET, num_classes=C, benign_per_cluster=4, malicious_per_cluster=2,
                                benign_samples=10, val_samples=5, malicious_samples=12)
 LOCAL = LocalSGDConfig(epochs=1, batch_size=4, lr=0.1, momentum=0.9)
+
+
+def aggregate(model, cfg, params, idx, val, use_G, num_classes):
+    """Steps b, d, e for the benign agents (the first idx.shape[0] rows): (loss, w, w_self, m)."""
+    own = jax.tree_util.tree_map(lambda a: a[:idx.shape[0]], params)
+    res = consensus_downloads(g_energy(model, num_classes, use_G), params, idx, own, (val.x, val.y, val.counts),
+                              alpha=cfg.alpha, include_self=cfg.include_self, chunk=cfg.eval_chunk)
+    return res.loss, res.weights, res.self_weight, res.consensus
 
 
 _aggregate = jax.jit(aggregate, static_argnums=(0, 1, 6))
@@ -96,7 +105,7 @@ def test_prob_sampling_explores_every_agent_first_and_never_duplicates():
     P = selection.init_prob_likelihood(n)
     rng = np.random.default_rng(0)
     seen = np.eye(n, dtype=bool)
-    sample = jax.jit(selection.prob_sampling, static_argnums=2)
+    sample = jax.jit(selection.draw_prob_sampling, static_argnums=2)
     update = jax.jit(selection.update_prob_likelihood)
     for r in range(8):
         idx = np.asarray(sample(jax.random.key(r), P, m))
@@ -117,7 +126,7 @@ def test_prob_sampling_explores_every_agent_first_and_never_duplicates():
 def test_prob_sampling_draws_proportionally_to_P():
     p_row = np.array([-np.inf, 0.1, 0.2, 0.3, 0.4], np.float32)
     P = jnp.asarray(np.tile(p_row, (1, 1)))
-    picks = np.asarray(jax.vmap(lambda k: selection.prob_sampling(k, P, 1)[0, 0])(jax.random.split(jax.random.key(0), 4000)))
+    picks = np.asarray(jax.vmap(lambda k: selection.draw_prob_sampling(k, P, 1)[0, 0])(jax.random.split(jax.random.key(0), 4000)))
     freq = np.bincount(picks, minlength=5) / 4000
     assert freq[0] == 0
     np.testing.assert_allclose(freq[1:], p_row[1:], atol=0.03)
@@ -154,7 +163,7 @@ def test_G_weights_and_consensus_match_numpy_float64(use_G, include_self):
     y[:, :3] = 3  # class 3 always present, class 0 absent for agent 0 below
     y[0][y[0] == 0] = 1
     counts = np.array([9, 7, 8, 9], np.int32)
-    idx = np.asarray(selection.prob_sampling(jax.random.key(3), selection.init_prob_likelihood(nb, n), m))
+    idx = np.asarray(selection.draw_prob_sampling(jax.random.key(3), selection.init_prob_likelihood(nb, n), m))
     cfg = FedCB2OConfig(M=m, alpha=alpha, include_self=include_self, eval_chunk=2, local=LOCAL)
     loss, w, w_self, mcons = _aggregate(TINY, cfg, params, jnp.asarray(idx), AgentData(jnp.asarray(x), jnp.asarray(y),
                                        jnp.asarray(counts)), jnp.asarray(use_G), C)
@@ -263,7 +272,7 @@ def test_dfedavgm_neighbours_stay_in_their_group_and_average_by_size(ds):
     for j, row in enumerate(idx):
         assert j not in row and len(set(row.tolist())) == 2 and all(groups[i] == groups[j] for i in row)
     alg = dfedavgm(TINY, DFedAvgMConfig(M=3, local=LOCAL), ds.cluster)
-    state, infos = _run(alg, ds.oracle_groups(True), 1, jax.random.key(0))
+    state, infos = _run(alg, ds.attack_data(honest=True), 1, jax.random.key(0))
     info = infos[0]
     sizes = np.where(ds.malicious, 12, 5).astype(float)
     idx = np.asarray(info.idx)
@@ -337,7 +346,7 @@ def test_emnist_through_tfds_mock_data():
     (lambda: attacks.LabelFlipConfig(malicious_per_cluster=(1, 2, 3)), "malicious_per_cluster"),
     (lambda: attacks.LabelFlipConfig(num_clusters=3), "num_clusters"),
     (lambda: DFedAvgMConfig(M=0), "M"),
-    (lambda: selection.prob_sampling(jax.random.key(0), selection.init_prob_likelihood(4), 4), "M="),
+    (lambda: selection.draw_prob_sampling(jax.random.key(0), selection.init_prob_likelihood(4), 4), "M="),
     (lambda: fedcb2o(TINY, FedCB2OConfig(M=12), FLIP_CLUSTER, FLIP_MAL), "M="),
 ])
 def test_bad_input_names_the_parameter(make, match):

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from cbo_jax.federated import privacy
-from cbo_jax.federated.algorithms.fedsgld import (FedPDConfig, FedSGLDConfig, OracleSpec, SGLDConfig,
-                                                  clip_by_global_norm, fedpd, fedsgld, sgld_oracle, step_sizes,
-                                                  temperature)
+from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fedpd, fedsgld
+from cbo_jax.federated.langevin import OracleSpec, SGLDConfig, sgld_oracle, step_sizes, temperature
 from cbo_jax.federated.synthetic import synthetic
 from cbo_jax.models import logistic_regression, mlp_mnist
 
@@ -78,14 +77,17 @@ def test_step_sizes_and_clipping():
     spec = SGLDConfig(steps=6, burn_in=2, lr=0.1).spec()
     np.testing.assert_allclose(step_sizes(spec), [0.1, 0.1, 0.1, 0.1 * 2 ** (-1 / 3), 0.1 * 3 ** (-1 / 3),
                                                   0.1 * 4 ** (-1 / 3)], rtol=1e-6)
-    tree = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([4.0])}  # global norm 5
-    clipped, did = clip_by_global_norm(tree, 1.0)
-    np.testing.assert_allclose(clipped["a"], [0.6, 0.0], rtol=1e-6)
-    np.testing.assert_allclose(clipped["b"], [0.8], rtol=1e-6)
-    assert bool(did)
-    same, did = clip_by_global_norm(tree, 10.0)
-    np.testing.assert_allclose(same["b"], [4.0])
-    assert not bool(did)
+    # One oracle step from x = 0 with a constant gradient of global norm 5, clipped at C = 1
+    # (optax's global-norm clipping): x = -η h / 5; with C = 10 nothing is clipped.
+    grad = {"a": jnp.array([3.0, 0.0]), "b": jnp.array([4.0])}
+    x0 = jax.tree_util.tree_map(jnp.zeros_like, grad)
+    for clip, scale, did in ((1.0, 0.2, 1.0), (10.0, 1.0, 0.0)):
+        one = OracleSpec(steps=1, burn_in=1, lr=0.1, noise=0.0, clip_norm=clip, sampling_rate=1.0, decay=False,
+                         average="last", avg_decay=0.0)
+        res = sgld_oracle(lambda x, k: grad, x0, jax.random.key(0), one)
+        np.testing.assert_allclose(res.last["a"], [-0.1 * 3.0 * scale, 0.0], rtol=1e-6)
+        np.testing.assert_allclose(res.last["b"], [-0.1 * 4.0 * scale], rtol=1e-6)
+        assert float(res.clipped) == did
 
 
 # ----------------------------------------------------------------------------- data
@@ -195,7 +197,7 @@ def test_fedsgld_low_noise_trains_and_is_deterministic(small_data):
 
 def test_poisson_gradient_is_unbiased():
     """The masked sum over a Bernoulli(q) draw, divided by q·n, averages to the full gradient."""
-    from cbo_jax.federated.algorithms.fedsgld import poisson_grad
+    from cbo_jax.federated.langevin import poisson_grad
 
     model = logistic_regression(4, 3)
     params = model.init(jax.random.key(0))

@@ -8,6 +8,7 @@ import pytest
 
 from cbo_jax import models
 from cbo_jax.federated import local
+from cbo_jax.federated.data import AgentData
 
 
 def _data(n_agents=3, n_max=20, counts=(20, 13, 5), seed=0):
@@ -35,7 +36,7 @@ def test_vmapped_training_equals_each_agent_alone():
     cfg = local.LocalSGDConfig(epochs=2, batch_size=8, lr=0.05, momentum=0.9)
     x, y, counts = _data()
     params = models.init_population(model, jax.random.key(1), 3)
-    out = local.local_train(model, cfg, params, None, x, y, counts, jax.random.key(2))
+    out = local.local_train(model, cfg, params, None, AgentData(x, y, counts), jax.random.key(2))
     keys = jax.random.split(jax.random.key(2), 3)
     opt = local.make_optimizer(cfg)
     for j in range(3):
@@ -73,11 +74,11 @@ def test_padding_rows_never_influence_training():
     cfg = local.LocalSGDConfig(epochs=3, batch_size=4, lr=0.05)
     x, y, counts = _data()
     params = models.init_population(model, jax.random.key(5), 3)
-    a = local.local_train(model, cfg, params, None, x, y, counts, jax.random.key(6))
+    a = local.local_train(model, cfg, params, None, AgentData(x, y, counts), jax.random.key(6))
     mask = np.arange(20)[None, :] < np.asarray(counts)[:, None]
     x2 = jnp.where(mask[:, :, None, None], x, 255)
     y2 = jnp.where(mask, y, 9)
-    b = local.local_train(model, cfg, params, None, x2, y2, counts, jax.random.key(6))
+    b = local.local_train(model, cfg, params, None, AgentData(x2, y2, counts), jax.random.key(6))
     for la, lb in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
         np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
 
@@ -88,12 +89,12 @@ def test_training_reduces_loss_and_optimizer_reset_option():
     params = models.init_population(model, jax.random.key(7), 2)
     before = jax.vmap(lambda p, xi, yi, c: local.agent_loss(model, p, xi, yi, c))(params, x, y, counts)
     cfg = local.LocalSGDConfig(epochs=20, batch_size=8, lr=0.05, momentum=0.9, reset_optimizer=False)
-    out = local.local_train(model, cfg, params, None, x, y, counts, jax.random.key(8))
+    out = local.local_train(model, cfg, params, None, AgentData(x, y, counts), jax.random.key(8))
     after = jax.vmap(lambda p, xi, yi, c: local.agent_loss(model, p, xi, yi, c))(out.params, x, y, counts)
     assert np.all(np.asarray(after) < 0.5 * np.asarray(before))
     # Kept momentum is carried into the next round; a reset one is not.
-    kept = local.local_train(model, cfg, out.params, out.opt_state, x, y, counts, jax.random.key(9))
-    fresh = local.local_train(model, cfg, out.params, None, x, y, counts, jax.random.key(9))
+    kept = local.local_train(model, cfg, out.params, out.opt_state, AgentData(x, y, counts), jax.random.key(9))
+    fresh = local.local_train(model, cfg, out.params, None, AgentData(x, y, counts), jax.random.key(9))
     assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(kept.params)[0]), np.asarray(jax.tree_util.tree_leaves(fresh.params)[0]))
 
 

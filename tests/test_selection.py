@@ -19,7 +19,7 @@ def test_uniform_picks_distinct_others_uniformly():
     n, m = 12, 4
     counts = np.zeros((n, n))
     for s in range(300):
-        idx = np.asarray(selection.uniform(jax.random.key(s), n, m))
+        idx = np.asarray(selection.draw_uniform(jax.random.key(s), n, m))
         _distinct_others(idx)
         np.add.at(counts, (np.repeat(np.arange(n), m), idx.ravel()), 1)
     off = counts[~np.eye(n, dtype=bool)]
@@ -33,7 +33,7 @@ def test_epsilon_greedy_counts_and_top_p(eps):
     rng = np.random.default_rng(0)
     P = rng.normal(size=(n, n)).astype(np.float32)
     np.fill_diagonal(P, -np.inf)
-    idx, is_rand = selection.epsilon_greedy(jax.random.key(1), jnp.asarray(P), m, eps)
+    idx, is_rand = selection.draw_epsilon_greedy(jax.random.key(1), jnp.asarray(P), m, eps)
     idx, is_rand = np.asarray(idx), np.asarray(is_rand)
     _distinct_others(idx)
     n_rand = int(round(eps * m))
@@ -51,7 +51,7 @@ def test_round_zero_ties_are_uniform():
     P = selection.init_likelihood(n)
     counts = np.zeros((n, n))
     for s in range(300):
-        idx, _ = selection.epsilon_greedy(jax.random.key(s), P, m, 0.0)
+        idx, _ = selection.draw_epsilon_greedy(jax.random.key(s), P, m, 0.0)
         np.add.at(counts, (np.repeat(np.arange(n), m), np.asarray(idx).ravel()), 1)
     off = counts[~np.eye(n, dtype=bool)]
     expected = 300 * m / (n - 1)
@@ -63,10 +63,10 @@ def test_likelihood_update_eq21():
     idx = jnp.asarray([[1, 2], [0, 3], [3, 1], [2, 0]])
     own = jnp.asarray([1.0, 2.0, 3.0, 4.0])
     loss = jnp.asarray([[0.5, 2.0], [1.0, 1.5], [4.0, 2.0], [3.0, 5.0]])
-    P2 = np.asarray(selection.update_likelihood(P, idx, own, loss))
+    P2 = np.asarray(selection.update_likelihood(P, idx, loss, own))
     assert P2[0, 1] == 1.5 and P2[0, 2] == 0.0 and P2[1, 0] == 2.0 and P2[3, 0] == 0.0
     assert np.all(np.isneginf(np.diag(P2)))
-    P3 = np.asarray(selection.update_likelihood(P, idx, own, loss, active=jnp.asarray([True, False, True, True])))
+    P3 = np.asarray(selection.update_likelihood(P, idx, loss, own, active=jnp.asarray([True, False, True, True])))
     assert P3[1, 0] == 1.0 and P3[0, 1] == 1.5
 
 
@@ -78,6 +78,6 @@ def test_epsilon_schedule():
 
 def test_m_out_of_range():
     with pytest.raises(ValueError, match="1 <= M <= N - 1"):
-        selection.uniform(jax.random.key(0), 5, 5)
+        selection.draw_uniform(jax.random.key(0), 5, 5)
     with pytest.raises(ValueError, match="M="):
-        selection.epsilon_greedy(jax.random.key(0), selection.init_likelihood(5), 0, 0.5)
+        selection.draw_epsilon_greedy(jax.random.key(0), selection.init_likelihood(5), 0, 0.5)

@@ -8,45 +8,37 @@ writes each method's results directory under ``out``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
 
-from cbo_jax.experiments.federated import FedRunConfig, load_data, run_experiment
+from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, run_experiment
+from cbo_jax.federated.algorithms import FedCBOConfig
+from cbo_jax.federated.local import LocalSGDConfig
 
-DEMO = FedRunConfig(
-    source="bundled",
-    agents=40,
-    clusters=4,
-    samples_per_agent=200,
-    epochs=2,
-    batch_size=64,
-    lr=0.05,
-    M=8,
-    alpha=10.0,
-    eps0=0.5,
-    eps_decay=0.05,
-    eps_min=0.1,
-    rounds=15,
-    eval_every=5,
-    test_size=1000,
-    eval_chunk=8,
-)
+DATA = RotatedMNISTConfig(source="bundled", agents=40, clusters=4, samples_per_agent=200)
+LOCAL = LocalSGDConfig(epochs=2, batch_size=64, lr=0.05)
+RUN = RunOptions(rounds=15, eval_every=5, test_size=1000)
+FEDCBO = FedCBOConfig(M=8, alpha=10.0, eps0=0.5, eps_decay=0.05, eps_min=0.1, eval_chunk=8)
 
 
-def run_demo(out: Path, seed: int = 0, progress: bool = True, base: FedRunConfig = DEMO) -> dict:
+def run_demo(out: Path, seed: int = 0, progress: bool = True, rounds: int | None = None) -> dict:
+    """Run the four methods; ``rounds`` overrides the demo's 15 rounds (a quicker look)."""
     out = Path(out)
-    base = base.replace(seed=seed)
-    data = load_data(base)
+    run = dataclasses.replace(RUN, seed=seed)
+    if rounds is not None:
+        run = dataclasses.replace(run, rounds=rounds, eval_every=min(RUN.eval_every, rounds))
+    configs = comparison(DATA, LOCAL, run, FEDCBO)
+    data = load_data(DATA)
     rows = {}
     t0 = time.perf_counter()
-    for algo in ("fedcbo", "ifca", "fedavg", "local"):
-        res = run_experiment(base.replace(algorithm=algo), out / algo, progress=progress, data=data)
-        rows[algo] = res.summary
+    for algo, cfg in configs.items():
+        rows[algo] = run_experiment(cfg, out / algo, progress=progress, data=data).summary
     width = 8
     print()
-    print(f"Rotated MNIST (bundled real subset): {base.agents} agents, {base.clusters} rotations, "
-          f"{base.samples_per_agent} images each, {base.rounds} rounds, tau={base.epochs} epochs")
+    print(f"Rotated MNIST (bundled real subset): {DATA.agents} agents, {DATA.clusters} rotations, "
+          f"{DATA.samples_per_agent} images each, {run.rounds} rounds, tau={LOCAL.epochs} epochs")
     print(f"{'method':<{width}}  {'test acc %':>10}  {'per rotation (0/90/180/270)':<30}  {'seconds':>7}")
     for algo, s in rows.items():
         per = " / ".join(f"{a:.1f}" for a in s["final_test_acc_per_cluster"])

@@ -50,10 +50,11 @@ from cbo_jax import models, sharding
 from cbo_jax.experiments import Experiment
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
+from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
-from cbo_jax.federated.attack_run import run_attack
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.metrics import CATEGORIES
+from cbo_jax.federated.runner import run
 
 PUBLISHED_TG = {"T_G=0": {"overall_acc": 82.79, "source_acc": 55.73, "asr": 38.73},
                 "T_G=20": {"overall_acc": 83.68, "source_acc": 55.98, "asr": 38.83},
@@ -138,9 +139,9 @@ def _cb2o_cfg(scale: Scale, criterion: str, T_G: int, include_self: bool) -> Fed
 def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, list]:
     """``variants``: name -> builder(dataset, model) returning (algorithm, data, cluster, malicious).
 
-    Every seed builds its attacked data once and runs every variant on it. Algorithms are
-    built once per variant (their jitted round loop is compiled once and reused by later
-    seeds: the data layout is the same for every seed).
+    Every seed builds its attacked data once and runs every variant on it. Algorithms and
+    their round metrics are built once per variant (the jitted round loop is compiled once
+    and reused by later seeds: the data layout and the clusters are the same for every seed).
     """
     images, flip = _images(args)
     model = _model(scale, flip.num_classes)
@@ -152,12 +153,15 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
         for name, builder in variants.items():
             if name not in built:
                 built[name] = builder(ds, model)
-            algorithm, data_fn, cluster, malicious = built[name]
+            algorithm, data_fn, cluster, malicious, round_metrics = built[name]
             out = out_root / name / f"seed{seed}" if out_root else None
-            res = run_attack(algorithm, model, data_fn(ds), ds, scale.rounds, jax.random.key(seed), cluster=cluster,
-                             malicious=malicious, eval_every=scale.eval_every, eval_chunk=scale.eval_chunk, test_size=2000,
-                             out_dir=out, progress=not args.no_progress,
-                             mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None)
+            metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
+            res = run(algorithm, data_fn(ds), scale.rounds, jax.random.key(seed), metrics=metrics,
+                      round_metrics=round_metrics, every=scale.eval_every or scale.rounds, out=out,
+                      config=dataclasses.asdict(scale), progress=not args.no_progress,
+                      mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None)
+            for k in ("overall_acc", "source_acc", "asr"):
+                res.summary[k] = res.summary[f"final_{k}"]
             results.setdefault(name, []).append(res)
     return results
 
@@ -208,7 +212,7 @@ def _fig5(results, names, path: Path) -> dict:
 def _cb2o_builder(cfg: FedCB2OConfig, name: str):
     def build(ds, model):
         alg = fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=ds.num_classes, name=name)
-        return alg, lambda d: d.attack_data(), None, None
+        return alg, lambda d: d.attack_data(), ds.cluster, ds.malicious, [fm.attack_selection(ds.cluster, ds.malicious)]
     return build
 
 
@@ -216,10 +220,12 @@ def _oracle_builder(scale: Scale, with_attackers: bool, name: str):
     def build(ds, model):
         cfg = DFedAvgMConfig(M=scale.M, local=_local(scale))
         if with_attackers:
-            return dfedavgm(model, cfg, ds.cluster, name=name), lambda d: d.oracle_groups(True), None, None
+            return (dfedavgm(model, cfg, ds.cluster, name=name), lambda d: d.attack_data(honest=True), ds.cluster,
+                    ds.malicious, [fm.attack_selection(ds.cluster, ds.malicious)])
         nb = ds.num_benign
-        alg = dfedavgm(model, cfg, ds.cluster[:nb], name=name)
-        return alg, lambda d: d.oracle_groups(False), ds.cluster[:nb], ds.malicious[:nb]
+        cluster, malicious = ds.cluster[:nb], ds.malicious[:nb]
+        return (dfedavgm(model, cfg, cluster, name=name), lambda d: d.attack_data(attackers=False), cluster, malicious,
+                [fm.attack_selection(cluster, malicious)])
     return build
 
 

@@ -15,20 +15,33 @@ Scales:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import numpy as np
 
 from cbo_jax.experiments import Experiment
-from cbo_jax.experiments.federated import FedRunConfig, load_data, run_experiment
+from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, replace, run_experiment
+from cbo_jax.federated.algorithms import FedCBOConfig
+from cbo_jax.federated.local import LocalSGDConfig
 
 PUBLISHED = {"fedcbo": 96.51, "ifca": 94.44, "fedavg": 85.50, "local": 81.27}
 PUBLISHED_NOISE = {"no_noise": 96.51, "iso_0.01": 96.41, "iso_0.05": 10.49, "aniso_0.01": 96.33, "aniso_0.05": 96.34}
 
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    agents: int
+    M: int
+    epochs: int
+    rounds: int
+    eval_chunk: int
+    seeds: int
+    samples_per_agent: int = 200
+    eval_every: int = 10
+
+
 SCALES = {
-    "small": dict(config=FedRunConfig(agents=120, samples_per_agent=200, M=20, epochs=5, rounds=40, eval_every=10,
-                                      eval_chunk=8), seeds=3),
-    "paper": dict(config=FedRunConfig(agents=1200, samples_per_agent=200, M=200, epochs=10, rounds=100, eval_every=10,
-                                      eval_chunk=4), seeds=1),
+    "small": Scale(agents=120, M=20, epochs=5, rounds=40, eval_chunk=8, seeds=3),
+    "paper": Scale(agents=1200, M=200, epochs=10, rounds=100, eval_chunk=4, seeds=1),
 }
 
 
@@ -40,22 +53,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=None)
 
 
-def _configs(args):
-    scale = SCALES[args.scale]
-    base = scale["config"].replace(source=args.source, data_dir=args.data_dir)
-    if args.rounds:
-        base = base.replace(rounds=args.rounds, eval_every=min(base.eval_every, args.rounds))
-    return base, args.seeds or scale["seeds"]
+def _configs(args) -> tuple[dict, int]:
+    """The four methods' experiment configs at the chosen scale, and the number of seeds."""
+    s = SCALES[args.scale]
+    rounds = args.rounds or s.rounds
+    data = RotatedMNISTConfig(source=args.source, data_dir=args.data_dir, agents=s.agents,
+                              samples_per_agent=s.samples_per_agent)
+    run = RunOptions(rounds=rounds, eval_every=min(s.eval_every, rounds))
+    configs = comparison(data, LocalSGDConfig(epochs=s.epochs), run, FedCBOConfig(M=s.M, eval_chunk=s.eval_chunk))
+    return configs, args.seeds or s.seeds
 
 
-def _sweep(variants: dict[str, FedRunConfig], seeds: int, args) -> dict:
+def _sweep(variants: dict, seeds: int, args) -> dict:
     out_root = args.output or None
     results = {}
     for seed in range(seeds):
-        data = load_data(next(iter(variants.values())).replace(data_seed=seed))
+        first = next(iter(variants.values()))
+        data = load_data(dataclasses.replace(first.data, seed=seed))
         for name, cfg in variants.items():
             out = (out_root / name / f"seed{seed}") if out_root else None
-            res = run_experiment(cfg.replace(seed=seed, data_seed=seed), out, progress=not args.no_progress, data=data)
+            cfg = replace(cfg, **{"run.seed": seed, "data.seed": seed})
+            res = run_experiment(cfg, out, progress=not args.no_progress, data=data)
             results.setdefault(name, []).append(res.summary)
     return results
 
@@ -65,11 +83,11 @@ def _mean_std(vals):
 
 
 def run_table1(args: argparse.Namespace) -> dict:
-    base, seeds = _configs(args)
-    variants = {a: base.replace(algorithm=a) for a in ("fedcbo", "ifca", "fedavg", "local")}
+    variants, seeds = _configs(args)
     results = _sweep(variants, seeds, args)
-    out = {"experiment": "fedcbo-table1", "scale": args.scale, "seeds": seeds, "agents": base.agents, "M": base.M,
-           "rounds": base.rounds, "epochs": base.epochs, "published": PUBLISHED}
+    base = variants["fedcbo"]
+    out = {"experiment": "fedcbo-table1", "scale": args.scale, "seeds": seeds, "agents": base.data.agents,
+           "M": base.config.M, "rounds": base.run.rounds, "epochs": base.config.local.epochs, "published": PUBLISHED}
     for name, runs in results.items():
         out[name], out[f"{name}_std"] = _mean_std([r["final_test_acc"] for r in runs])
     out["sr_final"] = round(float(np.mean([r["final_sr"] for r in results["fedcbo"]])), 4)
@@ -79,12 +97,12 @@ def run_table1(args: argparse.Namespace) -> dict:
 
 
 def run_noise(args: argparse.Namespace) -> dict:
-    base, seeds = _configs(args)
-    base = base.replace(algorithm="fedcbo")
+    configs, seeds = _configs(args)
+    base = configs["fedcbo"]
     variants = {"no_noise": base}
     for kind, short in (("isotropic", "iso"), ("anisotropic", "aniso")):
         for s in (0.01, 0.05):
-            variants[f"{short}_{s}"] = base.replace(noise=kind, sigma1=s)
+            variants[f"{short}_{s}"] = replace(base, **{"config.noise": kind, "config.sigma1": s})
     results = _sweep(variants, seeds, args)
     out = {"experiment": "fedcbo-noise", "scale": args.scale, "seeds": seeds, "published": PUBLISHED_NOISE}
     for name, runs in results.items():

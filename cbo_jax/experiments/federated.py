@@ -1,209 +1,261 @@
-"""Configured federated experiments: one flat config → data, model, algorithm, results.
+"""Configured federated runs on rotated MNIST: ``cbo-jax run ALGORITHM``.
 
-:class:`FedRunConfig` holds every knob of ``cbo-jax run ALGORITHM`` (and can be read
-from a JSON file with ``--config``); :func:`run_experiment` builds the rotated-MNIST
-data, the MLP, the algorithm, runs it, and writes a results directory:
-
-    config.json  metrics.jsonl  summary.json  accuracy.png  selection_rate.png (FedCBO)
+An experiment's configuration is one nested dataclass per algorithm
+(:func:`experiment_class`): ``data`` (:class:`RotatedMNISTConfig`), ``config`` (the
+algorithm's own config, e.g. :class:`~cbo_jax.federated.algorithms.fedcbo.FedCBOConfig`
+with its nested ``local`` SGD) and ``run`` (:class:`RunOptions`). The command-line
+flags and the ``--config`` file format are generated from it (:mod:`cbo_jax.config`):
+``--data.agents``, ``--M``, ``--local.lr``, ``--rounds``; the flat names of earlier
+versions (``--agents``, ``--epochs``, ``--batch-size``, ...) are aliases.
+:func:`run_experiment` loads the data, builds the model and the algorithm and runs it
+through :func:`cbo_jax.federated.run`, which writes the results directory
+(``config.json``, ``metrics.jsonl``, ``summary.json``, ``metrics.png``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from pathlib import Path
+from typing import Any
 
 import jax
 
-from cbo_jax import models
+from cbo_jax import _checks, models
+from cbo_jax import config as cfgs
 from cbo_jax.federated import data as fdata
+from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
-from cbo_jax.federated.algorithms.base import AgentData
-from cbo_jax.federated.local import LocalSGDConfig
-from cbo_jax.federated.run import RunResult, run_federated
+from cbo_jax.federated.runner import RunResult, run
 
-ALGORITHMS = ("fedcbo", "fedavg", "ifca", "local")
+__all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
+           "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES", "comparison", "replace"]
+
+ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
 
 
 @dataclasses.dataclass(frozen=True)
-class FedRunConfig:
-    """Everything one federated run needs (defaults: the paper's Table 1 setting)."""
+class RotatedMNISTConfig:
+    """The rotated-MNIST benchmark (FedCBO §1.3; defaults: the paper's Table 1).
 
-    algorithm: str = "fedcbo"
-    # data
+    Attributes:
+      source: MNIST source: auto (IDX files from data_dir or CBO_JAX_DATA_DIR, else the bundled subset), idx, tfds, bundled.
+      data_dir: directory of the MNIST IDX files.
+      agents: number of agents N (a multiple of clusters).
+      clusters: rotations K (1, 2 or 4).
+      samples_per_agent: training images per agent (none: the whole training set partitioned).
+      seed: seed of the partition.
+    """
+
     source: str = "auto"
     data_dir: str | None = None
     agents: int = 1200
     clusters: int = 4
     samples_per_agent: int | None = 200
-    data_seed: int = 0
-    # local SGD
-    epochs: int = 10
-    batch_size: int = 128
-    lr: float = 0.1
-    momentum: float = 0.9
-    reset_optimizer: bool = True
-    # FedCBO
-    M: int = 200
-    alpha: float = 10.0
-    lambda1: float = 9.8
-    gamma: float = 0.1
-    selection: str = "epsilon_greedy"
-    eps0: float = 0.5
-    eps_decay: float = 0.01
-    eps_min: float = 0.1
-    noise: str = "none"
-    sigma1: float = 0.0
-    loss_reduction: str = "mean"
-    eval_chunk: int = 4
-    # IFCA
-    k: int | None = None
-    # run
-    participation: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self):
+        _checks.one_of("source", self.source, mnist.SOURCES)
+        _checks.positive_int("agents", self.agents)
+        if self.clusters not in fdata.ROTATIONS:
+            raise ValueError(f"clusters (rotation count) must be one of {sorted(fdata.ROTATIONS)}, got {self.clusters!r}")
+        if self.agents % self.clusters:
+            raise ValueError(f"agents ({self.agents}) must be divisible by clusters ({self.clusters})")
+        if self.samples_per_agent is not None:
+            _checks.positive_int("samples_per_agent", self.samples_per_agent)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How a federated run goes.
+
+    Attributes:
+      rounds: communication rounds T.
+      eval_every: evaluate (test accuracy) every this many rounds and after the last.
+      test_size: evaluate on the first test_size images of each test set (none: all).
+      seed: seed of the algorithm's randomness.
+      checkpoint_every: checkpoint every this many rounds (none: never).
+      memory_budget_gb: FedCBO: pick the largest eval_chunk whose round fits this many GiB.
+      tensorboard: also write TensorBoard event files to the results directory.
+    """
+
     rounds: int = 100
     eval_every: int = 10
     test_size: int | None = None
     seed: int = 0
     checkpoint_every: int | None = None
-    memory_budget_gb: float | None = None  # FedCBO: pick the largest eval_chunk whose round fits
+    memory_budget_gb: float | None = None
+    tensorboard: bool = False
 
     def __post_init__(self):
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {self.algorithm!r}")
-        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
-            raise ValueError(f"memory_budget_gb must be > 0, got {self.memory_budget_gb}")
-        self.local_config()  # validates the local SGD fields
-        self.algorithm_config()
-
-    def local_config(self) -> LocalSGDConfig:
-        return LocalSGDConfig(epochs=self.epochs, batch_size=self.batch_size, lr=self.lr, momentum=self.momentum,
-                              reset_optimizer=self.reset_optimizer)
-
-    def algorithm_config(self):
-        loc = self.local_config()
-        if self.algorithm == "fedcbo":
-            return FedCBOConfig(M=self.M, lambda1=self.lambda1, gamma=self.gamma, alpha=self.alpha, selection=self.selection,
-                                eps0=self.eps0, eps_decay=self.eps_decay, eps_min=self.eps_min, noise=self.noise,
-                                sigma1=self.sigma1, loss_reduction=self.loss_reduction, participation=self.participation,
-                                eval_chunk=self.eval_chunk, local=loc)
-        if self.algorithm == "fedavg":
-            return FedAvgConfig(participation=self.participation, local=loc)
-        if self.algorithm == "ifca":
-            return IFCAConfig(k=self.k or self.clusters, participation=self.participation, local=loc)
-        return LocalConfig(participation=self.participation, local=loc)
-
-    def replace(self, **kw) -> "FedRunConfig":
-        return dataclasses.replace(self, **kw)
+        _checks.positive_int("rounds", self.rounds)
+        _checks.positive_int("eval_every", self.eval_every)
+        if self.test_size is not None:
+            _checks.positive_int("test_size", self.test_size)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.checkpoint_every is not None:
+            _checks.positive_int("checkpoint_every", self.checkpoint_every)
+        if self.memory_budget_gb is not None:
+            _checks.positive("memory_budget_gb", self.memory_budget_gb)
 
 
-def load_data(cfg: FedRunConfig) -> fdata.FederatedData:
-    """Rotated MNIST for ``cfg`` (validates agents/clusters before loading anything)."""
-    if cfg.clusters not in fdata.ROTATIONS:
-        raise ValueError(f"clusters (rotation count) must be one of {sorted(fdata.ROTATIONS)}, got {cfg.clusters}")
-    if cfg.agents % cfg.clusters:
-        raise ValueError(f"agents ({cfg.agents}) must be divisible by clusters ({cfg.clusters})")
-    if cfg.algorithm == "fedcbo" and not 1 <= cfg.M <= cfg.agents - 1:
-        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.agents - 1}, got M={cfg.M}")
-    source = mnist.load_mnist(cfg.source, cfg.data_dir)
-    return fdata.rotated_mnist(source, cfg.agents, cfg.clusters, cfg.samples_per_agent, seed=cfg.data_seed)
+@functools.lru_cache(maxsize=None)
+def experiment_class(algorithm: str) -> type:
+    """The config dataclass of ``cbo-jax run ALGORITHM``: ``algorithm``, ``data``, ``config``, ``run``."""
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
+    field = dataclasses.field
+    return dataclasses.make_dataclass(
+        f"{algorithm.capitalize()}Experiment",
+        [("algorithm", str, field(default=algorithm)),
+         ("data", RotatedMNISTConfig, field(default_factory=RotatedMNISTConfig)),
+         ("config", ALGORITHMS[algorithm], field(default_factory=ALGORITHMS[algorithm])),
+         ("run", RunOptions, field(default_factory=RunOptions))],
+        frozen=True, namespace={"__doc__": f"A `cbo-jax run {algorithm}` experiment."})
 
 
-def build(cfg: FedRunConfig, num_agents: int, mesh=None):
+def default_config(algorithm: str, **sections):
+    """The experiment config of ``algorithm`` with the given sections replaced."""
+    cfg = experiment_class(algorithm)()
+    if algorithm == "ifca" and "config" not in sections:
+        sections["config"] = dataclasses.replace(cfg.config, k=(sections.get("data") or cfg.data).clusters)
+    return dataclasses.replace(cfg, **sections)
+
+
+# Flat option names of the earlier flat config (and flags) -> their place now.
+FLAT_ALIASES = {
+    "source": ("data", "source"), "data_dir": ("data", "data_dir"), "agents": ("data", "agents"),
+    "clusters": ("data", "clusters"), "samples_per_agent": ("data", "samples_per_agent"), "data_seed": ("data", "seed"),
+    "epochs": ("config", "local", "epochs"), "batch_size": ("config", "local", "batch_size"),
+    "lr": ("config", "local", "lr"), "momentum": ("config", "local", "momentum"),
+    "reset_optimizer": ("config", "local", "reset_optimizer"),
+}
+
+
+def _flat_names(algorithm: str) -> dict[str, tuple[str, ...]]:
+    """Top-level names of a flat config file: the algorithm's and run's fields, and the aliases."""
+    flat = {}
+    for f in cfgs.fields(experiment_class(algorithm)):
+        if f.path[0] in ("config", "run"):
+            flat[".".join(f.path[1:])] = f.path
+    flat.update({k: v for k, v in FLAT_ALIASES.items() if v[1:2] != ("local",) or "local" in _sections(algorithm)})
+    return flat
+
+
+def _sections(algorithm: str) -> set[str]:
+    return {f.path[1] for f in cfgs.fields(experiment_class(algorithm)) if len(f.path) > 2}
+
+
+def add_run_arguments(p: argparse.ArgumentParser, algorithm: str) -> dict:
+    """The flags of ``cbo-jax run ALGORITHM``, generated from its config; returns their fields."""
+    sections = {f.name: f.type for f in dataclasses.fields(experiment_class(algorithm))}
+    dests = {}
+    for section, strip, title in (("data", (), "data (rotated MNIST)"), ("config", ("config",), algorithm),
+                                  ("run", ("run",), "run")):
+        aliases = {"--" + k.replace("_", "-"): ".".join(path[len(strip):]) for k, path in FLAT_ALIASES.items()
+                   if path[0] == section and (section != "config" or "local" in _sections(algorithm))}
+        dests.update(cfgs.add_flags(p, sections[section], prefix=(section,), strip=strip, aliases=aliases, group=title))
+    return dests
+
+
+def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base=None):
+    """``--config FILE`` (JSON) first, then every explicitly given flag over it."""
+    cfg = base if base is not None else default_config(algorithm)
+    values: dict = {}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        if not path.is_file():
+            raise ValueError(f"--config {path}: no such file")
+        try:
+            raw = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--config {path}: not valid JSON ({err})") from None
+        if isinstance(raw, dict) and raw.get("algorithm", algorithm) != algorithm:
+            raise ValueError(f"--config {path} is a {raw['algorithm']!r} config, not {algorithm!r}")
+        raw = {k: v for k, v in raw.items() if k != "algorithm"} if isinstance(raw, dict) else raw
+        values.update(cfgs.values_from_dict(raw, experiment_class(algorithm), flat=_flat_names(algorithm),
+                                            source=f"--config {path}"))
+    values.update(cfgs.values_from_args(args, dests))
+    if algorithm == "ifca" and ("config", "k") not in values and ("data", "clusters") in values:
+        values[("config", "k")] = values[("data", "clusters")]
+    return cfgs.build(cfg, values)
+
+
+def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
+    """Rotated MNIST as configured."""
+    source = mnist.load_mnist(data.source, data.data_dir)
+    return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed)
+
+
+def build(cfg, num_agents: int, mesh=None):
     """The model and the algorithm; with ``mesh``, FedCBO exchanges its downloads between devices."""
     model = models.mlp_mnist()
     if cfg.algorithm == "fedcbo":
-        return model, fedcbo(model, cfg.algorithm_config(), num_agents, mesh=mesh)
+        if not 1 <= cfg.config.M <= num_agents - 1:
+            raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {num_agents - 1}, "
+                             f"got M={cfg.config.M}")
+        downloads = None
+        if mesh is not None:
+            from cbo_jax.federated.exchange import exchange_downloads
+
+            downloads = exchange_downloads(mesh)
+        return model, fedcbo(model, cfg.config, num_agents, downloads=downloads)
     builder = {"fedavg": fedavg, "ifca": ifca, "local": local_only}[cfg.algorithm]
-    return model, builder(model, cfg.algorithm_config(), num_agents)
+    return model, builder(model, cfg.config, num_agents)
 
 
-def run_experiment(cfg: FedRunConfig, out_dir: str | Path | None = None, progress: bool = True,
+def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True,
                    data: fdata.FederatedData | None = None, resume: bool = False, mesh=None) -> RunResult:
     """Run one configured experiment; write its results directory when ``out_dir`` is given."""
-    data = data if data is not None else load_data(cfg)
-    if cfg.memory_budget_gb is not None and cfg.algorithm == "fedcbo":
-        from cbo_jax.federated.algorithms.fedcbo import eval_chunk_for_budget
+    if cfg.algorithm == "fedcbo" and not 1 <= cfg.config.M <= cfg.data.agents - 1:
+        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.data.agents - 1}, "
+                         f"got M={cfg.config.M}")
+    data = data if data is not None else load_data(cfg.data)
+    if cfg.run.memory_budget_gb is not None and cfg.algorithm == "fedcbo":
+        from cbo_jax.federated.memory import eval_chunk_for_budget
 
-        chunk, plan = eval_chunk_for_budget(models.mlp_mnist(), cfg.algorithm_config(),
-                                            AgentData.from_federated(data), cfg.memory_budget_gb * 2**30, mesh=mesh)
-        print(f"memory budget {cfg.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
+        chunk, plan = eval_chunk_for_budget(models.mlp_mnist(), cfg.config, data.train, cfg.run.memory_budget_gb * 2**30,
+                                            mesh=mesh)
+        print(f"memory budget {cfg.run.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
               + ", ".join(f"{c}: {b / 2**30:.2f}" for c, b in plan.items()) + ")", flush=True)
-        cfg = cfg.replace(eval_chunk=chunk)
+        cfg = dataclasses.replace(cfg, config=dataclasses.replace(cfg.config, eval_chunk=chunk))
     model, algorithm = build(cfg, data.num_agents, mesh=mesh)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-    res = run_federated(algorithm, model, data, cfg.rounds, jax.random.key(cfg.seed), eval_every=cfg.eval_every,
-                        eval_chunk=cfg.eval_chunk, test_size=cfg.test_size, out_dir=out,
-                        checkpoint_every=cfg.checkpoint_every, resume=resume, mesh=mesh, progress=progress)
-    if out is not None:
-        (out / "summary.json").write_text(json.dumps(res.summary, indent=2) + "\n")
-        plot_history(res.history, out, title=cfg.algorithm)
+    data.check(model)
+    chunk = getattr(cfg.config, "eval_chunk", 8)
+    round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
+    res = run(algorithm, data, cfg.run.rounds, jax.random.key(cfg.run.seed), metrics=metrics,
+              round_metrics=round_metrics, every=cfg.run.eval_every, out=out_dir, config=cfgs.to_dict(cfg), mesh=mesh,
+              checkpoint_every=cfg.run.checkpoint_every, resume=resume, progress=progress,
+              tensorboard=cfg.run.tensorboard)
+    res.summary["num_clusters"] = data.num_clusters
+    if out_dir is not None:
+        (Path(out_dir) / "summary.json").write_text(json.dumps(res.summary, indent=2) + "\n")
     return res
 
 
-def plot_history(history: list[dict], out: Path, title: str = "") -> list[Path]:
-    """Accuracy vs round, and (FedCBO) SR_n vs its oracle, as PNG files."""
-    from cbo_jax._plotting import subplots
-
-    paths = []
-    ev = [h for h in history if "test_acc" in h]
-    fig, ax = subplots(figsize=(5, 3.5))
-    ax.plot([h["round"] for h in ev], [h["test_acc"] for h in ev], marker="o")
-    ax.set_xlabel("communication round")
-    ax.set_ylabel("mean test accuracy (%)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    paths.append(out / "accuracy.png")
-    fig.savefig(paths[-1], dpi=120)
-    if history and "sr" in history[0]:
-        fig, ax = subplots(figsize=(5, 3.5))
-        rounds = [h["round"] for h in history]
-        ax.plot(rounds, [h["sr"] for h in history], label="SR$_n$ (measured)")
-        ax.plot(rounds, [h["sr_oracle"] for h in history], "--", label="oracle (1-ε)+ε·share")
-        ax.set_xlabel("communication round")
-        ax.set_ylabel("successful selection rate")
-        ax.set_ylim(0, 1.02)
-        ax.legend()
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        paths.append(out / "selection_rate.png")
-        fig.savefig(paths[-1], dpi=120)
-    return paths
-
-
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """One option per :class:`FedRunConfig` field (``--samples-per-agent`` etc.)."""
-    for f in dataclasses.fields(FedRunConfig):
-        if f.name == "algorithm":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=None, metavar="BOOL")
-        elif f.name in ("source", "selection", "noise", "loss_reduction", "data_dir"):
-            p.add_argument(flag, default=None)
-        elif "float" in str(f.type):
-            p.add_argument(flag, type=float, default=None)
+def comparison(data: RotatedMNISTConfig, local, run_options: RunOptions, fedcbo_config: FedCBOConfig,
+               algorithms=("fedcbo", "ifca", "fedavg", "local")) -> dict:
+    """One experiment config per algorithm, all with the same data, local SGD and run options
+    (FedCBO with ``fedcbo_config``; IFCA with one server model per cluster)."""
+    out = {}
+    for name in algorithms:
+        if name == "fedcbo":
+            algo = dataclasses.replace(fedcbo_config, local=local)
+        elif name == "ifca":
+            algo = IFCAConfig(k=data.clusters, local=local)
         else:
-            p.add_argument(flag, type=int, default=None)
+            algo = ALGORITHMS[name](local=local)
+        out[name] = default_config(name, data=data, config=algo, run=run_options)
+    return out
 
 
-def config_from_args(algorithm: str, args: argparse.Namespace, base: FedRunConfig | None = None) -> FedRunConfig:
-    """``--config FILE`` (JSON) first, then any explicit command-line option over it."""
-    kw = {}
-    if getattr(args, "config", None):
-        kw.update(json.loads(Path(args.config).read_text()))
-    for f in dataclasses.fields(FedRunConfig):
-        v = getattr(args, f.name, None)
-        if v is not None and f.name != "algorithm":
-            kw[f.name] = v
-    kw["algorithm"] = algorithm
-    unknown = set(kw) - {f.name for f in dataclasses.fields(FedRunConfig)}
-    if unknown:
-        raise ValueError(f"unknown config keys: {sorted(unknown)}")
-    return dataclasses.replace(base or FedRunConfig(), **kw)
+def replace(cfg, **kw: Any):
+    """``cfg`` with fields replaced by dotted name: ``replace(cfg, **{"run.rounds": 5, "config.M": 3})``."""
+    return cfgs.build(cfg, {tuple(k.split(".")): v for k, v in kw.items()})

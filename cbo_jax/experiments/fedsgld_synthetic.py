@@ -26,15 +26,14 @@ training loss diverge (measured: benchmarks/RESULTS_fedsgld.md). The default ``C
 rarely clips and trains well, and the accountant then reports the honest consequence: a
 vacuous ε.
 
-Every method runs all rounds as one jitted ``lax.scan``, with the metrics of the server
-model computed inside the scan after every round.
+Every method runs through :func:`cbo_jax.federated.run`, with the server model's pooled
+metrics (:func:`cbo_jax.federated.metrics.pooled`) evaluated after every round.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
@@ -44,10 +43,12 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax.experiments import Experiment
+from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import privacy
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
+from cbo_jax.federated import runner
 from cbo_jax.federated.synthetic import SyntheticData, synthetic
-from cbo_jax.models import cross_entropy, logistic_regression
+from cbo_jax.models import logistic_regression
 
 __all__ = ["SyntheticRunConfig", "build_algorithms", "train_curves", "run_case", "EXPERIMENT"]
 
@@ -110,46 +111,24 @@ def build_algorithms(cfg: SyntheticRunConfig, noise: float, num_agents: int, wit
     return algs
 
 
-def _pooled(model, params, x, y, counts):
-    """Pooled cross-entropy and accuracy of one model over every device's real samples."""
-    logits = jax.vmap(lambda xi: model.apply(params, xi))(x)  # (N, n, C)
-    real = (jnp.arange(x.shape[1])[None, :] < counts[:, None]).astype(jnp.float32)
-    ce = cross_entropy(logits, y)
-    hit = (jnp.argmax(logits, -1) == y).astype(jnp.float32)
-    total = jnp.maximum(jnp.sum(real), 1.0)
-    per_device = jnp.sum(ce * real, axis=1) / jnp.maximum(jnp.sum(real, axis=1), 1.0)
-    return jnp.sum(ce * real) / total, jnp.sum(hit * real) / total, jnp.mean(per_device)
-
-
-@functools.partial(jax.jit, static_argnames=("algorithm", "model", "rounds"))
-def _scan_rounds(key, agents, test_x, test_y, test_counts, *, algorithm, model, rounds: int):
-    state = algorithm.init(key)
-
-    def body(s, _):
-        s, info = algorithm.round(s, agents)
-        _, params = algorithm.eval_models(s)
-        server = jax.tree_util.tree_map(lambda leaf: leaf[0], params)
-        loss, acc, obj = _pooled(model, server, agents.x, agents.y, agents.counts)
-        _, tacc, _ = _pooled(model, server, test_x, test_y, test_counts)
-        return s, {"train_loss": loss, "objective": obj, "train_acc": acc * 100, "test_acc": tacc * 100,
-                   "local_loss": jnp.mean(info.train_loss)}
-
-    return jax.lax.scan(body, state, None, length=rounds)
+def _local_loss(info) -> dict:
+    return {"local_loss": jnp.mean(info.train_loss)}
 
 
 def train_curves(algorithm, model, data: SyntheticData, rounds: int, key: jax.Array) -> dict:
-    """Run ``rounds`` rounds in one jitted scan; per-round metrics of the server model.
+    """Run ``rounds`` rounds (:func:`cbo_jax.federated.run`); per-round metrics of the server model.
 
     Returns NumPy arrays: ``train_loss`` (pooled over training samples), ``objective``
     (``(1/N) Σ_i F_i``, what the primal-dual methods minimise), ``train_acc``,
     ``test_acc`` (pooled, %), ``local_loss`` (mean over nodes of ``F_i`` at the node's
-    returned local iterate). The data are arguments of the compiled program (not
-    constants), so repeated calls with the same algorithm and model reuse it.
+    returned local iterate).
     """
     _checks.positive_int("rounds", rounds)
-    _, rec = _scan_rounds(key, data.agent_data(), jnp.asarray(data.test_x), jnp.asarray(data.test_y),
-                          jnp.asarray(data.test_counts), algorithm=algorithm, model=model, rounds=rounds)
-    return {k: np.asarray(v) for k, v in jax.device_get(rec).items()}
+    agents = data.agent_data()
+    metrics = [fm.pooled(model, agents, data.test_x, data.test_y, data.test_counts)]
+    res = runner.run(algorithm, agents, rounds, key, metrics=metrics, round_metrics=[_local_loss], every=1, progress=False)
+    return {k: np.asarray([row[k] for row in res.history]) for k in
+            ("train_loss", "objective", "train_acc", "test_acc", "local_loss")}
 
 
 def _roughness(curve: np.ndarray) -> float:

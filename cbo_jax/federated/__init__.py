@@ -1,1 +1,26 @@
-"""Federated learning on stacked agents (data sources so far; algorithms to come)."""
+"""Federated learning on stacked agents: algorithms, data, metrics and the one runner.
+
+>>> import jax, cbo_jax.federated as fl
+>>> data = fl.FederatedData.from_arrays(x, y, cluster=c, test_x=tx, test_y=ty)   # doctest: +SKIP
+>>> model = fl.from_flax(MyModule(), x[0, :1])                                   # doctest: +SKIP
+>>> alg = fl.fedcbo(model, fl.FedCBOConfig(M=5), data.num_agents)                 # doctest: +SKIP
+>>> res = fl.run(alg, data, 20, jax.random.key(0),                               # doctest: +SKIP
+...              metrics=[fl.metrics.test_accuracy(model, data)], out="results/mine")
+"""
+
+from cbo_jax.federated import metrics
+from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
+from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
+                                          FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
+                                          fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
+from cbo_jax.federated.data import AgentData, FederatedData, rotated_mnist
+from cbo_jax.federated.local import LocalSGDConfig
+from cbo_jax.federated.runner import RunResult, run
+from cbo_jax.federated.selection import SelectionRule, epsilon_greedy, prob_sampling, uniform
+from cbo_jax.models import Model, from_flax
+
+__all__ = ["AgentData", "Algorithm", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig", "FedPDConfig",
+           "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model", "RunResult",
+           "SGLDConfig", "SelectionRule", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg", "fedcb2o",
+           "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
+           "prob_sampling", "rotated_mnist", "run", "uniform"]

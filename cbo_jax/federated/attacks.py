@@ -22,7 +22,8 @@ trains locally on its flipped data, as every agent trains on its own.
 
 Local training of groups of unequal size (:func:`grouped_local_train`) trains each
 contiguous group (benign training sets of 400, malicious sets of 1200) with its own
-padding, so no agent pays for another group's larger data set.
+padding, so no agent pays for another group's larger data set. Inactive padding agents
+of a sharded run go after the attackers (:meth:`AttackData.pad`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,7 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import AgentData, weighted_rows_mean
-from cbo_jax.federated.data import ROTATIONS, rotate
+from cbo_jax.federated.data import ROTATIONS, AgentData, rotate
 from cbo_jax.federated.local import LocalResult, LocalSGDConfig, local_train
 from cbo_jax.federated.mnist import MNIST, DataError
 
@@ -125,12 +125,29 @@ class AttackData(NamedTuple):
     Attributes:
       benign: the benign agents' training splits ``(N_b, n_train, ...)``.
       val: the benign agents' validation splits ``(N_b, n_val, ...)``.
-      malicious: the malicious agents' (flipped, or for Oracle Max clean) data.
+      malicious: the malicious agents' (flipped, or for Oracle Max clean) data; no
+        agents for Oracle Min.
     """
 
     benign: AgentData
     val: AgentData
     malicious: AgentData
+
+    @property
+    def num_agents(self) -> int:
+        return self.benign.num_agents + self.malicious.num_agents
+
+    @property
+    def groups(self) -> tuple[AgentData, ...]:
+        """The training groups in agent order (benign, then the attackers if any)."""
+        return (self.benign, self.malicious) if self.malicious.num_agents else (self.benign,)
+
+    def pad(self, size: int) -> "AttackData":
+        """``size - N`` inactive padding agents after the last agents (the attackers, or
+        the benign agents when there are none); the validation splits stay as they are."""
+        group = "malicious" if self.malicious.num_agents else "benign"
+        g = getattr(self, group)
+        return self._replace(**{group: g.pad(g.num_agents + size - self.num_agents)})
 
 
 class AttackDataset(NamedTuple):
@@ -170,17 +187,17 @@ class AttackDataset(NamedTuple):
     def _group(self, x, y) -> AgentData:
         return AgentData(jnp.asarray(x), jnp.asarray(y), jnp.full((x.shape[0],), x.shape[1], jnp.int32))
 
-    def attack_data(self, honest: bool = False) -> AttackData:
-        """Device arrays for FedCB²O/FedCBO (``honest=True``: attackers keep their true labels)."""
-        return AttackData(self._group(self.x_train, self.y_train), self._group(self.x_val, self.y_val),
-                          self._group(self.x_mal, self.y_mal_clean if honest else self.y_mal))
+    def attack_data(self, honest: bool = False, attackers: bool = True) -> AttackData:
+        """Device arrays for the round functions.
 
-    def oracle_groups(self, with_attackers: bool) -> tuple[AgentData, ...]:
-        """DFedAvgM groups: benign training splits, plus the attackers' clean data (Oracle Max)."""
-        groups = (self._group(self.x_train, self.y_train),)
-        if with_attackers and self.num_malicious:
-            groups += (self._group(self.x_mal, self.y_mal_clean),)
-        return groups
+        ``honest=True``: the attackers keep their true labels (Oracle Max);
+        ``attackers=False``: no attackers at all (Oracle Min).
+        """
+        mal = (self.x_mal, self.y_mal_clean if honest else self.y_mal)
+        if not attackers:
+            mal = (self.x_mal[:0], self.y_mal[:0])
+        return AttackData(self._group(self.x_train, self.y_train), self._group(self.x_val, self.y_val),
+                          self._group(*mal))
 
 
 def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> AttackDataset:
@@ -270,7 +287,7 @@ def attacker_average(params: PyTree, attackers: jax.Array, idx: jax.Array, valid
     w_self = jnp.where(ok[attackers], sizes[attackers], 0.0).astype(jnp.float32)
     rows = jnp.arange(attackers.shape[0])
     dense = jnp.zeros((attackers.shape[0], n), jnp.float32).at[rows[:, None], idx].add(w).at[rows, attackers].add(w_self)
-    return weighted_rows_mean(clean, dense)
+    return pop.weighted_average(clean, dense)
 
 
 def _rows(tree: PyTree, start: int, stop: int) -> PyTree:
@@ -288,7 +305,7 @@ def grouped_local_train(model, cfg: LocalSGDConfig, params: PyTree, opt_state: P
     for g, k in zip(groups, jax.random.split(key, len(groups))):
         stop = start + g.counts.shape[0]
         st = None if opt_state is None else _rows(opt_state, start, stop)
-        results.append(local_train(model, cfg, _rows(params, start, stop), st, g.x, g.y, g.counts, k))
+        results.append(local_train(model, cfg, _rows(params, start, stop), st, g, k))
         start = stop
     n = pop.num_agents(params)
     if start != n:

@@ -1,9 +1,21 @@
 """Federated data: every agent's samples stacked on a leading agent axis.
 
-:class:`FederatedData` holds ``N`` agents' training sets as one array
-``(N, n_max, ...)`` (padded to the largest agent, with ``counts`` and a derived
-``mask`` for unequal sizes), the true cluster id of each agent, and one test set per
-cluster. The cluster ids are for metrics only: no algorithm may read them.
+Two containers:
+
+* :class:`AgentData` -- what an algorithm's round sees: ``(N, n_max, ...)`` inputs and
+  labels padded to the largest agent, ``counts`` (real samples per agent) and ``valid``
+  (real agents; ``False`` on the inactive padding agents a sharded run appends, see
+  :mod:`cbo_jax.federated.padding`). Selection, averaging and metrics respect both.
+* :class:`FederatedData` -- a whole benchmark on the host: the training side, test sets,
+  which test set each agent is measured on, and optionally the true cluster ids. The
+  cluster ids are for metrics only: no algorithm ever receives them.
+
+Test sets come in three layouts, told apart by ``test_of`` (agent -> test set): one per
+cluster (rotated MNIST: agent ``j`` is tested on its cluster's set), one per agent
+(synthetic(α, β)), or one shared by all agents. Build any of them from arrays or from
+per-agent lists with :meth:`FederatedData.from_arrays` / :meth:`FederatedData.from_lists`;
+:meth:`FederatedData.check` validates shapes, counts, labels and the model's output
+shape on the host, before anything is compiled.
 
 :func:`rotated_mnist` builds the rotated-MNIST benchmark of the FedCBO paper
 (REFERENCE_NOTES §1.3): ``K`` clusters, cluster ``k`` sees every image rotated by its
@@ -14,68 +26,245 @@ whole test set rotated the same way.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax.federated.mnist import MNIST
+from cbo_jax.population import resize_rows
 
-__all__ = ["FederatedData", "ROTATIONS", "rotated_mnist"]
+__all__ = ["AgentData", "FederatedData", "ROTATIONS", "rotated_mnist", "rotate"]
 
 # Rotation (degrees, counter-clockwise) of each cluster for K = 1, 2, 4. K = 2 uses the
 # two upright-symmetric angles 0° and 180°, as the FedCB²O experiment does.
 ROTATIONS = {1: (0,), 2: (0, 180), 4: (0, 90, 180, 270)}
 
 
-class FederatedData(NamedTuple):
-    """Per-agent data stacked on the agent axis (a pytree of arrays).
+class AgentData(NamedTuple):
+    """The agents' training data as an algorithm's round sees it (a pytree of arrays).
 
     Attributes:
-      x: ``(N, n_max, ...)`` inputs (``uint8`` images for MNIST; models scale them).
-      y: ``(N, n_max)`` integer labels (padding rows hold 0).
-      counts: ``(N,)`` number of real samples of each agent.
-      cluster: ``(N,)`` true cluster id (metrics only).
-      test_x: ``(K, n_test, ...)`` one test set per cluster.
-      test_y: ``(K, n_test)``.
+      x: ``(N, n_max, ...)`` inputs, padded with zeros after each agent's ``counts[j]`` samples.
+      y: ``(N, n_max, ...)`` labels or targets (padding rows hold 0).
+      counts: ``(N,)`` real samples of each agent.
+      valid: ``(N,)`` bool, the real agents (``None``: all of them).
+    """
+
+    x: Any
+    y: Any
+    counts: Any
+    valid: Any = None
+
+    @property
+    def num_agents(self) -> int:
+        return int(np.shape(self.counts)[0])
+
+    @property
+    def agent_mask(self) -> jax.Array:
+        """``(N,)`` bool: the real agents."""
+        if self.valid is None:
+            return jnp.ones(np.shape(self.counts), bool)
+        return jnp.asarray(self.valid)
+
+    @property
+    def sample_mask(self) -> jax.Array:
+        """``(N, n_max)`` bool: the real samples."""
+        return jnp.arange(np.shape(self.x)[1])[None, :] < jnp.asarray(self.counts)[:, None]
+
+    def pad(self, size: int) -> "AgentData":
+        """``size - N`` inactive padding agents appended: no samples, ``valid`` False."""
+        return resize_rows(self._replace(valid=self.agent_mask), size)
+
+
+class FederatedData(NamedTuple):
+    """A federated benchmark on the host (NumPy arrays).
+
+    Attributes:
+      x, y, counts: the training side (see :class:`AgentData`).
+      cluster: ``(N,)`` true cluster ids (metrics only), or ``None``.
+      test_x: ``(T, n_test, ...)`` test sets (``None``: no test data).
+      test_y: ``(T, n_test, ...)``.
+      test_counts: ``(T,)`` real samples of each test set (``None``: all ``n_test``).
+      test_of: ``(N,)`` the test set of each agent (``None``: see :meth:`test_index`).
     """
 
     x: np.ndarray
     y: np.ndarray
     counts: np.ndarray
-    cluster: np.ndarray
-    test_x: np.ndarray
-    test_y: np.ndarray
+    cluster: np.ndarray | None = None
+    test_x: np.ndarray | None = None
+    test_y: np.ndarray | None = None
+    test_counts: np.ndarray | None = None
+    test_of: np.ndarray | None = None
 
     @property
     def num_agents(self) -> int:
-        return int(self.x.shape[0])
+        return int(np.shape(self.x)[0])
 
     @property
-    def num_clusters(self) -> int:
-        return int(self.test_x.shape[0])
+    def num_clusters(self) -> int | None:
+        """Clusters among the true ids (``None`` when the data has none)."""
+        return None if self.cluster is None else int(np.max(self.cluster)) + 1
+
+    @property
+    def num_test_sets(self) -> int:
+        return 0 if self.test_x is None else int(np.shape(self.test_x)[0])
 
     @property
     def mask(self) -> np.ndarray:
         """``(N, n_max)`` boolean: ``True`` on real samples, ``False`` on padding."""
         return np.arange(self.x.shape[1])[None, :] < np.asarray(self.counts)[:, None]
 
+    @property
+    def train(self) -> AgentData:
+        """The training side as device arrays, what the algorithms' rounds take."""
+        return AgentData(jnp.asarray(self.x), jnp.asarray(self.y), jnp.asarray(self.counts, jnp.int32))
+
+    def test_index(self) -> np.ndarray:
+        """``(N,)``: which test set agent ``j`` is measured on.
+
+        ``test_of`` when given; otherwise the only test set, the agent's cluster (one
+        test set per cluster), or the agent's own (one test set per agent).
+        """
+        t, n = self.num_test_sets, self.num_agents
+        if self.test_of is not None:
+            return np.asarray(self.test_of, np.int32)
+        if t == 1:
+            return np.zeros(n, np.int32)
+        if self.cluster is not None and t == self.num_clusters:
+            return np.asarray(self.cluster, np.int32)
+        if t == n:
+            return np.arange(n, dtype=np.int32)
+        raise ValueError(f"cannot tell which of the {t} test sets each of the {n} agents uses: pass test_of")
+
     @classmethod
-    def from_lists(cls, xs, ys, cluster, test_x, test_y) -> "FederatedData":
-        """Stack per-agent arrays of unequal sizes, padding with zeros."""
-        if len(xs) != len(ys) or len(xs) != len(cluster):
-            raise ValueError(f"xs, ys and cluster must have one entry per agent; got {len(xs)}, {len(ys)}, {len(cluster)}")
-        counts = np.array([len(x) for x in xs], np.int32)
-        for j, (x, y) in enumerate(zip(xs, ys)):
-            if len(x) != len(y):
-                raise ValueError(f"agent {j} has {len(x)} inputs but {len(y)} labels")
-        n_max = int(counts.max(initial=0))
-        x = np.zeros((len(xs), n_max) + np.shape(xs[0])[1:], np.asarray(xs[0]).dtype)
-        y = np.zeros((len(xs), n_max), np.int32)
+    def from_arrays(cls, x, y, *, counts=None, cluster=None, test_x=None, test_y=None, test_counts=None,
+                    test_of=None) -> "FederatedData":
+        """From stacked arrays ``(N, n, ...)``; ``counts`` default to ``n`` for every agent.
+
+        ``test_x``/``test_y`` may be one shared test set ``(n_test, ...)`` (a leading
+        axis of 1 is added) or stacked test sets ``(T, n_test, ...)``.
+        """
+        x, y = np.asarray(x), np.asarray(y)
+        if x.ndim < 2:
+            raise ValueError(f"x must be (N, n_samples, ...) stacked per agent, got shape {x.shape}")
+        counts = np.full(x.shape[0], x.shape[1], np.int32) if counts is None else np.asarray(counts)
+        if (test_x is None) != (test_y is None):
+            raise ValueError("give both test_x and test_y, or neither")
+        if test_x is not None:
+            test_x, test_y = np.asarray(test_x), np.asarray(test_y)
+            if test_x.ndim == x.ndim - 1:  # one shared test set
+                test_x, test_y = test_x[None], test_y[None]
+        return cls(x, _labels(y), counts, None if cluster is None else np.asarray(cluster), test_x,
+                   None if test_y is None else _labels(test_y), None if test_counts is None else np.asarray(test_counts),
+                   None if test_of is None else np.asarray(test_of))
+
+    @classmethod
+    def from_lists(cls, xs: Sequence, ys: Sequence, cluster=None, test_x=None, test_y=None, *,
+                   test_of=None) -> "FederatedData":
+        """Stack per-agent arrays of unequal sizes, padding with zeros.
+
+        ``test_x``/``test_y``: stacked test sets ``(T, n_test, ...)``, one shared set
+        ``(n_test, ...)``, or lists of per-set arrays of unequal sizes (padded, with
+        ``test_counts``).
+        """
+        if len(xs) != len(ys):
+            raise ValueError(f"xs and ys must have one entry per agent; got {len(xs)} and {len(ys)}")
+        if cluster is not None and len(cluster) != len(xs):
+            raise ValueError(f"cluster must have one entry per agent ({len(xs)}), got {len(cluster)}")
         for j, (xj, yj) in enumerate(zip(xs, ys)):
-            x[j, : len(xj)] = xj
-            y[j, : len(yj)] = yj
-        return cls(x, y, counts, np.asarray(cluster, np.int32), np.asarray(test_x), np.asarray(test_y, np.int32))
+            if len(xj) != len(yj):
+                raise ValueError(f"agent {j} has {len(xj)} inputs but {len(yj)} labels")
+        x, counts = _stack(xs)
+        y, _ = _stack(ys)
+        test_counts = None
+        if isinstance(test_x, (list, tuple)):
+            test_x, test_counts = _stack(test_x)
+            test_y, _ = _stack(test_y)
+        return cls.from_arrays(x, y, counts=counts, cluster=cluster, test_x=test_x, test_y=test_y,
+                               test_counts=test_counts, test_of=test_of)
+
+    def check(self, model=None) -> "FederatedData":
+        """Validate on the host; raise ``ValueError`` naming the first problem found.
+
+        Shapes of the training side and the test sets, one real sample at least per
+        agent, counts within the padded size, finite inputs, cluster ids and
+        ``test_of`` of the right length and range, labels within ``[0, classes)`` and,
+        given a ``model``, that its output fits the labels (before any compilation).
+        """
+        x, y, counts = np.asarray(self.x), np.asarray(self.y), np.asarray(self.counts)
+        if x.ndim < 2 or y.shape[:2] != x.shape[:2]:
+            raise ValueError(f"x must be (N, n_max, ...) and y (N, n_max, ...) with the same first two axes; got x "
+                             f"{x.shape} and y {y.shape}")
+        n, n_max = x.shape[:2]
+        if counts.shape != (n,) or not np.issubdtype(counts.dtype, np.integer):
+            raise ValueError(f"counts must hold one integer per agent ({n}), got shape {counts.shape} ({counts.dtype})")
+        empty = np.nonzero(counts < 1)[0]
+        if empty.size:
+            raise ValueError(f"agents {empty[:10].tolist()} have no samples (counts < 1); every agent needs data")
+        if counts.max() > n_max:
+            raise ValueError(f"counts up to {int(counts.max())} exceed the padded size n_max={n_max}")
+        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x[self.mask])):
+            raise ValueError("the training inputs x hold NaN or infinite values")
+        if self.cluster is not None:
+            c = np.asarray(self.cluster)
+            if c.shape != (n,) or not np.issubdtype(c.dtype, np.integer) or (c.size and c.min() < 0):
+                raise ValueError(f"cluster must hold one integer id >= 0 per agent ({n}), got {c.shape} {c.dtype}")
+        if self.test_x is not None:
+            tx, ty = np.asarray(self.test_x), np.asarray(self.test_y)
+            if tx.shape[2:] != x.shape[2:] or ty.shape[:2] != tx.shape[:2] or ty.shape[2:] != y.shape[2:]:
+                raise ValueError(f"test sets must be (T, n_test) + the samples' shape {x.shape[2:]} with labels "
+                                 f"(T, n_test) + {y.shape[2:]}; got test_x {tx.shape}, test_y {ty.shape}")
+            if self.test_counts is not None:
+                tc = np.asarray(self.test_counts)
+                if tc.shape != (tx.shape[0],) or tc.min(initial=1) < 1 or tc.max(initial=0) > tx.shape[1]:
+                    raise ValueError(f"test_counts must hold one count in [1, {tx.shape[1]}] per test set, got {tc}")
+            idx = self.test_index()
+            if idx.shape != (n,) or idx.min(initial=0) < 0 or idx.max(initial=0) >= tx.shape[0]:
+                raise ValueError(f"test_of must map each of the {n} agents to one of the {tx.shape[0]} test sets")
+        if model is not None:
+            _check_model(model, x, y, None if self.test_y is None else np.asarray(self.test_y))
+        return self
+
+
+def _labels(y: np.ndarray) -> np.ndarray:
+    return y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else y
+
+
+def _stack(parts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+    parts = [np.asarray(p) for p in parts]
+    counts = np.array([len(p) for p in parts], np.int32)
+    out = np.zeros((len(parts), int(counts.max(initial=0))) + parts[0].shape[1:], parts[0].dtype)
+    for j, p in enumerate(parts):
+        out[j, : len(p)] = p
+    return out, counts
+
+
+def _check_model(model, x: np.ndarray, y: np.ndarray, test_y: np.ndarray | None) -> None:
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    try:
+        out = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((1,) + x.shape[2:], x.dtype))
+    except Exception as err:  # noqa: BLE001 - reported with the shapes involved
+        raise ValueError(f"model {model.name} cannot take inputs of shape {x.shape[2:]}: {err}") from None
+    if model.is_classifier:
+        if out.shape != (1, model.num_classes):
+            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample but is a {model.num_classes}-class "
+                             f"classifier")
+        if not np.issubdtype(y.dtype, np.integer) or y.ndim != 2:
+            raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y.dtype} {y.shape}")
+        for name, labels in (("y", y), ("test_y", test_y)):
+            if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= model.num_classes):
+                raise ValueError(f"{name} holds labels outside [0, {model.num_classes}) for model {model.name}: "
+                                 f"{int(labels.min())}..{int(labels.max())}")
+    else:
+        try:
+            jax.eval_shape(model.loss, out, jax.ShapeDtypeStruct((1,) + y.shape[2:], y.dtype))
+        except Exception as err:  # noqa: BLE001
+            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, which its loss cannot compare "
+                             f"with targets of shape {y.shape[2:]}: {err}") from None
 
 
 def rotate(images: np.ndarray, degrees: int) -> np.ndarray:
@@ -103,7 +292,8 @@ def rotated_mnist(
       seed: seed of the random partition.
 
     Returns a :class:`FederatedData` whose agents ``k·N/K .. (k+1)·N/K - 1`` form
-    cluster ``k`` (the algorithms never see this order or the ids).
+    cluster ``k`` (the algorithms never see this order or the ids), with one test set
+    per cluster.
     """
     n = _checks.positive_int("num_agents", num_agents)
     if num_clusters not in ROTATIONS:

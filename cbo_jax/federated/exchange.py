@@ -19,7 +19,10 @@ few more rounds, not more memory. Memory per device: ``2 D B`` rows of buffers p
 the ``R`` fetched rows, where ``R`` is the number of requests. A full all-gather
 would take ``N`` rows.
 
-Must be called inside :func:`jax.shard_map` over the agent axis.
+:func:`fetch_rows` must be called inside :func:`jax.shard_map` over the agent axis.
+:func:`exchange_downloads` wraps it as a download map for
+:func:`cbo_jax.federated.aggregation.consensus_downloads`: FedCBO built with
+``fedcbo(..., downloads=exchange_downloads(mesh))`` never gathers the population.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import jax.numpy as jnp
 
 PyTree = Any
 
-__all__ = ["fetch_rows", "default_capacity"]
+__all__ = ["fetch_rows", "default_capacity", "exchange_downloads"]
 
 
 def default_capacity(num_requests: int, num_devices: int, slack: float = 2.0) -> int:
@@ -86,3 +89,51 @@ def fetch_rows(local: PyTree, idx: jax.Array, *, axis_name: str, num_devices: in
     out0 = jax.tree_util.tree_map(lambda leaf: jnp.zeros((flat.shape[0],) + leaf.shape[1:], leaf.dtype), local)
     out = jax.lax.fori_loop(0, rounds, one_round, out0)
     return jax.tree_util.tree_map(lambda leaf: leaf.reshape(shape + leaf.shape[1:]), out)
+
+
+def _largest_divisor_at_most(n: int, k: int) -> int:
+    return max(d for d in range(1, min(n, k) + 1) if n % d == 0)
+
+
+def exchange_downloads(mesh, capacity: int | None = None):
+    """A download map (:mod:`cbo_jax.federated.aggregation`) over the agent-sharded ``mesh``.
+
+    Each device evaluates the downloads of its own agents (the rows of ``idx`` it
+    holds; the number of rows must be a multiple of the device count, which the
+    runner's padding guarantees). The downloaded models are fetched with
+    :func:`fetch_rows`, ``chunk`` agents at a time, in buffers of ``capacity`` rows per
+    device pair (default: twice the even share): no device ever holds more than its
+    own shard plus one chunk's downloads. Same results as the local gather.
+    """
+    from jax.sharding import PartitionSpec
+
+    from cbo_jax import population as pop
+    from cbo_jax.sharding import AGENT_AXIS
+
+    d = mesh.size
+    spec = PartitionSpec(AGENT_AXIS)
+
+    def downloads(fn, params, idx, per_agent, chunk):
+        n, m = idx.shape
+        if n % d:
+            raise ValueError(f"{n} agents cannot be split evenly over {d} devices")
+        n_loc = n // d
+        c = _largest_divisor_at_most(n_loc, chunk)
+        cap = capacity or default_capacity(c * m, d)
+
+        def local(params_l, idx_l, *per_l):
+            table = pop.zero_nonfinite_rows(params_l)  # (clean rows, finite flags), once per round
+
+            def one_chunk(args):
+                idx_c, *rest = args
+                clean, finite = fetch_rows(table, idx_c, axis_name=AGENT_AXIS, num_devices=d, capacity=cap)
+                return jax.vmap(fn)(clean, finite, *rest)
+
+            split = lambda t: jax.tree_util.tree_map(lambda a: a.reshape((n_loc // c, c) + a.shape[1:]), t)  # noqa: E731
+            out = jax.lax.map(one_chunk, split((idx_l, *per_l)))
+            return jax.tree_util.tree_map(lambda a: a.reshape((n_loc,) + a.shape[2:]), out)
+
+        return jax.shard_map(local, mesh=mesh, in_specs=(spec,) * (2 + len(per_agent)), out_specs=spec,
+                             check_vma=False)(params, idx, *per_agent)
+
+    return downloads

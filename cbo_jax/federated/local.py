@@ -11,6 +11,9 @@ the agent untouched.
 The optimizer is optax's SGD with momentum. The FedCBO reference code builds a new
 optimizer every round (momentum resets); ``reset_optimizer=True`` does the same, and
 ``False`` carries the momentum across rounds.
+
+Agent ``j`` shuffles with its own key ``fold_in(key, j)``, so its training does not
+depend on how many agents follow it (padding agents of a sharded run).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ import jax.numpy as jnp
 import optax
 
 from cbo_jax import _checks
-from cbo_jax.models import Model, batch_loss, cross_entropy
+from cbo_jax.models import Model, masked_loss
 
 PyTree = Any
 
-__all__ = ["LocalSGDConfig", "LocalResult", "make_optimizer", "local_train", "agent_loss"]
+__all__ = ["LocalSGDConfig", "LocalResult", "make_optimizer", "local_train", "agent_loss", "agent_keys"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +79,7 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
     def grad_step(carry, batch):
         params, opt_state = carry
         idx, mask = batch
-        loss, grads = jax.value_and_grad(lambda p: batch_loss(model, p, x[idx], y[idx], mask))(params)
+        loss, grads = jax.value_and_grad(lambda p: masked_loss(model, p, x[idx], y[idx], mask))(params)
         updates, new_opt = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         has_data = jnp.any(mask)
@@ -97,8 +100,12 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
     return params, opt_state, losses[-1]
 
 
-def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, x, y, counts, key,
-                num_real: int | None = None) -> LocalResult:
+def agent_keys(key: jax.Array, num_agents: int) -> jax.Array:
+    """``(N,)`` per-agent keys ``fold_in(key, j)``: agent ``j``'s stream whatever ``N`` is."""
+    return jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(num_agents))
+
+
+def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, data, key) -> LocalResult:
     """Run :class:`LocalSGDConfig` local training on every agent (vmapped).
 
     Args:
@@ -106,39 +113,30 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
       params: stacked parameters ``(N, ...)``.
       opt_state: stacked optimizer state, or ``None`` to start fresh (always fresh when
         ``cfg.reset_optimizer``).
-      x, y, counts: the agents' stacked data (see :class:`FederatedData`).
-      key: PRNG key (one sub-key per agent).
-      num_real: with padding agents after the first ``num_real`` (sharded runs,
-        :mod:`cbo_jax.federated.padding`), the sub-keys are split for the real agents
-        only, so that they do not depend on the padding.
+      data: the agents' :class:`~cbo_jax.federated.data.AgentData` (an agent with no
+        samples, such as a padding agent, is left untouched).
+      key: PRNG key; agent ``j`` uses ``fold_in(key, j)``.
     """
     opt = make_optimizer(cfg)
-    n = counts.shape[0]
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
     train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one(model, cfg, opt, p, s, xi, yi, c, k))
-    if num_real is None or num_real == n:
-        keys = jax.random.split(key, n)
-    else:
-        from cbo_jax.federated.padding import agent_keys
-
-        keys = agent_keys(key, num_real, n)
-    return LocalResult(*train(params, opt_state, x, y, counts, keys))
+    return LocalResult(*train(params, opt_state, data.x, data.y, data.counts, agent_keys(key, data.counts.shape[0])))
 
 
 def agent_loss(model: Model, params: PyTree, x, y, count, batch_size: int | None = None, reduction: str = "mean"):
     """Loss of one model on one agent's data.
 
-    ``reduction="mean"``: mean cross-entropy over the agent's real samples.
+    ``reduction="mean"``: the mean loss over the agent's real samples (:func:`masked_loss`).
     ``reduction="sum_of_batch_means"``: the FedCBO reference code's quantity, the sum
     over consecutive mini-batches of size ``batch_size`` of each batch's mean loss
     (200 samples, B = 128: mean of the first 128 plus mean of the last 72).
     """
-    per = cross_entropy(model.apply(params, x), y)
     real = jnp.arange(x.shape[0]) < count
     if reduction == "mean":
-        return jnp.sum(jnp.where(real, per, 0.0)) / jnp.maximum(count, 1)
+        return masked_loss(model, params, x, y, real)
     if reduction == "sum_of_batch_means":
+        per = model.loss(model.apply(params, x), y)
         if batch_size is None:
             raise ValueError("reduction='sum_of_batch_means' needs batch_size")
         batch = jnp.arange(x.shape[0]) // batch_size

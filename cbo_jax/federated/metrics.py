@@ -1,43 +1,79 @@
-"""Metrics of a federated run. These may read the true cluster ids; algorithms may not.
+"""Metrics of a federated run: plain functions passed to :func:`cbo_jax.federated.run`.
 
-* :func:`evaluate` -- mean test accuracy over agents, as the FedCBO paper reports it:
-  for per-agent models (FedCBO, Local), agent ``j``'s own model on its cluster's test
-  set; for server models (FedAvg, IFCA), each test distribution uses the server model
-  with the smallest loss on it, and agents inherit the accuracy of their cluster's
-  distribution.
-* :func:`selection_rate` -- SR_n of Remark 6: the mean over agents of the share of
-  downloaded agents that belong to the agent's own cluster, and
-  :func:`oracle_selection_rate`, its expectation under ε-greedy sampling if every
-  greedy pick were right: ``(1 - ε) + ε · (same-cluster share among the others)``.
-* :func:`selection_frequency` -- ``(K, K)`` share of downloads from cluster ``b`` by
-  agents of cluster ``a``.
-* :func:`attack_metrics` -- FedCB²O §4 metrics over the benign agents, each with its own
-  model on its cluster's test set: overall accuracy, source-class accuracy and attack
-  success rate (share of source-class test images predicted as the target class).
-* :func:`category_stats` -- FedCB²O Fig. 5: per round, the share of a benign agent's
-  downloads and the total consensus weight they get, by category (same/other cluster ×
-  benign/malicious), averaged over benign agents.
+Metrics may read the true cluster ids and the attacker mask; algorithms may not. Two
+kinds, both built by the factories below:
+
+* **round metrics** ``f(info) -> dict`` see the round's info (the algorithm's own
+  NamedTuple, padding agents already removed) inside the jitted scan, every round, and
+  return arrays (or nested dicts of them). A metric that needs a field the info does
+  not have returns ``{}``, so one list of metrics fits every algorithm.
+  :func:`round_stats` (mean local loss, ε, participants), :func:`selection` (SR_n of
+  Remark 6 and its oracle, selection frequency by cluster), :func:`cluster_purity`
+  (IFCA), :func:`attack_selection` (FedCB²O Fig. 5: share and weight of downloads by
+  same/other cluster × benign/malicious).
+* **evaluation metrics** ``f(ev: Evaluation) -> dict`` run on the host at evaluation
+  rounds with the state of the real agents and the models the algorithm exposes
+  (``eval_models``). :func:`test_accuracy` (mean test accuracy over agents, as the
+  FedCBO paper reports it, or the test loss of a regression model),
+  :func:`attack_accuracy` (FedCB²O §4: overall and source-class accuracy, attack
+  success rate), :func:`pooled` (FedSGLD: the server model's pooled training loss and
+  accuracy), :func:`privacy` (FedSGLD's per-device (ε, δ) after the round).
+
+Accuracy convention (:func:`test_accuracy`): for per-agent models (FedCBO, Local),
+agent ``j``'s own model on its test set; for server models (FedAvg, IFCA), each test
+set uses the server model with the smallest loss on it, and agents inherit the
+accuracy of their test set.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbo_jax.models import Model, cross_entropy
+from cbo_jax.models import Model
 
 PyTree = Any
 
-__all__ = ["selection_rate", "oracle_selection_rate", "selection_frequency", "evaluate", "cluster_purity",
-           "attack_metrics", "category_stats", "CATEGORIES"]
+__all__ = ["Evaluation", "round_stats", "selection", "cluster_purity", "attack_selection", "test_accuracy",
+           "attack_accuracy", "pooled", "privacy", "default_metrics", "selection_rate", "oracle_selection_rate",
+           "selection_frequency", "category_stats", "attack_metrics", "CATEGORIES"]
+
+CATEGORIES = ("same_benign", "same_malicious", "other_benign", "other_malicious")
+
+
+class Evaluation(NamedTuple):
+    """What an evaluation metric sees: the round, whether it is the run's last, the
+    state of the real agents, and ``algorithm.eval_models(state)`` as ``kind``/``params``."""
+
+    round: int
+    last: bool
+    state: Any
+    kind: str
+    params: PyTree
+
+
+# --------------------------------------------------------------------------- round metrics
+
+
+def round_stats(info) -> dict:
+    """Mean local training loss, ε of the selection, participants in ``G_n``."""
+    out = {}
+    if hasattr(info, "train_loss"):
+        out["train_loss"] = jnp.mean(info.train_loss)
+    if hasattr(info, "eps"):
+        out["eps"] = info.eps
+    if hasattr(info, "active"):
+        out["participants"] = jnp.sum(info.active)
+    return out
 
 
 def selection_rate(idx: jax.Array, cluster: jax.Array) -> jax.Array:
     """SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / M."""
-    return jnp.mean(cluster[idx] == cluster[:, None])
+    return jnp.mean(cluster[idx] == cluster[:idx.shape[0], None])
 
 
 def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:
@@ -50,82 +86,63 @@ def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:
 
 def selection_frequency(idx: jax.Array, cluster: jax.Array, num_clusters: int) -> jax.Array:
     """``(K, K)``: row a = share of the downloads of cluster-a agents that come from each cluster."""
-    src = jnp.broadcast_to(cluster[:, None], idx.shape).ravel()
+    src = jnp.broadcast_to(cluster[:idx.shape[0], None], idx.shape).ravel()
     dst = cluster[idx].ravel()
     counts = jnp.zeros((num_clusters, num_clusters)).at[src, dst].add(1.0)
     return counts / jnp.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
 
-def cluster_purity(assignment: np.ndarray, cluster: np.ndarray) -> float:
-    """Share of agents whose estimated cluster is the majority estimate of their true cluster
-    and no two true clusters share a majority (1.0: clusters recovered up to relabelling)."""
-    assignment, cluster = np.asarray(assignment), np.asarray(cluster)
-    majority = {}
-    for c in np.unique(cluster):
-        vals, cnt = np.unique(assignment[cluster == c], return_counts=True)
-        majority[c] = vals[np.argmax(cnt)]
-    if len(set(majority.values())) < len(majority):
-        return 0.0
-    return float(np.mean([assignment[j] == majority[cluster[j]] for j in range(len(cluster))]))
+@dataclasses.dataclass(frozen=True)
+class _ClusterMetric:
+    """A round metric that closes over true cluster ids (and attacker flags), hashed by value,
+    so runs with the same clusters share one compiled scan."""
+
+    cluster: tuple
+    malicious: tuple = ()
+
+    @classmethod
+    def of(cls, cluster, malicious=None):
+        return cls(tuple(int(c) for c in np.asarray(cluster).ravel()),
+                   () if malicious is None else tuple(bool(m) for m in np.asarray(malicious).ravel()))
+
+    @property
+    def ids(self) -> jax.Array:
+        return jnp.asarray(self.cluster, jnp.int32)
+
+    @property
+    def num_clusters(self) -> int:
+        return max(self.cluster) + 1
 
 
-def _acc_loss(model: Model, params, x, y):
-    logits = model.apply(params, x)
-    return jnp.mean(jnp.argmax(logits, -1) == y), jnp.mean(cross_entropy(logits, y))
+class _Selection(_ClusterMetric):
+    def __call__(self, info) -> dict:
+        if not (hasattr(info, "idx") and hasattr(info, "eps")):
+            return {}
+        c = self.ids
+        return {"sr": selection_rate(info.idx, c), "sr_oracle": oracle_selection_rate(info.eps, c),
+                "selection_frequency": selection_frequency(info.idx, c, self.num_clusters)}
 
 
-def evaluate(model: Model, kind: str, params: PyTree, test_x, test_y, cluster, chunk: int = 8) -> dict:
-    """Test accuracy (%) in the paper's convention (see module docstring).
-
-    Args:
-      kind, params: from ``algorithm.eval_models(state)``.
-      test_x, test_y: ``(K, n_test, ...)`` per-cluster test sets.
-      cluster: ``(N,)`` true cluster ids.
-      chunk: models evaluated at once (bounds memory).
-    """
-    test_x, test_y, cluster = jnp.asarray(test_x), jnp.asarray(test_y), jnp.asarray(cluster)
-    k = test_x.shape[0]
-    if kind == "agent":
-        acc, loss = _agent_eval(model, chunk, params, test_x, test_y, cluster)
-        per_cluster = [float(jnp.mean(acc[cluster == c])) * 100 for c in range(k)]
-        return {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss)), "test_acc_per_cluster": per_cluster}
-    if kind == "server":
-        acc, loss = _server_eval(model, chunk, params, test_x, test_y)  # (R, K)
-        best = jnp.argmin(loss, axis=0)
-        acc_k = acc[best, jnp.arange(k)]
-        loss_k = loss[best, jnp.arange(k)]
-        agents = jnp.bincount(cluster, length=k).astype(jnp.float32)
-        return {
-            "test_acc": float(jnp.sum(acc_k * agents) / jnp.sum(agents)) * 100,
-            "test_loss": float(jnp.sum(loss_k * agents) / jnp.sum(agents)),
-            "test_acc_per_cluster": [float(a) * 100 for a in acc_k],
-            "server_model_per_cluster": [int(b) for b in best],
-        }
-    raise ValueError(f"kind must be 'agent' or 'server', got {kind!r}")
+class _Purity(_ClusterMetric):
+    def __call__(self, info) -> dict:
+        if not hasattr(info, "assignment"):
+            return {}
+        c, a, k = self.ids, info.assignment, self.num_clusters
+        votes = jnp.zeros((k, len(self.cluster)), jnp.int32).at[c, a].add(1)  # (true cluster, estimate)
+        majority = jnp.argmax(votes, axis=1)
+        distinct = jnp.all((majority[:, None] != majority[None, :]) | jnp.eye(k, dtype=bool))
+        return {"cluster_purity": jnp.where(distinct, jnp.mean(a == majority[c]), 0.0)}
 
 
-def _agent_eval_impl(model, chunk, params, test_x, test_y, cluster):
-    def one(args):
-        p, c = args
-        return _acc_loss(model, p, test_x[c], test_y[c])
-
-    return jax.lax.map(one, (params, cluster), batch_size=chunk)
+def selection(cluster) -> Callable:
+    """SR_n, its ε-greedy oracle and the selection frequency by cluster (infos with ``idx`` and ``eps``)."""
+    return _Selection.of(cluster)
 
 
-def _server_eval_impl(model, chunk, params, test_x, test_y):
-    def one(p):
-        return jax.vmap(lambda x, y: _acc_loss(model, p, x, y))(test_x, test_y)
-
-    return jax.lax.map(one, params, batch_size=chunk)
-
-
-_agent_eval = jax.jit(_agent_eval_impl, static_argnums=(0, 1))
-_server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
-
-
-# --- attacks (FedCB²O) -----------------------------------------------------------------------
-
-CATEGORIES = ("same_benign", "same_malicious", "other_benign", "other_malicious")
+def cluster_purity(cluster) -> Callable:
+    """IFCA: share of agents whose estimate is the majority estimate of their true cluster,
+    0 when two true clusters share a majority (1.0: clusters recovered up to relabelling)."""
+    return _Purity.of(cluster)
 
 
 def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malicious: jax.Array):
@@ -143,6 +160,103 @@ def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malic
     freq = jnp.mean(jnp.mean(cats, axis=2), axis=1)
     weight = jnp.mean(jnp.sum(jnp.where(cats, weights[None], 0.0), axis=2), axis=1)
     return freq, weight
+
+
+class _AttackSelection(_ClusterMetric):
+    def __call__(self, info) -> dict:
+        if not (hasattr(info, "idx") and hasattr(info, "weights")):
+            return {}
+        nb = len(self.malicious) - sum(self.malicious)
+        freq, weight = category_stats(info.idx[:nb], info.weights[:nb], self.ids, jnp.asarray(self.malicious, bool))
+        return {"train_loss": jnp.mean(info.train_loss[:nb]), "frequency": dict(zip(CATEGORIES, freq)),
+                "weight": dict(zip(CATEGORIES, weight)), "self_weight": jnp.mean(info.self_weight[:nb])}
+
+
+def attack_selection(cluster, malicious) -> Callable:
+    """FedCB²O Fig. 5 per round for the benign agents (infos with ``idx``, ``weights``):
+    ``frequency`` and ``weight`` by category, the own model's weight, and their mean local loss."""
+    return _AttackSelection.of(cluster, malicious)
+
+
+# --------------------------------------------------------------------------- evaluation metrics
+
+
+def _acc_loss(model: Model, params, x, y, count):
+    out = model.apply(params, x)
+    per = model.loss(out, y)
+    hit = (jnp.argmax(out, -1) == y) if model.is_classifier else jnp.zeros(per.shape, bool)
+    if count is None:
+        return jnp.mean(hit), jnp.mean(per)
+    real = jnp.arange(x.shape[0]) < count
+    n = jnp.maximum(count, 1).astype(per.dtype)
+    return jnp.sum(hit & real) / n, jnp.sum(jnp.where(real, per, 0.0)) / n
+
+
+def _agent_eval_impl(model, chunk, params, test_x, test_y, test_counts, test_of):
+    def one(args):
+        p, t = args
+        return _acc_loss(model, p, test_x[t], test_y[t], None if test_counts is None else test_counts[t])
+
+    return jax.lax.map(one, (params, test_of), batch_size=chunk)
+
+
+def _server_eval_impl(model, chunk, params, test_x, test_y, test_counts):
+    def one(p):
+        if test_counts is None:
+            return jax.vmap(lambda x, y: _acc_loss(model, p, x, y, None))(test_x, test_y)
+        return jax.vmap(lambda x, y, c: _acc_loss(model, p, x, y, c))(test_x, test_y, test_counts)
+
+    return jax.lax.map(one, params, batch_size=chunk)
+
+
+_agent_eval = jax.jit(_agent_eval_impl, static_argnums=(0, 1))
+_server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
+
+
+def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None = None) -> Callable:
+    """Test accuracy (%) and loss in the paper's convention (module docstring).
+
+    ``data``: a :class:`~cbo_jax.federated.data.FederatedData` with test sets. Returns
+    ``test_acc``, ``test_loss`` and, with cluster ids, ``test_acc_per_cluster`` (server
+    models: also ``server_model_per_cluster``); a regression model reports ``test_loss``
+    only. ``test_size``: evaluate on the first ``test_size`` samples of each test set.
+    """
+    if data.test_x is None:
+        raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
+    test_x, test_y = jnp.asarray(data.test_x[:, :test_size]), jnp.asarray(data.test_y[:, :test_size])
+    counts = None if data.test_counts is None else jnp.minimum(jnp.asarray(data.test_counts), test_x.shape[1])
+    test_of = data.test_index()
+    cluster = None if data.cluster is None else np.asarray(data.cluster)
+    t = test_x.shape[0]
+    clf = model.is_classifier
+
+    def metric(ev: Evaluation) -> dict:
+        if ev.kind == "agent":
+            acc, loss = _agent_eval(model, chunk, ev.params, test_x, test_y, counts, jnp.asarray(test_of))
+            out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
+            if cluster is not None:
+                c = jnp.asarray(cluster)
+                out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 for k in range(int(cluster.max()) + 1)]
+        elif ev.kind == "server":
+            acc, loss = _server_eval(model, chunk, ev.params, test_x, test_y, counts)  # (R, T)
+            best = jnp.argmin(loss, axis=0)
+            acc_t, loss_t = acc[best, jnp.arange(t)], loss[best, jnp.arange(t)]
+            agents = jnp.bincount(jnp.asarray(test_of), length=t).astype(jnp.float32)
+            out = {"test_acc": float(jnp.sum(acc_t * agents) / jnp.sum(agents)) * 100,
+                   "test_loss": float(jnp.sum(loss_t * agents) / jnp.sum(agents))}
+            if cluster is not None:
+                per_agent = np.asarray(acc_t, np.float64)[test_of]
+                out["test_acc_per_cluster"] = [float(np.mean(per_agent[cluster == k])) * 100
+                                               for k in range(int(cluster.max()) + 1)]
+                out["server_model_per_cluster"] = [int(b) for b in np.asarray(best)[
+                    [int(test_of[np.argmax(cluster == k)]) for k in range(int(cluster.max()) + 1)]]]
+        else:
+            raise ValueError(f"eval_models must return kind 'agent' or 'server', got {ev.kind!r}")
+        if not clf:
+            out = {k: v for k, v in out.items() if not k.startswith("test_acc")}
+        return out
+
+    return metric
 
 
 def _attack_eval_impl(model, chunk, test_batch, params, test_x, test_y, cluster, source, target):
@@ -190,3 +304,80 @@ def attack_metrics(model: Model, params: PyTree, test_x, test_y, cluster, source
         out[f"{name}_per_cluster"] = [float(jnp.mean(v[cluster == c])) * 100 if bool(jnp.any(cluster == c)) else None
                                       for c in range(k)]
     return out
+
+
+def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test_size: int | None = None) -> Callable:
+    """FedCB²O §4 metrics of the benign agents' own models (the first ``N_b`` rows).
+
+    ``dataset``: the :class:`~cbo_jax.federated.attacks.AttackDataset` (test sets, the
+    attack's classes, the benign count); ``cluster``: the population's true clusters
+    (default the dataset's). ``test_size`` samples per test set at intermediate
+    evaluations; the last one uses the whole test sets.
+    """
+    nb = dataset.num_benign
+    c_benign = np.asarray(dataset.cluster if cluster is None else cluster)[:nb]
+
+    def metric(ev: Evaluation) -> dict:
+        benign = jax.tree_util.tree_map(lambda a: a[:nb], ev.params)
+        n_test = None if ev.last else test_size
+        return attack_metrics(model, benign, dataset.test_x[:, :n_test], dataset.test_y[:, :n_test], c_benign,
+                              dataset.source, dataset.target, chunk=chunk)
+
+    return metric
+
+
+def _pooled(model, params, x, y, counts):
+    out = jax.vmap(lambda xi: model.apply(params, xi))(x)  # (N, n, C)
+    real = (jnp.arange(x.shape[1])[None, :] < counts[:, None]).astype(jnp.float32)
+    per = jax.vmap(model.loss)(out, y)
+    hit = (jnp.argmax(out, -1) == y).astype(jnp.float32)
+    total = jnp.maximum(jnp.sum(real), 1.0)
+    per_device = jnp.sum(per * real, axis=1) / jnp.maximum(jnp.sum(real, axis=1), 1.0)
+    return jnp.sum(per * real) / total, jnp.sum(hit * real) / total, jnp.mean(per_device)
+
+
+_pooled_jit = jax.jit(_pooled, static_argnums=0)
+
+
+def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
+    """The server model's pooled metrics (FedSGLD): ``train_loss`` (pooled over every
+    training sample), ``objective`` (``(1/N) Σ_i F_i``), ``train_acc`` and ``test_acc`` (%)."""
+    train = jax.tree_util.tree_map(jnp.asarray, train)
+    test = (jnp.asarray(test_x), jnp.asarray(test_y), jnp.asarray(test_counts))
+
+    def metric(ev: Evaluation) -> dict:
+        server = jax.tree_util.tree_map(lambda a: a[0], ev.params)
+        loss, acc, obj = _pooled_jit(model, server, train.x, train.y, train.counts)
+        _, tacc, _ = _pooled_jit(model, server, *test)
+        return {"train_loss": float(loss), "objective": float(obj), "train_acc": float(acc) * 100,
+                "test_acc": float(tacc) * 100}
+
+    return metric
+
+
+def privacy(cfg, rounds: int, delta: float | None = None) -> Callable:
+    """FedSGLD's per-device ``epsilon`` after each round (:func:`cbo_jax.federated.privacy.account`)."""
+    from cbo_jax.federated import privacy as dp
+
+    eps = dp.account(cfg, rounds, delta).epsilon
+
+    def metric(ev: Evaluation) -> dict:
+        return {"epsilon": float(eps[ev.round - 1])}
+
+    return metric
+
+
+def default_metrics(model: Model, data, *, chunk: int = 8, test_size: int | None = None, log=print):
+    """``(round_metrics, metrics)`` for a :class:`~cbo_jax.federated.data.FederatedData`:
+    the round statistics, the selection and IFCA metrics when the data has cluster ids,
+    and the test accuracy when it has test sets. Says which metrics it skips and why."""
+    round_metrics, metrics = [round_stats], []
+    if data.cluster is not None:
+        round_metrics += [selection(data.cluster), cluster_purity(data.cluster)]
+    elif log is not None:
+        log("no cluster ids in the data: SR_n, selection frequency and cluster purity are skipped")
+    if data.test_x is not None:
+        metrics.append(test_accuracy(model, data, chunk=chunk, test_size=test_size))
+    elif log is not None:
+        log("no test sets in the data: test accuracy is skipped")
+    return round_metrics, metrics

@@ -148,6 +148,9 @@ def load_bundled() -> MNIST:
         )
 
 
+SOURCES = ("auto", "idx", "tfds", "bundled")
+
+
 def load_mnist(source: str = "auto", data_dir: str | os.PathLike | None = None) -> MNIST:
     """Load MNIST from ``source``: ``"idx"``, ``"tfds"``, ``"bundled"`` or ``"auto"``.
 

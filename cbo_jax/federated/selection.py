@@ -1,42 +1,117 @@
 """Agent selection: which ``M`` other agents each agent downloads in a round.
 
-* :func:`uniform` -- ``M`` distinct other agents uniformly at random.
+A selection *rule* is a :class:`SelectionRule`, three pure functions in the style of
+optax's transformations, shared by FedCBO and FedCB²O:
+
+* ``init(rows, cols) -> P``: the ``(rows, cols)`` likelihood matrix; row ``j`` belongs
+  to selecting agent ``j``, column ``i`` to candidate ``i``, and row ``j``'s own column
+  is ``j`` (rectangular when only the first agents select, e.g. the benign ones);
+* ``select(key, P, n) -> Selection``: ``(rows, M)`` distinct downloads, never the agent
+  itself, in round ``n``;
+* ``update(P, idx, loss, own_loss, active) -> P``: learn from the downloads' losses on
+  the agent's data (rows with ``active`` False unchanged).
+
+Rules:
+
 * :func:`epsilon_greedy` -- FedCBO Remark 3: ``round(ε M)`` agents uniformly at random,
-  the remaining ``M - round(ε M)`` the top entries of the agent's row of the likelihood
-  matrix ``P`` among the others not yet picked; ε(n) = max(ε0 - decay·n, ε_min).
-* :func:`init_likelihood` / :func:`update_likelihood` -- ``P`` starts at ones with
-  ``-inf`` on the diagonal and is updated by eq. (21):
+  the remaining ``M - round(ε M)`` the top entries of the agent's row of ``P`` among the
+  others not yet picked; ``ε(n) = max(ε0 - decay·n, ε_min)``. ``P`` starts at ones
+  (``-inf`` on the own column) and follows eq. (21):
   ``P[j, i] += L_j(θ_j) - L_j(θ_i)`` for the downloaded ``i``.
+* :func:`uniform` -- ``M`` distinct others uniformly at random (ε-greedy with ``ε = 1``;
+  ``P`` is still kept by eq. (21), for diagnostics).
 * :func:`prob_sampling` -- FedCB²O's ProbSampling: never-observed agents first
-  (uniformly), then ``M`` without replacement ∝ ``P``; :func:`init_prob_likelihood` /
-  :func:`update_prob_likelihood` keep ``P ← (1-ζ) P + ζ exp(-κ L)`` (NaN = never observed).
+  (uniformly), then ``M`` without replacement ∝ ``P``, with
+  ``P ← (1-ζ) P + ζ exp(-κ L)`` (NaN = never observed).
 
 Ties in ``P`` (all of round 0) are broken by a random permutation, so round 0 picks
-uniformly at random, as the reference code does. An agent never selects itself and
-never selects the same agent twice in a round. All functions act on every agent at
-once: ``(N, N)`` scores, ``lax.top_k`` with the static ``M``.
+uniformly at random, as the reference code does. Random numbers are drawn with the
+selecting agents on the leading axis, so an agent's picks do not depend on how many
+rows follow it (padding agents). The ``draw_*`` kernels act on every row at once:
+``(rows, cols)`` scores, ``lax.top_k`` with the static ``M``.
 """
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
-__all__ = ["uniform", "epsilon_greedy", "epsilon_schedule", "init_likelihood", "update_likelihood", "init_prob_likelihood",
-           "prob_sampling", "update_prob_likelihood"]
+__all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
+           "draw_epsilon_greedy", "draw_prob_sampling", "epsilon_schedule", "init_likelihood", "update_likelihood",
+           "init_prob_likelihood", "update_prob_likelihood"]
 
 
-def _random_order(key: jax.Array, n: int) -> jax.Array:
-    """``(n, n)``: row j is a random permutation of the agents with j itself last."""
-    noise = jax.random.uniform(key, (n, n))
-    noise = jnp.where(jnp.eye(n, dtype=bool), 2.0, noise)
+class Selection(NamedTuple):
+    """One round's downloads: ``idx`` ``(rows, M)``, which were random picks, and ε."""
+
+    idx: jax.Array
+    is_random: jax.Array
+    eps: jax.Array
+
+
+class SelectionRule(NamedTuple):
+    """A selection rule (module docstring): ``init``, ``select``, ``update`` and ``M``."""
+
+    init: Callable[[int, int], jax.Array]
+    select: Callable[[jax.Array, jax.Array, jax.Array], Selection]
+    update: Callable[..., jax.Array]
+    M: int
+    name: str
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def epsilon_greedy(M: int, eps0: float = 0.5, eps_decay: float = 0.01, eps_min: float = 0.1) -> SelectionRule:
+    """FedCBO's ε-greedy rule (Remark 3) with ``ε(n) = max(ε0 - decay·n, ε_min)``."""
+    def select(key, P, n):
+        eps = epsilon_schedule(n, eps0, eps_decay, eps_min)
+        idx, is_random = draw_epsilon_greedy(key, P, M, eps)
+        return Selection(idx, is_random, jnp.asarray(eps, jnp.float32))
+
+    return SelectionRule(_init_ones, select, update_likelihood, M, "epsilon_greedy")
+
+
+def uniform(M: int) -> SelectionRule:
+    """``M`` distinct others uniformly at random (ε-greedy with ``ε = 1``)."""
+    return epsilon_greedy(M, eps0=1.0, eps_decay=0.0, eps_min=1.0)._replace(name="uniform")
+
+
+def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRule:
+    """FedCB²O's ProbSampling (Algorithm 2) with ``P ← (1-ζ) P + ζ exp(-κ L)``."""
+    def select(key, P, n):
+        idx = draw_prob_sampling(key, P, M)
+        return Selection(idx, jnp.take_along_axis(jnp.isnan(P), idx, axis=1), jnp.zeros((), jnp.float32))
+
+    def update(P, idx, loss, own_loss=None, active=None):
+        return update_prob_likelihood(P, idx, loss, kappa, zeta, active)
+
+    return SelectionRule(lambda rows, cols: init_prob_likelihood(rows, cols), select, update, M, "prob_sampling")
+
+
+RULES = {"epsilon_greedy": epsilon_greedy, "uniform": uniform, "prob_sampling": prob_sampling}
+
+
+def _init_ones(rows: int, cols: int) -> jax.Array:
+    return init_likelihood(rows, cols)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+def _random_order(key: jax.Array, rows: int, cols: int) -> jax.Array:
+    """``(rows, cols)``: row j is a random permutation of the candidates with j itself last."""
+    noise = jax.random.uniform(key, (rows, cols))
+    noise = jnp.where(jnp.eye(rows, cols, dtype=bool), 2.0, noise)
     return jnp.argsort(noise, axis=1)
 
 
-def uniform(key: jax.Array, num_agents: int, m: int) -> jax.Array:
-    """``(N, M)`` indices: for each agent, ``M`` distinct others uniformly at random."""
+def draw_uniform(key: jax.Array, num_agents: int, m: int, rows: int | None = None) -> jax.Array:
+    """``(rows, M)`` indices: for each agent, ``M`` distinct others uniformly at random."""
     _check_m(num_agents, m)
-    return _random_order(key, num_agents)[:, :m].astype(jnp.int32)
+    return _random_order(key, num_agents if rows is None else rows, num_agents)[:, :m].astype(jnp.int32)
 
 
 def epsilon_schedule(n, eps0: float = 0.5, decay: float = 0.01, eps_min: float = 0.1):
@@ -44,29 +119,29 @@ def epsilon_schedule(n, eps0: float = 0.5, decay: float = 0.01, eps_min: float =
     return jnp.maximum(eps0 - decay * n, eps_min)
 
 
-def epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.Array, jax.Array]:
-    """ε-greedy selection (FedCBO Remark 3).
+def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.Array, jax.Array]:
+    """ε-greedy selection (FedCBO Remark 3) for every row of ``P``.
 
     Args:
       key: PRNG key.
-      P: ``(N, N)`` likelihood matrix (diagonal ignored).
+      P: ``(rows, N)`` likelihood matrix (own column ignored).
       m: number of downloads ``M`` (static, ``1 <= M <= N - 1``).
       eps: ε for this round (may be traced).
 
-    Returns ``(idx, is_random)``: ``(N, M)`` indices (the random picks first) and a
-    boolean ``(N, M)`` marking the uniformly random picks.
+    Returns ``(idx, is_random)``: ``(rows, M)`` indices (the random picks first) and a
+    boolean ``(rows, M)`` marking the uniformly random picks.
     """
-    n = P.shape[0]
+    rows, n = P.shape
     _check_m(n, m)
-    order = _random_order(key, n)  # random permutation, self last
+    order = _random_order(key, rows, n)  # random permutation, self last
     n_rand = jnp.round(eps * m).astype(jnp.int32)
     slot = jnp.arange(m)
-    is_random = jnp.broadcast_to(slot[None, :] < n_rand, (n, m))
+    is_random = jnp.broadcast_to(slot[None, :] < n_rand, (rows, m))
     rand_part = order[:, :m]
     # Greedy part: top-P among the agents not picked at random (and not self), with ties
     # broken by the same random permutation (stable top_k on the permuted row).
     position = jnp.argsort(order, axis=1)  # position of agent i in row j's permutation
-    picked = (position < n_rand) | jnp.eye(n, dtype=bool)
+    picked = (position < n_rand) | jnp.eye(rows, n, dtype=bool)
     score = jnp.where(picked, -jnp.inf, P)
     score_in_order = jnp.take_along_axis(score, order, axis=1)
     _, top_pos = jax.lax.top_k(score_in_order, m)
@@ -76,12 +151,13 @@ def epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.Array
     return idx.astype(jnp.int32), is_random
 
 
-def init_likelihood(num_agents: int, dtype=jnp.float32) -> jax.Array:
-    """``P`` of the reference code: ones, ``-inf`` on the diagonal."""
-    return jnp.where(jnp.eye(num_agents, dtype=bool), -jnp.inf, jnp.ones((num_agents, num_agents), dtype))
+def init_likelihood(rows: int, cols: int | None = None, dtype=jnp.float32) -> jax.Array:
+    """``P`` of the reference code: ones, ``-inf`` at each row's own agent."""
+    cols = rows if cols is None else cols
+    return jnp.where(jnp.eye(rows, cols, dtype=bool), -jnp.inf, jnp.ones((rows, cols), dtype))
 
 
-def update_likelihood(P: jax.Array, idx: jax.Array, own_loss: jax.Array, loss: jax.Array, active=None) -> jax.Array:
+def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: jax.Array, active=None) -> jax.Array:
     """Eq. (21): ``P[j, idx[j, t]] += own_loss[j] - loss[j, t]`` (rows with ``active`` only)."""
     delta = own_loss[:, None] - loss
     if active is not None:
@@ -99,20 +175,19 @@ def _check_m(n: int, m: int) -> None:
 #
 # ``P[j, i]`` is agent j's estimate of how useful agent i is. An entry that was never
 # observed holds NaN (so "never selected" needs no second matrix), the agent itself holds
-# -inf. ``P`` may be rectangular ``(J, N)`` with ``J <= N``: row j's own column is j (the
-# first J agents select, for example the benign ones of an attack simulation).
+# -inf.
 
 
 def init_prob_likelihood(num_rows: int, num_agents: int | None = None, dtype=jnp.float32) -> jax.Array:
-    """``P`` for :func:`prob_sampling`: NaN (never observed), ``-inf`` at each row's own agent."""
+    """``P`` for :func:`draw_prob_sampling`: NaN (never observed), ``-inf`` at each row's own agent."""
     n = num_rows if num_agents is None else num_agents
     if num_rows > n:
         raise ValueError(f"num_rows ({num_rows}) must be <= num_agents ({n})")
     return jnp.where(jnp.eye(num_rows, n, dtype=bool), -jnp.inf, jnp.full((num_rows, n), jnp.nan, dtype))
 
 
-def prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
-    """ProbSampling (FedCB²O Algorithm 2): ``(J, M)`` distinct downloads per row.
+def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
+    """ProbSampling (FedCB²O Algorithm 2): ``(rows, M)`` distinct downloads per row.
 
     While some other agents were never observed (``P`` is NaN), the row picks among
     them uniformly at random; the remaining slots (all of them once every agent has
@@ -139,7 +214,7 @@ def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa:
     """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O §2.2).
 
     The first observation of an entry sets it to ``exp(-κ L_j^i)``. A non-finite loss
-    gives reward 0. ``idx`` must hold distinct agents per row (as :func:`prob_sampling`
+    gives reward 0. ``idx`` must hold distinct agents per row (as :func:`draw_prob_sampling`
     returns); rows with ``active`` False are left unchanged.
     """
     reward = jnp.where(jnp.isfinite(loss), jnp.exp(-kappa * jnp.where(jnp.isfinite(loss), loss, 0.0)), 0.0)

@@ -79,9 +79,14 @@ class SyntheticData(NamedTuple):
 
     def agent_data(self):
         """The training side as the algorithms see it (an ``AgentData`` of JAX arrays)."""
-        from cbo_jax.federated.algorithms.base import AgentData
+        return self.federated().train
 
-        return AgentData.from_federated(self)
+    def federated(self):
+        """As a :class:`~cbo_jax.federated.data.FederatedData`: one test set per device."""
+        from cbo_jax.federated.data import FederatedData
+
+        return FederatedData(self.x, self.y, self.counts, None, self.test_x, self.test_y, self.test_counts,
+                             np.arange(self.num_agents, dtype=np.int32))
 
 
 def _stack(parts: list[np.ndarray], width: int, dtype) -> np.ndarray:

@@ -1,10 +1,29 @@
-"""Federated algorithms, each a pure ``(init, round)`` pair (see ``base.Algorithm``)."""
+"""Federated algorithms, each a pure ``(init, round)`` pair (see ``base.Algorithm``).
 
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, RoundInfo
+============  ==========================================  ====================================
+name          builder                                     data its round takes
+============  ==========================================  ====================================
+fedcbo        :func:`fedcbo` (FedCBO Algorithm 1)          :class:`AgentData`
+fedavg        :func:`fedavg`                               :class:`AgentData`
+ifca          :func:`ifca`                                 :class:`AgentData`
+local         :func:`local_only`                           :class:`AgentData`
+fedpd         :func:`fedpd` (also noisy FedPD)             :class:`AgentData`
+fedsgld       :func:`fedsgld` (FedSGLD Algorithm 1)        :class:`AgentData`
+fedcb2o       :func:`fedcb2o` (FedCB²O Algorithm 1)        ``attacks.AttackData``
+dfedavgm      :func:`dfedavgm` (the oracles)               ``attacks.AttackData``
+============  ==========================================  ====================================
+"""
+
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig
+from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated.algorithms.fedavg import FedAvgConfig, fedavg
+from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo
+from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fedpd, fedsgld
 from cbo_jax.federated.algorithms.ifca import IFCAConfig, ifca
 from cbo_jax.federated.algorithms.local_only import LocalConfig, local_only
+from cbo_jax.federated.langevin import SGLDConfig
 
-__all__ = ["AgentData", "Algorithm", "RoundInfo", "FedAvgConfig", "FedCBOConfig", "IFCAConfig", "LocalConfig",
-           "fedavg", "fedcbo", "ifca", "local_only"]
+__all__ = ["AgentData", "Algorithm", "BaselineConfig", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
+           "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
+           "fedcbo", "fedpd", "fedsgld", "ifca", "local_only"]

@@ -10,8 +10,9 @@ their numbers of training samples:
 
 The groups are given to the algorithm: it is an oracle. The paper runs it on a single
 cluster without attacks: ``Oracle Min`` (attackers removed, only the benign agents of
-each cluster) and ``Oracle Max`` (the attackers present but honest, with their clean
-labels, in their cluster). Non-finite neighbours get weight zero.
+each cluster: ``attack_data(attackers=False)``) and ``Oracle Max`` (the attackers
+present but honest, with their clean labels, in their cluster:
+``attack_data(honest=True)``). Non-finite neighbours get weight zero.
 """
 
 from __future__ import annotations
@@ -25,15 +26,14 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, weighted_rows_mean
-from cbo_jax.federated.algorithms.fedcb2o import AttackRoundInfo, train_groups
+from cbo_jax.federated.algorithms.base import Algorithm, weighted_rows_mean
+from cbo_jax.federated.attacks import AttackData, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
-from cbo_jax.federated.padding import resize_rows
 from cbo_jax.models import Model, init_population
 
 PyTree = Any
 
-__all__ = ["DFedAvgMConfig", "DFedAvgMState", "dfedavgm", "group_neighbours"]
+__all__ = ["DFedAvgMConfig", "DFedAvgMState", "DFedAvgMInfo", "dfedavgm", "group_neighbours"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,17 @@ class DFedAvgMState(NamedTuple):
     round: jax.Array
     key: jax.Array
 
+    agent_fields = ("params", "opt_state")
+
+
+class DFedAvgMInfo(NamedTuple):
+    idx: jax.Array  # (N, M) neighbours
+    weights: jax.Array  # (N, M) their normalised weights
+    self_weight: jax.Array  # (N,) the agent's own weight
+    train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
+
+    agent_fields = ("train_loss",)
+
 
 def group_neighbours(key: jax.Array, groups, m: int) -> jax.Array:
     """``(N, M)``: for each agent, ``M`` distinct others of its group uniformly at random."""
@@ -73,11 +84,10 @@ def group_neighbours(key: jax.Array, groups, m: int) -> jax.Array:
 def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups, name: str = "dfedavgm") -> Algorithm:
     """Build DFedAvgM over agents with group ids ``groups`` (``(N,)``; the oracle's clusters).
 
-    The round function takes a tuple of :class:`AgentData` holding consecutive agents
-    (see :func:`~cbo_jax.federated.attacks.grouped_local_train`). The last group may hold
-    inactive padding agents after the ``N`` real ones (sharded ``run_attack(..., mesh=)``,
-    :mod:`cbo_jax.federated.padding`): they are nobody's neighbour, weigh nothing in any
-    average and keep their models; random numbers are drawn for the ``N`` real agents.
+    The round function takes :class:`~cbo_jax.federated.attacks.AttackData` (its
+    training groups; the validation splits are not used). Agents after the ``N`` it was
+    built for (inactive padding agents of a sharded run) are nobody's neighbour and keep
+    their models.
     """
     groups = np.asarray(groups, np.int32)
     n = groups.shape[0]
@@ -92,28 +102,22 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups, name: str = "dfedavgm") 
         params = init_population(model, k_model, n)
         return DFedAvgMState(params, jax.vmap(make_optimizer(cfg.local).init)(params), jnp.zeros((), jnp.int32), k_state)
 
-    def round_fn(state: DFedAvgMState, data: tuple[AgentData, ...]):
+    def round_fn(state: DFedAvgMState, data: AttackData):
         key, k_local, k_sel = jax.random.split(state.key, 3)
-        trained = train_groups(model, cfg.local, state.params, state.opt_state, tuple(data), k_local, n)
-        size = pop.num_agents(trained.params)  # n, or more with padding agents (sharded runs)
+        trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, data.groups, k_local)
+        size = pop.num_agents(trained.params)
         idx = group_neighbours(k_sel, groups, cfg.M)
-        sizes = jnp.concatenate([g.counts for g in data]).astype(jnp.float32)
+        sizes = jnp.concatenate([g.counts for g in data.groups]).astype(jnp.float32)
         clean, ok = pop.zero_nonfinite_rows(trained.params)
         w = jnp.where(ok[idx], sizes[idx], 0.0)
         w_self = jnp.where(ok, sizes, 0.0)[:n]
         rows = jnp.arange(n)
-        # (n, size): the padding agents' columns stay zero (never averaged)
+        # (n, size): agents after the n real ones (padding) are never averaged and keep their models
         dense = jnp.zeros((n, size), jnp.float32).at[rows[:, None], idx].add(w).at[rows, rows].add(w_self)
-        params = weighted_rows_mean(clean, dense)
-        if size != n:  # padding agents keep their (never read) models
-            params = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0), params, trained.params)
+        params = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0),
+                                        weighted_rows_mean(clean, dense), trained.params)
         total = jnp.maximum(jnp.sum(w, axis=1) + w_self, 1e-30)
-        info = AttackRoundInfo(idx=idx, weights=w / total[:, None], self_weight=w_self / total,
-                               loss=jnp.full(idx.shape, jnp.nan), train_loss=trained.loss)
+        info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info
 
-    def resize(state: DFedAvgMState, size: int) -> DFedAvgMState:
-        return state._replace(params=resize_rows(state.params, size), opt_state=resize_rows(state.opt_state, size))
-
-    return Algorithm(name=name, init=init, round=round_fn, eval_models=lambda s: ("agent", s.params), config=cfg,
-                     resize=resize)
+    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg)

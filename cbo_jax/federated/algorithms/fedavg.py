@@ -2,7 +2,9 @@
 
 Per round: the agents of ``G_n`` start from the global model, train locally (τ
 epochs), and the server replaces the global model by the average of their models
-weighted by their numbers of samples.
+weighted by their numbers of samples,
+
+    θ ← Σ_{j ∈ G_n} n_j θ_j / Σ_{j ∈ G_n} n_j.
 """
 
 from __future__ import annotations
@@ -13,14 +15,14 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import (Algorithm, AgentData, BaselineConfig, RoundInfo, participants,
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
                                                weighted_rows_mean)
 from cbo_jax.federated.local import local_train
-from cbo_jax.federated.padding import agents_in, resize_rows
+from cbo_jax.models import Model
 
 PyTree = Any
 
-__all__ = ["FedAvgConfig", "fedavg"]
+__all__ = ["FedAvgConfig", "FedAvgState", "FedAvgInfo", "fedavg"]
 
 
 class FedAvgConfig(BaselineConfig):
@@ -33,40 +35,29 @@ class FedAvgState(NamedTuple):
     key: jax.Array
 
 
-def broadcast(params: PyTree, n: int) -> PyTree:
-    return jax.tree_util.tree_map(lambda leaf: jnp.broadcast_to(leaf, (n,) + leaf.shape), params)
+class FedAvgInfo(NamedTuple):
+    active: jax.Array  # (N,) agents in G_n
+    train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
+
+    agent_fields = ("active", "train_loss")
 
 
-def fedavg(model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
-    """FedAvg as a pure ``(init, round)`` pair for ``num_agents`` agents.
-
-    Args:
-      model: the model every agent trains (:mod:`cbo_jax.models`).
-      cfg: participation share and local SGD (:class:`FedAvgConfig`).
-      num_agents: ``N``.
-
-    Returns an :class:`~cbo_jax.federated.algorithms.base.Algorithm`; its state holds the
-    one global model. Run it with :func:`cbo_jax.federated.run.run_federated`.
-    """
-    n = _checks.positive_int("num_agents", num_agents)
+def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
+    """FedAvg as a pure ``(init, round)`` pair for ``num_agents`` agents; the state holds
+    the one global model."""
+    _checks.positive_int("num_agents", num_agents)
 
     def init(key):
         k_model, k_state = jax.random.split(key)
         return FedAvgState(model.init(k_model), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: FedAvgState, data: AgentData):
-        size = agents_in(data, n)  # n, or more with padding agents (sharded runs)
         key, k_part, k_local = jax.random.split(state.key, 3)
-        active = resize_rows(participants(k_part, n, cfg.participation), size)  # padding never takes part
-        trained = local_train(model, cfg.local, broadcast(state.params, size), None, data.x, data.y, data.counts, k_local,
-                              num_real=n)
-        weights = jnp.where(active, data.counts, 0).astype(jnp.float32)
-        params = weighted_rows_mean(trained.params, weights)
-        info = RoundInfo(active, jnp.zeros((size, 0), jnp.int32), jnp.zeros((size, 0), bool), jnp.zeros(()),
-                         trained.loss, jnp.zeros((size,), jnp.int32))
-        return FedAvgState(params, state.round + 1, key), info
+        active = participants(k_part, data.agent_mask, cfg.participation)
+        start = broadcast(state.params, data.counts.shape[0])
+        trained = local_train(model, cfg.local, start, None, data, k_local)
+        params = weighted_rows_mean(trained.params, jnp.where(active, data.counts, 0).astype(jnp.float32))
+        return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss)
 
-    def eval_models(state):
-        return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.params)
-
-    return Algorithm("fedavg", init, round_fn, eval_models, cfg, lambda state, size: state)  # no agent axis
+    return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
+                     cfg)

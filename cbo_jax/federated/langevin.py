@@ -1,0 +1,202 @@
+"""The SGLD oracle of FedSGLD (Algorithm 2) and its Poisson-subsampled gradient.
+
+The oracle is the Euler–Maruyama discretisation of ``dX = -∇L dt + sqrt(2T) dW`` with
+temperature ``T = ε² / 2``: ``Q`` steps
+
+    x ← x - η_q clip(h) + sqrt(η_q) ε ξ,    h = ∇̂L(x),   clip(h) = h / max(1, ||h|| / C),
+
+``ξ ~ N(0, I)``, with ``η_q = η`` during the burn-in ``q ≤ Q0`` and then
+``η_q = η (q - Q0)^(-1/3)`` (if ``decay``); it returns the running average of the
+post-burn-in iterates (or the last iterate). Its iterates sample ``exp(-L / T)`` as
+``η → 0``. Clipping is optax's global-norm clipping.
+
+**Poisson subsampling with fixed shapes** (:func:`poisson_grad`). A node's padded data
+has ``n_max`` rows of which ``n_i`` are real. Each step draws an independent
+Bernoulli(``q``) mask over the ``n_max`` rows (padding rows always off), so every real
+sample is in the batch with probability ``q`` independently of the others: exactly
+Poisson subsampling, as the privacy accounting assumes. The gradient is the masked
+*sum* of per-sample gradients divided by the *expected* batch size ``q n_i``: an
+unbiased estimate of ``∇F_i``, whose shape never depends on the draw; an empty batch
+gives ``g = 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from cbo_jax import _checks
+from cbo_jax.models import Model
+
+PyTree = Any
+
+# optax >= 0.2.5 names it optax.tree.norm (optax.global_norm is deprecated there).
+_global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
+
+__all__ = ["SGLDConfig", "OracleSpec", "OracleResult", "step_sizes", "sgld_oracle", "poisson_grad", "temperature"]
+
+
+class OracleSpec(NamedTuple):
+    """What the oracle kernel (and the privacy accountant) needs, whichever algorithm."""
+
+    steps: int  # Q
+    burn_in: int  # Q0 (steps with the fixed step size)
+    lr: float  # η
+    noise: float  # ε
+    clip_norm: float | None  # C (None: no clipping)
+    sampling_rate: float  # q
+    decay: bool  # η (q - Q0)^(-1/3) after the burn-in
+    average: str  # "uniform" | "ema" | "last"
+    avg_decay: float  # σ of the exponential moving average
+
+
+AVERAGES = ("uniform", "ema", "last")
+
+
+def check_clip_norm(name: str, value) -> float | None:
+    if value is None:
+        return None
+    return _checks.positive(name, value)
+
+
+def _non_negative_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class SGLDConfig:
+    """The SGLD oracle of FedSGLD (Algorithm 2).
+
+    Attributes:
+      steps: ``Q``, oracle iterations per round.
+      burn_in: ``Q0 < Q``, iterations with the fixed step ``η`` (burn-in); the running
+        average covers the ``Q - Q0`` iterations after it.
+      lr: ``η``.
+      noise: ``ε``, the noise is ``sqrt(η_q) ε ξ`` (temperature ``T = ε²/2``).
+      clip_norm: ``C`` for ``h / max(1, ||h|| / C)`` (global norm over all parameters);
+        ``None`` disables clipping (and any privacy guarantee).
+      sampling_rate: Poisson sampling probability ``q`` of each sample per step.
+      decay: use ``η (q - Q0)^(-1/3)`` after the burn-in (``False``: fixed ``η``).
+      average: ``"uniform"``: the plain mean of the post-burn-in iterates
+        (``x_avg ← σ_t x_avg + (1 - σ_t) x`` with ``σ_t = (t-1)/t``); ``"ema"``:
+        constant ``σ = avg_decay``; ``"last"``: no averaging.
+      avg_decay: ``σ`` of the ``"ema"`` average, in ``[0, 1)``.
+    """
+
+    steps: int = 40
+    burn_in: int = 20
+    lr: float = 0.01
+    noise: float = 0.5
+    clip_norm: float | None = 10.0
+    sampling_rate: float = 0.1
+    decay: bool = True
+    average: str = "uniform"
+    avg_decay: float = 0.9
+
+    def __post_init__(self):
+        q = _checks.positive_int("steps (Q)", self.steps)
+        q0 = _non_negative_int("burn_in (Q0)", self.burn_in)
+        if q0 >= q:
+            raise ValueError(f"burn_in (Q0) must be < steps (Q) so that the oracle samples after the burn-in; "
+                             f"got Q0={q0}, Q={q}")
+        _checks.positive("lr (eta)", self.lr)
+        _checks.non_negative("noise (epsilon of the SGLD oracle)", self.noise)
+        check_clip_norm("clip_norm (C)", self.clip_norm)
+        _checks.fraction("sampling_rate (q)", self.sampling_rate)
+        _checks.one_of("average", self.average, AVERAGES)
+        s = _checks.non_negative("avg_decay", self.avg_decay)
+        if s >= 1:
+            raise ValueError(f"avg_decay must lie in [0, 1), got {self.avg_decay!r}")
+
+    def spec(self) -> OracleSpec:
+        return OracleSpec(self.steps, self.burn_in, float(self.lr), float(self.noise),
+                          None if self.clip_norm is None else float(self.clip_norm), float(self.sampling_rate),
+                          bool(self.decay), self.average, float(self.avg_decay))
+
+
+class OracleResult(NamedTuple):
+    last: PyTree  # the last iterate x_Q (where the next chain continues)
+    average: PyTree  # the returned iterate (the running average, or x_Q for "last")
+    clipped: jax.Array  # share of the Q steps whose gradient was clipped
+
+
+def temperature(noise: float) -> float:
+    """The oracle's temperature ``T = ε² / 2``: its iterates sample ``exp(-L / T)``."""
+    return 0.5 * float(noise) ** 2
+
+
+def step_sizes(spec: OracleSpec) -> jax.Array:
+    """``(Q,)`` step sizes: ``η`` for ``q ≤ Q0``, then ``η (q - Q0)^(-1/3)`` (if ``decay``)."""
+    if hasattr(spec, "spec"):
+        spec = spec.spec()
+    q = jnp.arange(1, spec.steps + 1, dtype=jnp.float32)
+    if not spec.decay:
+        return jnp.full((spec.steps,), spec.lr, jnp.float32)
+    return jnp.where(q <= spec.burn_in, spec.lr, spec.lr * jnp.maximum(q - spec.burn_in, 1.0) ** (-1.0 / 3.0))
+
+
+def _normal_tree(key: jax.Array, tree: PyTree) -> PyTree:
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    keys = jax.random.split(key, len(leaves))
+    return jax.tree_util.tree_unflatten(treedef, [jax.random.normal(k, l.shape, l.dtype) for k, l in zip(keys, leaves)])
+
+
+def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: jax.Array, spec) -> OracleResult:
+    """The SGLD oracle (module docstring) for one node; vmap it over nodes.
+
+    ``grad_fn(x, key_q)`` is a stochastic gradient of the local objective; ``spec`` an
+    :class:`OracleSpec` or a config with a ``spec()`` method. A ``lax.scan`` over ``q``.
+    """
+    if hasattr(spec, "spec"):
+        spec = spec.spec()
+    etas = step_sizes(spec)
+    q0 = spec.burn_in
+    clip = None if spec.clip_norm is None else optax.clip_by_global_norm(spec.clip_norm)
+
+    def step(carry, inp):
+        x, avg = carry
+        q, eta, k = inp
+        k_grad, k_noise = jax.random.split(k)
+        h = grad_fn(x, k_grad)
+        clipped = jnp.zeros((), bool)
+        if clip is not None:
+            clipped = _global_norm(h) > spec.clip_norm
+            h, _ = clip.update(h, optax.EmptyState())
+        x = jax.tree_util.tree_map(lambda a, g: a - eta.astype(a.dtype) * g, x, h)
+        if spec.noise > 0:
+            scale = jnp.sqrt(eta) * spec.noise
+            x = jax.tree_util.tree_map(lambda a, z: a + scale.astype(a.dtype) * z, x, _normal_tree(k_noise, x))
+        if spec.average == "last":
+            avg = x
+        else:
+            t = q - q0  # position in the sampling phase (1, 2, ...); <= 0 during burn-in
+            sigma = (t - 1.0) / jnp.maximum(t, 1.0) if spec.average == "uniform" else jnp.where(t == 1, 0.0,
+                                                                                               spec.avg_decay)
+            sigma = jnp.where(t >= 1, sigma, 0.0)
+            avg = jax.tree_util.tree_map(lambda m, a: sigma.astype(a.dtype) * m + (1 - sigma).astype(a.dtype) * a, avg, x)
+        return (x, avg), clipped
+
+    qs = jnp.arange(1, spec.steps + 1, dtype=jnp.float32)
+    (x, avg), clipped = jax.lax.scan(step, (x, x), (qs, etas, jax.random.split(key, spec.steps)))
+    return OracleResult(x, avg, jnp.mean(clipped.astype(jnp.float32)))
+
+
+def poisson_grad(model: Model, params: PyTree, x, y, count, key, q: float) -> PyTree:
+    """Unbiased Poisson-subsampled gradient of one node's mean loss (module docstring)."""
+    real = jnp.arange(x.shape[0]) < count
+    mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
+    denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+
+    def loss(p):
+        per = model.loss(model.apply(p, x), y)
+        return jnp.sum(jnp.where(mask, per, 0.0)) / denom
+
+    return jax.grad(loss)(params)

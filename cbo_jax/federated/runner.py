@@ -1,0 +1,229 @@
+"""The one round loop of every federated algorithm: :func:`run`.
+
+``run(algorithm, data, rounds, key, ...)`` scans ``every`` rounds at a time in one
+jitted ``lax.scan`` (compiled once, reused; the state is donated), computing the round
+metrics inside the scan from each round's info; then, on the host, it evaluates the
+evaluation metrics, writes one row per round, updates the progress bar and optionally
+checkpoints. Nothing here knows which algorithm runs: what is measured is the metric
+functions passed in (:mod:`cbo_jax.federated.metrics`).
+
+With ``out``, the run leaves a results directory: ``metrics.jsonl`` (one row per
+round; TensorBoard event files too with ``tensorboard=True``), ``config.json``,
+``summary.json`` and ``metrics.png`` (every scalar curve), and checkpoints with
+``checkpoint_every``.
+
+With ``mesh``, every per-agent array of the data and of the state (the fields the
+state lists in ``agent_fields``) is split over the devices and the jitted rounds run
+partitioned by XLA. Any ``N`` works: inactive padding agents fill the last devices
+(:mod:`cbo_jax.federated.padding`) and are cut off again from the infos, the
+evaluation, the checkpoints and the returned state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+
+from cbo_jax import _checks
+from cbo_jax import checkpoint as ckpt
+from cbo_jax.federated import padding
+from cbo_jax.federated.algorithms.base import Algorithm
+from cbo_jax.federated.metrics import Evaluation
+from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python
+
+__all__ = ["RunResult", "run"]
+
+
+class RunResult(NamedTuple):
+    state: Any  # the final state of the real agents
+    history: list  # one dict per round
+    summary: dict
+
+
+def _merge(fns: Sequence[Callable], arg) -> dict:
+    out: dict = {}
+    for fn in fns:
+        out.update(fn(arg))
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("round_fn", "layout", "metrics", "length"), donate_argnums=(0,))
+def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int):
+    def body(s, _):
+        s, info = round_fn(s, data)
+        return s, _merge(metrics, layout.trim_info(info))
+
+    return jax.lax.scan(body, state, None, length=length)
+
+
+def _train_view(data):
+    # A FederatedData (host benchmark with test sets and cluster ids) trains on its .train
+    # side only: the algorithm never sees the test sets or the cluster ids.
+    return data.train if hasattr(data, "test_index") else data
+
+
+def _config_dict(cfg) -> Any:
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return dataclasses.asdict(cfg)
+    return cfg
+
+
+def run(algorithm: Algorithm, data, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
+        round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
+        mesh=None, checkpoint_every: int | None = None, resume: bool = False, progress: bool = True,
+        tensorboard: bool = False, plots: bool = True) -> RunResult:
+    """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
+
+    Args:
+      algorithm: an ``(init, round)`` pair from :mod:`cbo_jax.federated.algorithms`.
+      data: what ``algorithm.round`` takes (an ``AgentData``, an ``AttackData``), or a
+        :class:`~cbo_jax.federated.data.FederatedData`, whose training side is used.
+      key: PRNG key of the run.
+      metrics: evaluation metrics ``f(Evaluation) -> dict``, run every ``every`` rounds
+        and after the last.
+      round_metrics: round metrics ``f(info) -> dict`` of arrays, traced every round.
+      every: rounds per compiled scan and between evaluations.
+      out: results directory (``metrics.jsonl``, ``config.json``, ``summary.json``, plots).
+      config: what ``config.json`` records (a dataclass or a dict; default: the algorithm's
+        name and config, ``rounds`` and ``every``).
+      mesh: a :func:`cbo_jax.sharding.agent_mesh` to split the agents over devices.
+      checkpoint_every: with ``out``, checkpoint every this many rounds (and after the
+        last) to ``out/checkpoint`` (:mod:`cbo_jax.checkpoint`).
+      resume: with ``out``, continue from ``out/checkpoint`` when it exists: the state
+        and the rows up to its round are restored, and the run goes on to ``rounds``.
+        A run stopped after round r and resumed ends in exactly the state, and writes
+        exactly the rows, of an uninterrupted run (keep ``every``).
+      progress: show a progress bar with the latest evaluation.
+      tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
+      plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
+    """
+    # Row j's random numbers must not depend on the rows after it (padding agents):
+    # JAX's partitionable threefry (its default since 0.5) guarantees that.
+    with jax.threefry_partitionable(True):
+        return _run(algorithm, data, rounds, key, metrics=metrics, round_metrics=round_metrics, every=every, out=out,
+                    config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume, progress=progress,
+                    tensorboard=tensorboard, plots=plots)
+
+
+def _run(algorithm, data, rounds, key, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every, resume,
+         progress, tensorboard, plots) -> RunResult:
+    _checks.positive_int("rounds", rounds)
+    _checks.positive_int("every", every)
+    if checkpoint_every is not None:
+        _checks.positive_int("checkpoint_every", checkpoint_every)
+    out = Path(out) if out is not None else None
+    if (resume or checkpoint_every or tensorboard) and out is None:
+        raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
+    data = _train_view(data)
+    n = data.num_agents
+    lay = padding.layout(n, mesh)
+    padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
+    metrics, round_metrics = tuple(metrics), tuple(round_metrics)
+
+    t0 = time.perf_counter()
+    state = jax.jit(algorithm.init)(key)
+    history: list[dict] = []
+    done = 0
+    if resume and ckpt.exists(out / "checkpoint"):
+        state, meta = ckpt.restore(out / "checkpoint", state)
+        done = int(meta["step"])
+        if done > rounds:
+            raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
+        history = [r for r in read_jsonl(out / "metrics.jsonl") if r["round"] <= done]
+        if len(history) != done:
+            raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done}; cannot resume")
+    writer = None
+    if out is not None:
+        writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
+        cfg = _config_dict(config) if config is not None else {
+            "algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
+        (out / "config.json").write_text(json.dumps(json_safe(to_python(cfg)), indent=2, default=str) + "\n")
+    if lay.padded:
+        state, data = jax.jit(lay.pad_state)(state), lay.pad_data(data)
+    if mesh is not None:
+        from cbo_jax.sharding import shard_fields
+
+        state, data = shard_fields(state, mesh), shard_fields(data, mesh)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=rounds, initial=done, desc=algorithm.name, unit="round", dynamic_ncols=True)
+    last_eval: dict = {}
+    try:
+        while done < rounds:
+            # Evaluation rounds are multiples of every (and the last), also after a resume.
+            length = min(every - done % every, rounds - done)
+            state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
+                                      length=length)
+            rec = to_python(jax.device_get(rec))
+            done += length
+            user = lay.unpad_state(state)
+            kind, params = algorithm.eval_models(user)
+            last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params))
+            for i in range(length):
+                row = {"round": done - length + i + 1}
+                row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
+                if i == length - 1:
+                    row.update(last_eval)
+                    row["elapsed_s"] = round(time.perf_counter() - t0, 3)
+                history.append(row)
+                if writer is not None:
+                    writer.write(row)
+            if bar is not None:
+                bar.update(length)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
+            if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
+                ckpt.save(out / "checkpoint", user, step=done, meta={"algorithm": algorithm.name})
+    finally:
+        if bar is not None:
+            bar.close()
+        if writer is not None:
+            writer.close()
+    summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n,
+               "seconds": round(time.perf_counter() - t0, 2)}
+    summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
+    if out is not None:
+        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        if plots:
+            plot_history(history, out / "metrics.png", title=algorithm.name)
+    return RunResult(lay.unpad_state(state), history, summary)
+
+
+def _scalars(row: dict) -> dict:
+    return {k: v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def plot_history(history: list[dict], path: Path, title: str = "") -> Path | None:
+    """Every scalar metric against the round, one panel each (``sr`` with its oracle)."""
+    from cbo_jax._plotting import subplots
+
+    keys = [k for k in dict.fromkeys(k for r in history for k in _scalars(r)) if k not in ("round", "elapsed_s")]
+    panels = [k for k in keys if not k.endswith("_oracle")]
+    if not panels:
+        return None
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, k in zip(axes.ravel(), panels):
+        for name, style in ((k, "-"), (f"{k}_oracle", "--")):
+            pts = [(r["round"], r[name]) for r in history if isinstance(r.get(name), (int, float))]
+            if pts:
+                ax.plot(*zip(*pts), style, marker="o" if len(pts) < 30 else None, ms=3, label=name)
+        ax.set_xlabel("communication round")
+        ax.set_title(k)
+        ax.grid(alpha=0.3)
+        if f"{k}_oracle" in keys:
+            ax.legend(fontsize=8)
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,109 @@
+"""One metrics writer for every run: JSON lines always, TensorBoard event files on request.
+
+:class:`MetricsWriter` appends one JSON object per row (a communication round of a
+federated run, or a recorded step of a particle simulation) to ``metrics.jsonl``;
+values may be numbers, lists or nested dicts, and non-finite numbers are written as
+``null`` (the file stays valid JSON). With ``tensorboard=True`` every numeric value is
+also written as a TensorBoard scalar through ``tensorboardX`` (the ``tensorboard``
+extra: ``pip install "cbo-jax[tensorboard]"``), nested keys joined by ``/`` and list
+entries numbered, so ``tensorboard --logdir results`` shows every curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl"]
+
+
+def to_python(value: Any) -> Any:
+    """Arrays and NumPy scalars as Python numbers and (nested) lists; dicts recursively."""
+    if isinstance(value, dict):
+        return {k: to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_python(v) for v in value]
+    if hasattr(value, "shape") or isinstance(value, np.generic):
+        arr = np.asarray(value)
+        return arr.item() if arr.ndim == 0 else arr.tolist()
+    return value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (valid JSON)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _scalars(prefix: str, value: Any):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _scalars(f"{prefix}/{k}", v)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _scalars(f"{prefix}/{i}", v)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        yield prefix, float(value)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The rows of a ``metrics.jsonl`` file (a missing file has none)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsWriter:
+    """Append metric rows to ``directory/metrics.jsonl`` (and TensorBoard event files).
+
+    Args:
+      directory: where ``metrics.jsonl`` (and the event files) go; created if needed.
+      tensorboard: also write TensorBoard scalars (needs ``tensorboardX``).
+      keep: rows already in the file to keep (a resumed run); ``None`` starts a new file.
+      step_key: the row field used as the TensorBoard step (``"round"`` or ``"step"``).
+    """
+
+    def __init__(self, directory: str | Path, *, tensorboard: bool = False, keep: list[dict] | None = None,
+                 step_key: str = "round"):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / "metrics.jsonl"
+        self.step_key = step_key
+        self.path.write_text("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in (keep or [])))
+        self._tb = None
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+            except ImportError as err:
+                raise ValueError("tensorboard=True needs tensorboardX: pip install 'cbo-jax[tensorboard]'") from err
+            self._tb = SummaryWriter(str(self.directory), flush_secs=5)
+
+    def write(self, row: dict) -> None:
+        row = json_safe(to_python(row))
+        with open(self.path, "a") as fh:
+            fh.write(json.dumps(row, allow_nan=False) + "\n")
+        if self._tb is not None:
+            step = int(row.get(self.step_key, 0))
+            for name, v in _scalars("", {k: v for k, v in row.items() if k != self.step_key}):
+                self._tb.add_scalar(name.lstrip("/"), v, step)
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,233 @@
+"""The federated engine: one contract for every algorithm, the runner, users' own models and data.
+
+* the registry test runs every algorithm through the same checks: finite rounds, padded
+  equals unpadded, same seed same result, resume equals uninterrupted;
+* the regression test compares every pinned run of the pre-redesign code
+  (tests/pinned/federated_v1.npz) with the same run through today's API;
+* the import rule: no algorithm knows about padding, sharding or devices;
+* a Flax model and a dataset of one's own, built from public names only; bad input.
+"""
+
+import ast
+import json
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import _federated_variants as fv
+import cbo_jax.federated as fl
+from cbo_jax.federated import padding
+
+REGISTRY = ("fedcbo_egreedy_iso", "fedavg", "ifca", "local", "fedpd", "fedsgld", "fedcb2o_G", "oracle_max")
+
+
+def _float_leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)
+            if not jnp.issubdtype(x.dtype, jax.dtypes.prng_key) and jnp.issubdtype(x.dtype, jnp.floating)]
+
+
+def _poison(tree, n):
+    return jax.tree_util.tree_map(lambda a: a.at[n:].set(3.0) if jnp.issubdtype(a.dtype, jnp.floating) else a, tree)
+
+
+def _poison_data(padded, original):
+    """Padding agents with data: garbage inputs, label 1, full counts (but still not valid)."""
+    if isinstance(padded, fl.AgentData):
+        n = original.num_agents
+        return padded._replace(x=padded.x.at[n:].set(jnp.asarray(5, padded.x.dtype)), y=padded.y.at[n:].set(1),
+                               counts=padded.counts.at[n:].set(padded.x.shape[1]))
+    last = "malicious" if original.malicious.num_agents else "benign"
+    return padded._replace(**{last: _poison_data(getattr(padded, last), getattr(original, last))})
+
+
+@pytest.mark.parametrize("name", REGISTRY)
+def test_registry_contract(name, tmp_path):
+    alg, data, round_metrics, metrics, seed = fv.built(name)
+    train = data.train if hasattr(data, "test_index") else data
+    key = jax.random.key(seed)
+
+    # init -> round -> finite state; padded (poisoned padding agents) equals unpadded
+    n = train.num_agents
+    lay = padding.Layout(n, n + 3)
+    step = jax.jit(alg.round)
+    state = jax.jit(alg.init)(key)
+    padded = lay.pad_state(state)
+    padded = padded._replace(**{f: _poison(getattr(padded, f), n) for f in getattr(type(padded), "agent_fields", ())})
+    pdata = _poison_data(lay.pad_data(train), train)
+    for _ in range(2):
+        state, info = step(state, train)
+        padded, pinfo = step(padded, pdata)
+        for a, b in zip(jax.tree_util.tree_leaves(info), jax.tree_util.tree_leaves(lay.trim_info(pinfo))):
+            np.testing.assert_allclose(np.asarray(a, float), np.asarray(b, float), rtol=1e-5, atol=1e-6)
+    assert all(np.isfinite(x).all() for x in _float_leaves(alg.eval_models(state)[1]))  # the models are finite
+    for a, b in zip(_float_leaves(state), _float_leaves(lay.unpad_state(padded))):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+    # same seed, same result; stopped after round 2 and resumed: the uninterrupted run
+    full_s, full_h = fv.run_variant(name, out=tmp_path / "full", checkpoint_every=1)
+    again_s, _ = fv.run_variant(name)
+    fv.run_variant(name, rounds=2, out=tmp_path / "part", checkpoint_every=1)
+    res_s, res_h = fv.run_variant(name, out=tmp_path / "part", checkpoint_every=1, resume=True)
+    for k in full_s:
+        np.testing.assert_array_equal(full_s[k], again_s[k])
+        np.testing.assert_array_equal(full_s[k], res_s[k])
+    for k in full_h:
+        np.testing.assert_array_equal(full_h[k], res_h[k])
+    rows = lambda d: [{k: v for k, v in json.loads(x).items() if k != "elapsed_s"}  # noqa: E731
+                      for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert rows(tmp_path / "full") == rows(tmp_path / "part")
+
+
+@pytest.mark.parametrize("name", [v for v in fv.variants() if v not in REGISTRY])
+def test_pinned_runs_equal_the_pre_redesign_code(name):
+    """Every pinned variant on one device equals the pre-redesign run bitwise (the registry
+    variants are compared in test_registry_pinned); IFCA's cluster purity, a float32 mean
+    on device where it was a float64 mean on the host, within 1e-7."""
+    _check_pinned(name)
+
+
+def _check_pinned(name):
+    s, h = fv.run_variant(name)
+    c = fv.compare(name, "single", s, h, np.load(fv.PINNED))
+    assert set(c["missing"]) <= fv.DROPPED, c["missing"]
+    for key, d in c["diffs"].items():
+        assert d <= (1e-7 if key == "metric/cluster_purity" else 0.0), (key, d)
+
+
+@pytest.mark.parametrize("name", REGISTRY)
+def test_registry_pinned(name):
+    _check_pinned(name)
+
+
+def test_no_algorithm_imports_sharding_padding_or_devices():
+    forbidden = ("cbo_jax.sharding", "cbo_jax.distributed", "cbo_jax.federated.padding", "cbo_jax.federated.exchange",
+                 "jax.sharding", "jax.experimental.shard_map", "jax.experimental.mesh_utils")
+    root = Path(fl.__file__).parent / "algorithms"
+    files = sorted(root.glob("*.py"))
+    assert len(files) >= 8
+    for path in files:
+        tree = ast.parse(path.read_text())
+        names = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names += [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Attribute) and node.attr in ("shard_map", "NamedSharding", "PartitionSpec", "Mesh"):
+                names.append(node.attr)
+        bad = [m for m in names if m.startswith(forbidden) or m in ("shard_map", "NamedSharding", "PartitionSpec", "Mesh")]
+        assert not bad, f"{path.name} imports {bad}"
+        assert len(path.read_text().splitlines()) <= 250, f"{path.name} is longer than 250 lines"
+
+
+# ----------------------------------------------------------------------------- users' own problems
+
+
+class TwoLayer(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(2)(nn.tanh(nn.Dense(6)(x.reshape(x.shape[0], -1))))
+
+
+def _two_rules(n_per=5, seed=0):
+    """Two clusters with opposite labelling rules, as per-agent lists of unequal sizes."""
+    rng = np.random.default_rng(seed)
+    xs, ys, tx, ty = [], [], [], []
+    for j in range(2 * n_per):
+        x = rng.normal(size=(int(rng.integers(15, 25)), 3)).astype(np.float32)
+        rule = x[:, 0] > 0
+        xs.append(x), ys.append((rule if j < n_per else ~rule).astype(np.int32))
+        t = rng.normal(size=(int(rng.integers(30, 40)), 3)).astype(np.float32)
+        tx.append(t), ty.append(((t[:, 0] > 0) if j < n_per else (t[:, 0] <= 0)).astype(np.int32))
+    return xs, ys, tx, ty
+
+
+def test_own_flax_model_and_data_with_public_names_only(capsys):
+    xs, ys, tx, ty = _two_rules()
+    data = fl.FederatedData.from_lists(xs, ys, test_x=tx, test_y=ty)  # one test set per agent, no cluster ids
+    assert data.test_counts is not None and data.test_index().tolist() == list(range(10))
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    assert model.num_classes == 2 and model.is_classifier
+    data.check(model)
+    rms, ms = fl.metrics.default_metrics(model, data)
+    assert "no cluster ids" in capsys.readouterr().out
+    local = fl.LocalSGDConfig(epochs=2, batch_size=8, lr=0.2, momentum=0.5)
+    alg = fl.fedcbo(model, fl.FedCBOConfig(M=3, alpha=20.0, eps0=0.2, eps_decay=0.0, eps_min=0.2, local=local),
+                    data.num_agents)
+    res = fl.run(alg, data, 6, jax.random.key(0), metrics=ms, round_metrics=rms, every=3, progress=False)
+    assert "sr" not in res.history[-1] and res.summary["final_test_acc"] > 85
+    # per-agent test sets of unequal sizes: only the real samples count
+    assert res.history[-1]["test_loss"] < 0.4
+
+
+def test_regression_model_reports_loss_not_accuracy():
+    rng = np.random.default_rng(1)
+    w = np.array([[1.0, -2.0], [-1.0, 2.0]], np.float32)  # two clusters, two linear tasks
+    xs = [rng.normal(size=(20, 2)).astype(np.float32) for _ in range(8)]
+    ys = [x @ w[j // 4] for j, x in enumerate(xs)]
+    test = [rng.normal(size=(30, 2)).astype(np.float32) for _ in range(2)]
+    data = fl.FederatedData.from_lists(xs, ys, cluster=[0] * 4 + [1] * 4, test_x=np.stack(test),
+                                       test_y=np.stack([t @ w[k] for k, t in enumerate(test)]))
+    model = fl.from_flax(nn.Dense(1), xs[0][:1], loss="squared_error")
+    assert not model.is_classifier
+    data.check(model)
+    rms, ms = fl.metrics.default_metrics(model, data, log=None)
+    local = fl.LocalSGDConfig(epochs=5, batch_size=10, lr=0.05, momentum=0.0)
+    alg = fl.fedavg(model, fl.FedAvgConfig(local=local), data.num_agents)
+    res = fl.run(alg, data, 2, jax.random.key(0), metrics=ms, round_metrics=rms, progress=False)
+    row = res.history[-1]
+    assert "test_acc" not in row and np.isfinite(row["test_loss"]) and row["test_loss"] > 0.5  # one model, two tasks
+
+
+@pytest.mark.parametrize("break_it,match", [
+    (lambda d: d._replace(counts=d.counts.copy() * 0 + np.r_[0, np.ones(len(d.counts) - 1, int)]),
+     r"agents \[0\] have no samples"),
+    (lambda d: d._replace(test_x=d.test_x[..., :2]), "test sets must be"),
+    (lambda d: d._replace(y=d.y + 5), "labels outside"),
+    (lambda d: d._replace(cluster=np.zeros(3, np.int32)), "cluster must hold"),
+    (lambda d: d._replace(counts=d.counts + 100), "exceed the padded size"),
+])
+def test_bad_data_is_named_before_compilation(break_it, match):
+    xs, ys, tx, ty = _two_rules(n_per=2)
+    data = fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 1, 1], test_x=np.stack([t[:30] for t in tx[:2]]),
+                                       test_y=np.stack([t[:30] for t in ty[:2]]))
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    data.check(model)
+    with pytest.raises(ValueError, match=match):
+        break_it(data).check(model)
+
+
+def test_model_whose_output_does_not_fit_the_labels():
+    xs, ys, _, _ = _two_rules(n_per=2)
+    data = fl.FederatedData.from_lists(xs, ys)
+    three = fl.from_flax(nn.Dense(3), xs[0][:1])  # 3 logits for labels 0/1: fine
+    data.check(three)
+    with pytest.raises(ValueError, match="cannot take inputs"):
+        data.check(fl.from_flax(nn.Dense(2), np.zeros((1, 5), np.float32)))  # expects 5 features, data has 3
+    with pytest.raises(ValueError, match="outputs"):
+        data.check(fl.Model(three.init, three.apply, "mislabelled", 7))
+    with pytest.raises(ValueError, match=r"must output \(n, classes\) logits"):
+        fl.from_flax(nn.Dense(2), np.zeros((1, 2, 3), np.float32))
+
+
+def test_runner_refuses_a_population_of_another_size():
+    alg, data, _, _, _ = fv.built("fedavg")
+    local = fv.built("local")[0]
+    small = fl.FederatedData.from_arrays(data.x[:5], data.y[:5], counts=data.counts[:5])
+    with pytest.raises(ValueError, match="built for 13 agents .* holds 5"):
+        fl.run(local, small, 1, jax.random.key(0), progress=False)
+
+
+def test_metrics_writer_keeps_json_valid(tmp_path):
+    from cbo_jax.writer import MetricsWriter, read_jsonl
+
+    with MetricsWriter(tmp_path) as w:
+        w.write({"round": 1, "loss": float("nan"), "v": np.float32(2.5), "nested": {"a": [1.0, float("inf")]}})
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"round": 1, "loss": None, "v": 2.5, "nested": {"a": [1.0, None]}}]
+    with MetricsWriter(tmp_path, keep=[{"round": 1}]) as w:
+        w.write({"round": 2})
+    assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
