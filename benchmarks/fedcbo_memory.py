@@ -22,7 +22,7 @@ victim among other jobs) and the configuration is reported as ``skipped`` with t
 predicted peak. The child also runs under an address-space limit (``--rlimit-gb``,
 default MemAvailable at start) as a backstop.
 
-``--variant proposed`` runs the same round with ``fedcbo.aggregate`` replaced (in the
+``--variant proposed`` runs the same round with its consensus step replaced (in the
 child only, by monkeypatching the module attribute) by ``aggregate_proposed`` from
 ``benchmarks/fedcbo_round.py``.
 
@@ -80,7 +80,8 @@ def child(args) -> dict:
 
     # The module (its package re-exports the function ``fedcbo`` under the same name).
     fedcbo_mod = importlib.import_module("cbo_jax.federated.algorithms.fedcbo")
-    from cbo_jax.federated.algorithms.base import AgentData
+    from cbo_jax.federated.aggregation import Downloads
+    from cbo_jax.federated.data import AgentData
     from cbo_jax.federated.local import LocalSGDConfig
     from cbo_jax.models import mlp_mnist
 
@@ -88,7 +89,12 @@ def child(args) -> dict:
         sys.path.insert(0, HERE)
         from fedcbo_round import aggregate_proposed
 
-        fedcbo_mod.aggregate = aggregate_proposed  # round_fn looks the name up at trace time
+        def proposed(energy_fn, params, idx, own, data, *, alpha, include_self=False, chunk=4, downloads=None):
+            loss, own_loss, m = aggregate_proposed(mlp_mnist(), cfg, params, idx, AgentData(*data))
+            zeros = jax.numpy.zeros(idx.shape[:1])
+            return Downloads(loss, own_loss, jax.numpy.zeros(idx.shape), zeros, zeros.astype(bool), m)
+
+        fedcbo_mod.consensus_downloads = proposed  # round_fn looks the name up at trace time
 
     out = {"eval_chunk": args.eval_chunk, "variant": args.variant}
     rng = np.random.default_rng(args.seed)

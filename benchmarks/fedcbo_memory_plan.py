@@ -14,8 +14,9 @@ import time
 import jax
 import jax.numpy as jnp
 
-from cbo_jax.federated.algorithms.base import AgentData
-from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, eval_chunk_for_budget
+from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig
+from cbo_jax.federated.data import AgentData
+from cbo_jax.federated.memory import eval_chunk_for_budget
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.models import mlp_mnist
 

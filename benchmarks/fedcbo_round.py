@@ -92,8 +92,9 @@ import optax
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
-from cbo_jax.federated.algorithms.base import AgentData
-from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, aggregate
+from cbo_jax.federated.aggregation import consensus_downloads
+from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, loss_energy
+from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
 
@@ -103,6 +104,14 @@ P_MLP = IN * HID + HID + HID * OUT + OUT  # 159,010
 
 
 # ----------------------------------------------------------------------------- prototypes
+
+
+def aggregate(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """The package's FedCBO aggregation, eq. (19), as FedCBO's round calls it:
+    ``(loss (N, M), own_loss (N,), m)``."""
+    res = consensus_downloads(loss_energy(model, cfg), params, idx, params, (data.x, data.y, data.counts),
+                              alpha=cfg.alpha, chunk=cfg.eval_chunk)
+    return res.loss, res.own_loss, res.consensus
 
 
 def aggregate_proposed(model, cfg: FedCBOConfig, params, idx, data: AgentData):
@@ -210,6 +219,11 @@ def local_train_trimmed(model, cfg: LocalSGDConfig, params, opt_state, x, y, cou
     return train(params, opt_state, x, y, counts, jax.random.split(key, n))
 
 
+def local_train_package(model, cfg: LocalSGDConfig, params, opt_state, x, y, counts, key):
+    """The package's ``local_train`` with the benchmark's argument layout."""
+    return local_train(model, cfg, params, opt_state, AgentData(x, y, counts), key)
+
+
 # ----------------------------------------------------------------------------- helpers
 
 
@@ -243,7 +257,7 @@ def make_data(kind: str, n_agents: int, seed: int) -> AgentData:
 
     src = mnist.load_mnist("auto")
     fed = rotated_mnist(src, n_agents, 4, samples_per_agent=N_SAMPLES, seed=seed)
-    return AgentData.from_federated(fed)
+    return fed.train
 
 
 def compile_fn(fn, *args):
@@ -311,7 +325,7 @@ def main(argv=None) -> dict:
     model = mlp_mnist()
     data = make_data(args.data, n_agents, args.seed)
     params = init_population(model, jax.random.key(args.seed), n_agents)
-    idx = selection.uniform(jax.random.key(args.seed + 1), n_agents, m)
+    idx = selection.draw_uniform(jax.random.key(args.seed + 1), n_agents, m)
     key = jax.random.key(args.seed + 2)
     assert sum(leaf[0].size for leaf in jax.tree_util.tree_leaves(params)) == P_MLP
 
@@ -343,7 +357,7 @@ def main(argv=None) -> dict:
                      "args": (params, idx, data), "gflop": agg_flops(n_agents, m) / 1e9,
                      "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
-    add_local("local_train", local_train)
+    add_local("local_train", local_train_package)
     if args.compare:
         add_local("trimmed_last_batch", local_train_trimmed)
     add_agg("aggregate", aggregate, args.eval_chunk)

@@ -113,7 +113,7 @@ _write_if_changed(GENERATED / "reproductions.md", _REPRODUCTIONS)
 # -- Re-exports ------------------------------------------------------------------------
 # Packages that re-export names from their submodules get a table linking to the defining
 # module instead of documenting every object twice (which Sphinx would flag as duplicates).
-REEXPORTING = ("cbo_jax", "cbo_jax.dynamics", "cbo_jax.federated.algorithms")
+REEXPORTING = ("cbo_jax", "cbo_jax.dynamics", "cbo_jax.federated", "cbo_jax.federated.algorithms")
 
 
 def _reexports(package: str) -> list[str]:

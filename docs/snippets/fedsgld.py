@@ -2,8 +2,8 @@ import jax
 import jax.numpy as jnp
 from cbo_jax import models
 from cbo_jax.federated import privacy
-from cbo_jax.federated.algorithms.fedsgld import (FedPDConfig, FedSGLDConfig, SGLDConfig, clip_by_global_norm,
-                                                   fedpd, fedsgld, step_sizes)
+from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fedpd, fedsgld
+from cbo_jax.federated.langevin import SGLDConfig, step_sizes
 from cbo_jax.federated.synthetic import synthetic
 
 data = synthetic(alpha=1.0, beta=1.0, max_samples=200, seed=0)   # 30 devices, padded + counts
@@ -12,7 +12,6 @@ model = models.logistic_regression()                             # 60 features, 
 
 oracle = SGLDConfig(steps=20, burn_in=10, lr=0.01, noise=0.5, clip_norm=100.0, sampling_rate=0.1)
 print(step_sizes(oracle.spec()))                                 # η for q <= Q0, then η (q - Q0)^(-1/3)
-clipped, norm = clip_by_global_norm({"w": jnp.full(4, 10.0)}, 1.0)   # h / max(1, ||h|| / C)
 
 for name, alg in {
     "fedsgld": fedsgld(model, FedSGLDConfig(oracle=oracle, gamma=10.0), data.num_agents),

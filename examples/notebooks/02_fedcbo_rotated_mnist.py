@@ -32,11 +32,14 @@ if importlib.util.find_spec("cbo_jax") is None:  # a fresh Colab runtime: instal
     source = os.environ.get("CBO_JAX_PIP_SOURCE", "git+https://github.com/cbo-jax/cbo_jax.git")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
 
+import jax
 import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-from cbo_jax.experiments.federated import FedRunConfig, load_data, run_experiment
+import cbo_jax.federated as fl
+from cbo_jax import models
+from cbo_jax.federated import mnist
 from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
@@ -48,33 +51,46 @@ print(device_summary(), "| small sizes" if SMALL else "| full sizes")
 # %% [markdown]
 # ## The federated data
 #
-# `FedRunConfig` holds everything a run needs (its defaults are the paper's Table 1 setting);
-# `load_data` builds the rotated, per-agent data stacked to `(N, n_max, 28, 28)` with counts.
+# `rotated_mnist` builds the rotated, per-agent data stacked to `(N, n_max, 28, 28)` with
+# counts, the true cluster ids (for the metrics only) and one test set per cluster.
 
 # %%
 if SMALL:
-    base = FedRunConfig(source="bundled", agents=40, samples_per_agent=200, epochs=2, batch_size=64, lr=0.05,
-                        M=8, eps_decay=0.05, rounds=12, eval_every=3, test_size=1000, eval_chunk=8)
-else:
-    base = FedRunConfig(source="auto", agents=1200, samples_per_agent=200, epochs=10, batch_size=128, lr=0.1,
-                        M=200, rounds=100, eval_every=5, eval_chunk=16)
-data = load_data(base)
+    N, M, ROUNDS, EVERY, TEST_SIZE, CHUNK, EPS_DECAY = 40, 8, 12, 3, 1000, 8, 0.05
+    local = fl.LocalSGDConfig(epochs=2, batch_size=64, lr=0.05)
+    source = mnist.load_mnist("bundled")
+else:  # the paper's Table 1 setting
+    N, M, ROUNDS, EVERY, TEST_SIZE, CHUNK, EPS_DECAY = 1200, 200, 100, 5, None, 16, 0.01
+    local = fl.LocalSGDConfig(epochs=10, batch_size=128, lr=0.1)
+    source = mnist.load_mnist("auto")
+data = fl.rotated_mnist(source, num_agents=N, num_clusters=4, samples_per_agent=200, seed=0)
+model = models.mlp_mnist()
+data.check(model)  # shapes, counts and labels checked before anything is compiled
 print(f"{data.num_agents} agents in {data.num_clusters} clusters, agents per cluster "
       f"{np.bincount(np.asarray(data.cluster)).tolist()}, training images per agent {int(data.counts.max())}")
 
 # %% [markdown]
 # ## FedCBO and the three baselines
 #
-# The same local SGD for every method. Each run writes `metrics.jsonl` (one row per round),
-# `summary.json` and its plots under `results/notebooks/...`; `cbo-jax report DIR` renders them
-# into one page.
+# Each algorithm is a pure `(init, round)` pair; `fl.run` is the one loop that runs any of
+# them. What it measures is plain functions: per round from the round's info (SR needs the
+# true clusters, which only the metrics see), at evaluation rounds from the models. Each run
+# writes `metrics.jsonl` (one row per round), `summary.json`, `config.json` and `metrics.png`
+# under `results/notebooks/...`; `cbo-jax report DIR` renders them into one page.
 
 # %%
+round_metrics, metrics = fl.metrics.default_metrics(model, data, chunk=CHUNK, test_size=TEST_SIZE)
+algorithms = {
+    "fedcbo": fl.fedcbo(model, fl.FedCBOConfig(M=M, eps_decay=EPS_DECAY, eval_chunk=CHUNK, local=local), N),
+    "ifca": fl.ifca(model, fl.IFCAConfig(k=4, local=local), N),
+    "fedavg": fl.fedavg(model, fl.FedAvgConfig(local=local), N),
+    "local": fl.local_only(model, fl.LocalConfig(local=local), N),
+}
 runs = {}
-for algorithm in ("fedcbo", "ifca", "fedavg", "local"):
-    runs[algorithm] = run_experiment(base.replace(algorithm=algorithm), f"{OUT}/{algorithm}", data=data,
-                                     progress=not SMALL)
-    print(f"{algorithm:>7}: test accuracy {runs[algorithm].summary['final_test_acc']:.2f} %")
+for name, algorithm in algorithms.items():
+    runs[name] = fl.run(algorithm, data, ROUNDS, jax.random.key(0), metrics=metrics, round_metrics=round_metrics,
+                        every=EVERY, out=f"{OUT}/{name}", progress=not SMALL)
+    print(f"{name:>7}: test accuracy {runs[name].summary['final_test_acc']:.2f} %")
 
 # %% [markdown]
 # ## Accuracy and the successful-selection rate

@@ -39,11 +39,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
+import cbo_jax.federated as fl
 from cbo_jax import models
 from cbo_jax.federated import attacks, mnist
-from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
-from cbo_jax.federated.attack_run import run_attack
-from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.metrics import CATEGORIES
 from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
@@ -65,12 +63,12 @@ if SMALL:
     flip = attacks.LabelFlipConfig(benign_per_cluster=10, malicious_per_cluster=5, benign_samples=400,
                                    val_samples=80, malicious_samples=1000)
     rounds, T_G, M = 10, 3, 8
-    local = LocalSGDConfig(epochs=2, batch_size=64, lr=0.05, momentum=0.9)
+    local = fl.LocalSGDConfig(epochs=2, batch_size=64, lr=0.05, momentum=0.9)
 else:
     images = mnist.load_mnist("auto")
     flip = attacks.LabelFlipConfig()  # 35 benign (400 + 100) and 15 malicious (1200) agents per cluster
     rounds, T_G, M = 30, 8, 20
-    local = LocalSGDConfig(epochs=1, batch_size=64, lr=0.05, momentum=0.9)
+    local = fl.LocalSGDConfig(epochs=1, batch_size=64, lr=0.05, momentum=0.9)
 ds = attacks.label_flip_rotated(images, flip, seed=0)
 print(f"{ds.cluster.shape[0]} agents ({ds.num_benign} benign), clusters {np.bincount(ds.cluster).tolist()}, "
       f"attackers {int(ds.malicious.sum())}; flipped {flip.source} -> {flip.target}")
@@ -84,21 +82,25 @@ print(f"{ds.cluster.shape[0]} agents ({ds.num_benign} benign), clusters {np.binc
 
 # %%
 model = models.mlp_mnist()
+# Per round: the Fig. 5 statistics of the benign agents' downloads; at the end: the benign
+# agents' overall and source-class accuracy and the attack success rate.
+round_metrics = [fl.metrics.attack_selection(ds.cluster, ds.malicious)]
+metrics = [fl.metrics.attack_accuracy(model, ds)]
 results = {}
 for name, criterion, tg in (("fedcb2o", "G", T_G), ("fedcbo", "loss", 0)):
-    cfg = FedCB2OConfig(M=M, alpha=2.0, T_G=tg, criterion=criterion, local=local)
-    algorithm = fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=flip.num_classes, name=name)
-    results[name] = run_attack(algorithm, model, ds.attack_data(), ds, rounds, jax.random.key(0),
-                               out_dir=f"{OUT}/{name}", progress=not SMALL)
+    cfg = fl.FedCB2OConfig(M=M, alpha=2.0, T_G=tg, criterion=criterion, local=local)
+    algorithm = fl.fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=flip.num_classes, name=name)
+    results[name] = fl.run(algorithm, ds.attack_data(), rounds, jax.random.key(0), metrics=metrics,
+                           round_metrics=round_metrics, every=rounds, out=f"{OUT}/{name}", progress=not SMALL)
 print(f"{'method':>8} {'overall %':>10} {'source-class %':>15} {'ASR %':>7}")
 for name, res in results.items():
     s = res.summary
-    print(f"{name:>8} {s['overall_acc']:>10.2f} {s['source_acc']:>15.2f} {s['asr']:>7.2f}")
+    print(f"{name:>8} {s['final_overall_acc']:>10.2f} {s['final_source_acc']:>15.2f} {s['final_asr']:>7.2f}")
 
 fig, axes = plt.subplots(1, 3, figsize=(10, 3))
 for ax, (key, title) in zip(axes, (("overall_acc", "overall accuracy (%)"), ("source_acc", "source-class accuracy (%)"),
                                    ("asr", "attack success rate (%)"))):
-    values = [res.summary[key] for res in results.values()]
+    values = [res.summary[f"final_{key}"] for res in results.values()]
     ax.bar(list(results), values, color=["tab:green", "tab:red"])
     for i, v in enumerate(values):
         ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)

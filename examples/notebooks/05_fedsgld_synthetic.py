@@ -35,7 +35,7 @@ import numpy as np
 
 from cbo_jax.experiments.fedsgld_synthetic import train_curves
 from cbo_jax.federated import privacy
-from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
+from cbo_jax.federated import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
 from cbo_jax.federated.synthetic import synthetic
 from cbo_jax.models import logistic_regression
 from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
