@@ -15,6 +15,7 @@ pytest.importorskip("myst_parser")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow  # CI builds the docs in its own step too
 def test_docs_build_without_warnings(tmp_path):
     out = tmp_path / "html"
     cmd = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-j", "1", "-q", "-b", "html",

@@ -82,6 +82,7 @@ def test_registry_contract(name, tmp_path):
     assert rows(tmp_path / "full") == rows(tmp_path / "part")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [v for v in fv.variants() if v not in REGISTRY])
 def test_pinned_runs_equal_the_pre_redesign_code(name):
     """Every pinned variant on one device equals the pre-redesign run bitwise (the registry

@@ -17,7 +17,7 @@ from cbo_jax import sharding
 
 
 @pytest.fixture(scope="module")
-def sharded_results():
+def sharded_results():  # several minutes on 2 cores: only the tests marked slow use it
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_sharded_runs.py"))], env=env,
                           capture_output=True, text=True, timeout=600)
@@ -25,12 +25,14 @@ def sharded_results():
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_eight_devices(sharded_results):
     assert sharded_results["devices"] == 8
     assert sharded_results["cbo_sharded_spec"] == "PartitionSpec('agents', None)" or "agents" in sharded_results[
         "cbo_sharded_spec"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["cbo_padded_x", "cbo_padded_consensus", "cbo_runs_x", "clustered_padded_x",
                                   "clustered_padded_consensus", "cb2o_padded_consensus", "agg_sharded_loss",
                                   "agg_sharded_m"])
@@ -43,6 +45,7 @@ VARIANTS = ("fedcbo_egreedy_iso", "fedcbo_uniform_aniso", "fedcbo_probsampling",
             "oracle_min")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VARIANTS)
 def test_federated_runs_sharded_equal_the_pinned_runs(sharded_results, name):
     """Every algorithm, N = 13 (attacks: 12) padded to 16 on 8 devices, 3 rounds: the final
@@ -56,6 +59,7 @@ def test_federated_runs_sharded_equal_the_pinned_runs(sharded_results, name):
     assert r[f"fed_{name}_missing"] == [], r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld",
                                   "fedcb2o_G", "oracle_max"])
 def test_padding_agents_never_count(sharded_results, name):
@@ -65,12 +69,14 @@ def test_padding_agents_never_count(sharded_results, name):
     assert sharded_results["fed_poisoned_padding_used"]
 
 
+@pytest.mark.slow
 def test_fedcbo_exchange_never_gathers_the_population(sharded_results):
     assert sharded_results["fed_exchange_vs_single"] < 1e-5
     assert sharded_results["exchange_random"] == 0.0 and sharded_results["exchange_skewed"] == 0.0
     assert sharded_results["agg_sharded_all_gathers"] == 0
 
 
+@pytest.mark.slow
 def test_padding_agents_stay_inert(sharded_results):
     assert sharded_results["cbo_padding_rows_nan"]
     assert sharded_results["cbo_padded_best"] < 1e-5  # a padding agent never became the best
