@@ -13,25 +13,33 @@ import jax
 import numpy as np
 
 
-def finite_number(name: str, value: Any) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
+    """A finite real number (not a string, not a bool); with ``f32``, also within float32's range."""
+    if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        if not (hasattr(value, "ndim") and getattr(value, "ndim", 1) == 0 and hasattr(value, "dtype")
+                and np.issubdtype(value.dtype, np.number)):
+            raise ValueError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    v = float(value)
     if not math.isfinite(v):
         raise ValueError(f"{name} must be finite, got {value!r}")
+    if f32 and abs(v) > FLOAT32_MAX:
+        raise ValueError(f"{name} = {value!r} overflows float32 (largest {FLOAT32_MAX:.4g}), in which the run "
+                         f"computes")
     return v
 
 
-def non_negative(name: str, value: Any) -> float:
-    v = finite_number(name, value)
+def non_negative(name: str, value: Any, *, f32: bool = False) -> float:
+    v = finite_number(name, value, f32=f32)
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return v
 
 
-def positive(name: str, value: Any) -> float:
-    v = finite_number(name, value)
+def positive(name: str, value: Any, *, f32: bool = False) -> float:
+    v = finite_number(name, value, f32=f32)
     if v <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return v
@@ -43,6 +51,23 @@ def fraction(name: str, value: Any) -> float:
     if not 0 < v <= 1:
         raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
     return v
+
+
+def unit_interval(name: str, value: Any) -> float:
+    """A number in ``[0, 1]`` (a probability such as ε)."""
+    v = finite_number(name, value)
+    if not 0 <= v <= 1:
+        raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
+    return v
+
+
+def aggregation_step(lambda1: float, gamma: float) -> float:
+    """The consensus step ``λ1 γ`` of FedCBO eq. (20) / FedCB²O: a fraction in ``[0, 1]``."""
+    step = float(lambda1) * float(gamma)
+    if not 0 <= step <= 1:
+        raise ValueError(f"the aggregation step lambda1 * gamma = {lambda1!r} * {gamma!r} = {step:.4g} must lie in "
+                         f"[0, 1]: each agent moves that fraction of the way to its consensus point")
+    return step
 
 
 def positive_int(name: str, value: Any) -> int:
@@ -67,3 +92,20 @@ def all_finite(name: str, tree: Any) -> None:
             where = jax.tree_util.keystr(path) or ""
             bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
             raise ValueError(f"{name}{where} has {bad} non-finite entries (NaN or inf)")
+
+
+def as_key(name: str, key: Any):
+    """A PRNG key from ``key``: typed keys and raw ``uint32`` key data pass unchanged, an
+    integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        if not -(2**63) <= int(key) < 2**64:
+            raise ValueError(f"{name}: an integer seed must fit in 64 bits, got {key}")
+        return jax.random.key(int(key))
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            return key
+        if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in (2, 4):
+            return key  # raw key data (jax.random.PRNGKey), accepted by jax.random as it is
+    raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"
+                     + (f" of dtype {dtype}" if dtype is not None else ""))

@@ -1,25 +1,27 @@
-"""Checkpoints of any run state with orbax-checkpoint.
+"""Checkpoints of any run state: orbax's checkpoint manager, verified on restore.
 
 A state is any pytree of arrays: a federated algorithm's state, a
-:class:`~cbo_jax.dynamics.cbo.CBOState` or a clustered state. Typed PRNG keys are
-stored as their raw key data and re-wrapped on restore (with the implementation of
-the matching leaf of ``like``). Restoring needs a template of the same structure,
-``like``: for a federated run ``algorithm.init(key)``, for a particle system
-``dynamics.init(x0, key)`` (or the state itself); ``jax.eval_shape`` of those works too.
+:class:`~cbo_jax.dynamics.cbo.CBOState` or a clustered state. Layout of a checkpoint
+directory (orbax ``CheckpointManager``)::
 
-Layout of a checkpoint directory::
+    PATH/<step>/state/   the arrays (PRNG keys stored as their key data)
+    PATH/<step>/meta/    JSON: format, step, SHA-256 of the arrays, key implementations,
+                         and what the caller adds (a run's fingerprint, for example)
 
-    PATH/state/     orbax StandardCheckpointer tree
-    PATH/meta.json  {"format": 1, "step": ..., plus what the caller adds}
+Saving is atomic per step (orbax writes a step to a temporary directory and renames it
+when complete) and the last ``keep`` steps stay, so a kill at any moment leaves the
+previous step intact. Restoring checks, before anything is returned, that
 
-Saving overwrites ``PATH`` atomically from the reader's point of view: the new
-checkpoint is written to ``PATH.tmp`` and then renamed.
+* the checkpoint's structure, shapes and dtypes are those of the template ``like``
+  (a state, or ``jax.eval_shape`` of one): nothing is cast or reshaped;
+* the arrays read back have the SHA-256 recorded when they were written: a flipped byte
+  is an error, never a silently different run.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,13 @@ import numpy as np
 
 PyTree = Any
 
-__all__ = ["save", "restore", "exists"]
+__all__ = ["save", "restore", "read_meta", "exists", "steps", "CheckpointError"]
 
-_FORMAT = 1
+_FORMAT = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: corrupt, of another run, or of another structure."""
 
 
 def _is_key(x) -> bool:
@@ -42,53 +48,154 @@ def _to_arrays(state: PyTree) -> PyTree:
     return jax.tree_util.tree_map(lambda x: np.asarray(jax.random.key_data(x)) if _is_key(x) else np.asarray(x), state)
 
 
-def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None) -> Path:
-    """Write ``state`` (and ``step`` plus JSON-serialisable ``meta``) to directory ``path``."""
+def _checksum(arrays: PyTree) -> str:
+    h = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(arrays):
+        a = np.ascontiguousarray(leaf)
+        h.update(f"{jax.tree_util.keystr(path)}|{a.dtype.str}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _manager(path: Path, keep: int | None = None, create: bool = False):
     import orbax.checkpoint as ocp
 
-    path = Path(path).absolute()
-    tmp = path.with_name(path.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(tmp / "state", _to_arrays(jax.device_get(state)))
-        ckpt.wait_until_finished()
-    (tmp / "meta.json").write_text(json.dumps({"format": _FORMAT, "step": int(step), **(meta or {})}, indent=1))
-    if path.exists():
-        shutil.rmtree(path)
-    tmp.rename(path)
-    return path
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, enable_async_checkpointing=False)
+    handlers = {"state": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()}
+    return ocp.CheckpointManager(path, options=options, item_handlers=handlers)
 
 
-def exists(path: str | Path) -> bool:
-    path = Path(path)
-    return (path / "meta.json").is_file() and (path / "state").is_dir()
+def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None, keep: int = 2) -> Path:
+    """Write ``state`` as step ``step`` of the checkpoint directory ``path`` (keeping ``keep`` steps).
 
-
-def restore(path: str | Path, like: PyTree) -> tuple[PyTree, dict]:
-    """Read a checkpoint written by :func:`save`; returns ``(state, meta)``.
-
-    ``like`` gives the structure, shapes, dtypes and PRNG-key implementations; a
-    mismatch (for example a checkpoint of another configuration) is a ``ValueError``.
+    ``meta`` (JSON-serialisable) is stored beside the arrays and returned by :func:`restore`.
     """
     import orbax.checkpoint as ocp
 
     path = Path(path).absolute()
-    if not exists(path):
-        raise ValueError(f"{path}: not a cbo_jax checkpoint (expected {path}/meta.json and {path}/state/)")
-    meta = json.loads((path / "meta.json").read_text())
-    if meta.get("format") != _FORMAT:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format')} is not supported (expected {_FORMAT})")
-    template = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(jax.random.key_data(x).shape, jax.random.key_data(x).dtype) if _is_key(x)
-        else jax.ShapeDtypeStruct(np.shape(x), x.dtype), like)
-    try:
-        with ocp.StandardCheckpointer() as ckpt:
-            raw = ckpt.restore(path / "state", template)
-    except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise ValueError(f"{path}: checkpoint does not match the run's state structure: {err}") from err
-    state = jax.tree_util.tree_map(
-        lambda r, x: jax.random.wrap_key_data(jnp.asarray(r), impl=jax.random.key_impl(x)) if _is_key(x)
-        else jnp.asarray(r, x.dtype), raw, like)
-    return state, meta
+    state = jax.device_get(state)
+    arrays = _to_arrays(state)
+    keys = {jax.tree_util.keystr(p): str(jax.random.key_impl(x))
+            for p, x in jax.tree_util.tree_leaves_with_path(state) if _is_key(x)}
+    record = {**(meta or {}), "format": _FORMAT, "step": int(step), "sha256": _checksum(arrays), "key_impls": keys}
+    json.dumps(record)  # fail early, before anything is written, if meta is not JSON
+    with _manager(path, keep, create=True) as mgr:
+        mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(record)),
+                 force=True)
+        mgr.wait_until_finished()
+    return path
+
+
+def steps(path: str | Path) -> list[int]:
+    """The complete steps in checkpoint directory ``path`` (none when it does not exist)."""
+    path = Path(path).absolute()
+    if not path.is_dir():
+        return []
+    with _manager(path) as mgr:
+        return sorted(int(s) for s in mgr.all_steps())
+
+
+def exists(path: str | Path) -> bool:
+    return bool(steps(path))
+
+
+def _template(like: PyTree) -> PyTree:
+    def one(x):
+        if _is_key(x):
+            return jax.eval_shape(jax.random.key_data, x)
+        return jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype))
+
+    return jax.tree_util.tree_map(one, like)
+
+
+def _name(path) -> str:
+    """A leaf's path as ``a/b/0``, the same for a NamedTuple field and orbax's dict of it."""
+    parts = []
+    for k in path:
+        parts.append(str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))))
+    return "/".join(parts)
+
+
+def _check_layout(path: Path, step: int, saved, template) -> None:
+    """Structure, shapes and dtypes of the checkpoint against the template, leaf by leaf."""
+    got = {_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(saved)}
+    want = {_name(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(template)}
+    if set(got) != set(want):
+        extra, missing = sorted(set(got) - set(want)), sorted(set(want) - set(got))
+        raise CheckpointError(f"{path} step {step} holds another state structure (in the checkpoint only: "
+                              f"{extra[:5]}; in this run only: {missing[:5]})")
+    for name, w in want.items():
+        g = got[name]
+        if tuple(g.shape) != tuple(w.shape) or np.dtype(g.dtype) != np.dtype(w.dtype):
+            raise CheckpointError(f"{path} step {step}: {name or 'the state'} is {np.dtype(g.dtype)}{list(g.shape)} "
+                                  f"in the checkpoint but {np.dtype(w.dtype)}{list(w.shape)} in this run")
+
+
+def read_meta(path: str | Path, *, step: int | None = None) -> dict:
+    """The metadata of step ``step`` (default: the latest), without reading the arrays."""
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    available = steps(path)
+    if not available:
+        raise CheckpointError(f"{path}: no checkpoint there")
+    step = available[-1] if step is None else int(step)
+    with _manager(path) as mgr:
+        try:
+            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as err:  # noqa: BLE001 - reported with the step
+            raise CheckpointError(f"{path} step {step}: unreadable metadata ({type(err).__name__}: {err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
+    return meta
+
+
+def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple[PyTree, dict]:
+    """Read step ``step`` (default: the latest) of checkpoint directory ``path``.
+
+    ``like`` gives the structure, shapes and dtypes (a state, or ``jax.eval_shape`` of one).
+    Returns ``(state, meta)``. Raises :class:`CheckpointError` (a ``ValueError``) when
+    there is no checkpoint, when it was written by another structure or configuration, or
+    when its arrays do not have the checksum recorded at save time.
+    """
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    available = steps(path)
+    if not available:
+        raise CheckpointError(f"{path}: no checkpoint there")
+    step = available[-1] if step is None else int(step)
+    if step not in available:
+        raise CheckpointError(f"{path}: no step {step} (steps: {available})")
+    others = f"; earlier steps: {[s for s in available if s < step]}" if len(available) > 1 else ""
+    template = _template(like)
+    with _manager(path) as mgr:
+        try:
+            meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as err:  # noqa: BLE001 - reported with the step
+            raise CheckpointError(f"{path} step {step}: unreadable metadata ({type(err).__name__}: {err}){others}") from None
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
+        _check_layout(path, step, mgr.item_metadata(step)["state"], template)
+        try:
+            raw = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template)))["state"]
+        except Exception as err:  # noqa: BLE001
+            raise CheckpointError(f"{path} step {step} is corrupt: reading it failed ({type(err).__name__}){others}") \
+                from None
+    raw = jax.tree_util.tree_map(np.asarray, raw)
+    if _checksum(raw) != meta.get("sha256"):
+        raise CheckpointError(f"{path} step {step} is corrupt: its arrays do not match the checksum written with "
+                              f"them{others}")
+    impls = meta.get("key_impls", {})
+
+    def back(p, r, x):
+        if _is_key(x):
+            name = jax.tree_util.keystr(p)
+            key = jax.random.wrap_key_data(jnp.asarray(r), impl=impls.get(name, "threefry2x32"))
+            if str(key.dtype) != str(x.dtype):
+                raise CheckpointError(f"{path} step {step}: {name} is a {key.dtype} key, this run uses {x.dtype}")
+            return key
+        return jnp.asarray(r)
+
+    state = jax.tree_util.tree_map_with_path(back, raw, like)
+    return state, {k: v for k, v in meta.items() if k not in ("sha256", "key_impls")}

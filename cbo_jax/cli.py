@@ -129,10 +129,10 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (args.output / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
         np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
         print(f"saved          {args.output}/summary.json, history.npz")
-    print(json.dumps(summary))
+    print(json.dumps(_json_safe(summary)))
     return 0
 
 
@@ -152,7 +152,10 @@ def _add_run(sub) -> None:
         q.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
         q.add_argument("--no-progress", action="store_true")
         q.add_argument("--resume", action="store_true",
-                       help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists")
+                       help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists; "
+                            "refused when the checkpoint belongs to another configuration, seed or data")
+        q.add_argument("--extend", action="store_true", help="with --resume: allow more (or fewer) --rounds")
+        q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
         q.add_argument("--shard", action="store_true",
                        help="split the agents over all devices (any N: padded with inactive agents, dropped from the "
                             "results)")
@@ -166,8 +169,8 @@ def _cmd_run(args) -> int:
     out = args.output or Path("results") / f"run-{args.algorithm}"
     from cbo_jax import sharding
 
-    res = run_experiment(cfg, out, progress=not args.no_progress, resume=args.resume,
-                         mesh=sharding.agent_mesh() if args.shard else None)
+    res = run_experiment(cfg, out, progress=not args.no_progress, resume=args.resume, extend=args.extend,
+                         overwrite=args.overwrite, mesh=sharding.agent_mesh() if args.shard else None)
     s = res.summary
     print(f"{s['algorithm']}: mean test accuracy {s['final_test_acc']:.2f}% after {s['rounds']} rounds "
           f"({s['num_agents']} agents, {s['num_clusters']} clusters, {s['seconds']:.0f} s)")
@@ -210,6 +213,7 @@ def _add_reproduce(sub) -> None:
     for exp in registry().values():
         q = names.add_parser(exp.name, help=exp.summary, description=f"{exp.summary}. Published: {exp.published}")
         q.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
+        q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
         q.add_argument("--no-progress", action="store_true")
         exp.add_arguments(q)
     p.set_defaults(func=_cmd_reproduce)
@@ -223,14 +227,16 @@ def _cmd_reproduce(args) -> int:
 
         print(format_list(args.results_root))
         return 0 if args.list else 2
+    from cbo_jax._results import ResultsDir
+
     exp = registry()[args.name]
     out_dir = args.output or Path("results") / exp.name
-    out_dir.mkdir(parents=True, exist_ok=True)
     args.output = out_dir
     t0 = time.perf_counter()
-    result = exp.run(args)
-    result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
-    (out_dir / "summary.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+    with ResultsDir(out_dir, overwrite=args.overwrite, owned=None):  # the whole directory is this reproduction's
+        result = exp.run(args)
+        result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
+        (out_dir / "summary.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n")
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
     print(json.dumps(_json_safe(result)))
     return 0
@@ -262,13 +268,10 @@ def _cmd_report(args) -> int:
 
 
 def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
+    """Valid JSON: non-finite floats become null (never a bare NaN)."""
+    from cbo_jax.writer import json_safe, to_python
+
+    return json_safe(to_python(obj))
 
 
 def _maybe_initialize_distributed(args) -> None:

@@ -180,3 +180,85 @@ def test_eval_chunk_for_memory_budget():
     assert chunk == 1 and plan == sizes  # the largest chunk that fits
     with pytest.raises(ValueError, match="even with eval_chunk=1"):
         eval_chunk_for_budget(model, cfg, data, 1024, candidates=(1,))
+
+
+@pytest.mark.parametrize("m,attackers", [(1, [0]), (2, [0, 1])])
+def test_fedcbo_never_spreads_nonfinite_models(m, attackers):
+    """Attackers whose models are NaN, +inf or 1e30 every round (M = 1 with one, M = 2 with two
+    of 8 agents): no other agent ever becomes non-finite. An agent whose downloads are all
+    broken keeps its own model, and its round info says so."""
+    data = _tiny_data(8, seed=2)
+    alg = fedcbo(TINY, FedCBOConfig(M=m, alpha=5.0, eps0=0.3, local=LocalSGDConfig(epochs=1, batch_size=4)), 8)
+    step = jax.jit(alg.round)
+    benign = np.setdiff1d(np.arange(8), attackers)
+    kept = 0
+    for value in (jnp.nan, jnp.inf, 1e30):
+        state = alg.init(jax.random.key(0))
+        # round 1: every agent's likelihood favours the attackers, so most download only them
+        state = state._replace(P=state.P.at[:, np.asarray(attackers)].set(50.0))
+        for _ in range(4):
+            state = state._replace(params=jax.tree_util.tree_map(lambda a: a.at[np.asarray(attackers)].set(value),
+                                                                 state.params))
+            state, info = step(state, data)
+            for leaf in jax.tree_util.tree_leaves(state.params):
+                assert np.isfinite(np.asarray(leaf)[benign]).all(), value
+            broken = np.isin(np.asarray(info.idx), attackers).all(axis=1)
+            np.testing.assert_array_equal(np.asarray(info.fallback)[benign], broken[benign])
+            kept += int(broken[benign].sum())
+    assert kept > 0  # an agent with only broken downloads did occur
+
+
+def test_fedcbo_round_by_hand_with_lambda1_not_one():
+    """One whole FedCBO round recomputed from its parts: local training, the selection with the
+    round's keys, float64 consensus weights exp(-α L) and θ ← θ - λ1 γ (θ - m) with λ1 γ = 0.35
+    (the step is λ1·γ, not γ alone)."""
+    from cbo_jax.federated.local import local_train
+
+    n, m = 6, 3
+    data = _tiny_data(n, seed=4)
+    cfg = FedCBOConfig(M=m, lambda1=3.5, gamma=0.1, alpha=2.0, eps0=0.4, eps_decay=0.0, eps_min=0.4,
+                       local=LocalSGDConfig(epochs=1, batch_size=3, lr=0.05))
+    alg = fedcbo(TINY, cfg, n)
+    state = alg.init(jax.random.key(1))
+    new, info = jax.jit(alg.round)(state, data)
+    _, _, k_local, k_sel, _ = jax.random.split(state.key, 5)
+    trained = local_train(TINY, cfg.local, state.params, state.opt_state, data, k_local)
+    idx, _ = selection.draw_epsilon_greedy(k_sel, state.P, m, 0.4)
+    np.testing.assert_array_equal(np.asarray(info.idx), np.asarray(idx))
+    p64 = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), trained.params)["params"]
+    x, y, c = (np.asarray(a) for a in data[:3])
+    for j in range(n):
+        pj = lambda i: jax.tree_util.tree_map(lambda a: a[i], p64)  # noqa: E731
+        L = np.array([_np_loss(pj(i), x[j], y[j], c[j], "mean", 3) for i in np.asarray(idx)[j]])
+        w = np.exp(-2.0 * (L - L.min()))
+        w /= w.sum()
+        for name in ("Dense_0", "Dense_1"):
+            for leaf in ("kernel", "bias"):
+                theta = p64[name][leaf][j]
+                mj = np.tensordot(w, p64[name][leaf][np.asarray(idx)[j]], axes=1)
+                np.testing.assert_allclose(np.asarray(new.params["params"][name][leaf][j]),
+                                           theta - 0.35 * (theta - mj), rtol=1e-5, atol=1e-6)
+
+
+def test_epsilon_greedy_random_share_when_eps_m_is_not_an_integer():
+    """ε = 0.5, M = 3: εM = 1.5 random picks, rounded half to even (2), as the rule states."""
+    P = selection.init_likelihood(7)
+    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, 3, 0.5)
+    assert np.asarray(is_random).sum(axis=1).tolist() == [2] * 7
+    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, 3, 0.3)  # 0.9 -> 1
+    assert np.asarray(is_random).sum(axis=1).tolist() == [1] * 7
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: FedCBOConfig(alpha=1e39), "alpha .*overflows float32"),
+    (lambda: FedCBOConfig(lambda1=1e30), "aggregation step"),
+    (lambda: FedCBOConfig(lambda1=20.0, gamma=0.1), "aggregation step"),
+    (lambda: FedCBOConfig(eps0=2.0), "eps0 must lie in"),
+    (lambda: FedCBOConfig(sigma1=float("nan")), "sigma1 must be finite"),
+    (lambda: LocalSGDConfig(lr="0.1"), "lr must be a real number"),
+    (lambda: LocalSGDConfig(reset_optimizer="no"), "reset_optimizer must be a bool"),
+    (lambda: FedCBOConfig(M=True), "M must be an integer"),
+])
+def test_federated_config_values_are_checked_on_the_host(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

@@ -240,5 +240,5 @@ def test_checkpoint_and_resume_equals_whole_run(tmp_path):
     np.testing.assert_array_equal(np.asarray(rest.state.x), np.asarray(whole.state.x))
     np.testing.assert_array_equal(np.asarray(rest.state.best_energy), np.asarray(whole.state.best_energy))
     np.testing.assert_array_equal(rest.history["best_energy"], whole.history["best_energy"][40:])
-    with pytest.raises(ValueError, match="not a cbo_jax checkpoint"):
+    with pytest.raises(ValueError, match="no checkpoint there"):
         checkpoint.restore(tmp_path / "missing", like)

@@ -71,7 +71,7 @@ def test_registry_contract(name, tmp_path):
     full_s, full_h = fv.run_variant(name, out=tmp_path / "full", checkpoint_every=1)
     again_s, _ = fv.run_variant(name)
     fv.run_variant(name, rounds=2, out=tmp_path / "part", checkpoint_every=1)
-    res_s, res_h = fv.run_variant(name, out=tmp_path / "part", checkpoint_every=1, resume=True)
+    res_s, res_h = fv.run_variant(name, out=tmp_path / "part", checkpoint_every=1, resume=True, extend=True)
     for k in full_s:
         np.testing.assert_array_equal(full_s[k], again_s[k])
         np.testing.assert_array_equal(full_s[k], res_s[k])

@@ -34,7 +34,8 @@ def run_demo(out: Path, seed: int = 0, progress: bool = True, rounds: int | None
     rows = {}
     t0 = time.perf_counter()
     for algo, cfg in configs.items():
-        rows[algo] = run_experiment(cfg, out / algo, progress=progress, data=data).summary
+        # The demo's directory is the demo's: a second demo replaces the first one's results.
+        rows[algo] = run_experiment(cfg, out / algo, progress=progress, data=data, overwrite=True).summary
     width = 8
     print()
     print(f"Rotated MNIST (bundled real subset): {DATA.agents} agents, {DATA.clusters} rotations, "

@@ -212,8 +212,12 @@ def build(cfg, num_agents: int, mesh=None):
 
 
 def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True,
-                   data: fdata.FederatedData | None = None, resume: bool = False, mesh=None) -> RunResult:
-    """Run one configured experiment; write its results directory when ``out_dir`` is given."""
+                   data: fdata.FederatedData | None = None, resume: bool = False, mesh=None, extend: bool = False,
+                   overwrite: bool = False) -> RunResult:
+    """Run one configured experiment; write its results directory when ``out_dir`` is given.
+
+    ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`.
+    """
     if cfg.algorithm == "fedcbo" and not 1 <= cfg.config.M <= cfg.data.agents - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.data.agents - 1}, "
                          f"got M={cfg.config.M}")
@@ -232,11 +236,8 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
     res = run(algorithm, data, cfg.run.rounds, jax.random.key(cfg.run.seed), metrics=metrics,
               round_metrics=round_metrics, every=cfg.run.eval_every, out=out_dir, config=cfgs.to_dict(cfg), mesh=mesh,
-              checkpoint_every=cfg.run.checkpoint_every, resume=resume, progress=progress,
-              tensorboard=cfg.run.tensorboard)
-    res.summary["num_clusters"] = data.num_clusters
-    if out_dir is not None:
-        (Path(out_dir) / "summary.json").write_text(json.dumps(res.summary, indent=2) + "\n")
+              checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
+              progress=progress, tensorboard=cfg.run.tensorboard)
     return res
 
 

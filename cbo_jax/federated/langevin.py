@@ -60,7 +60,7 @@ AVERAGES = ("uniform", "ema", "last")
 def check_clip_norm(name: str, value) -> float | None:
     if value is None:
         return None
-    return _checks.positive(name, value)
+    return _checks.positive(name, value, f32=True)
 
 
 def _non_negative_int(name: str, value) -> int:
@@ -107,11 +107,13 @@ class SGLDConfig:
         if q0 >= q:
             raise ValueError(f"burn_in (Q0) must be < steps (Q) so that the oracle samples after the burn-in; "
                              f"got Q0={q0}, Q={q}")
-        _checks.positive("lr (eta)", self.lr)
-        _checks.non_negative("noise (epsilon of the SGLD oracle)", self.noise)
+        _checks.positive("lr (eta)", self.lr, f32=True)
+        _checks.non_negative("noise (epsilon of the SGLD oracle)", self.noise, f32=True)
         check_clip_norm("clip_norm (C)", self.clip_norm)
         _checks.fraction("sampling_rate (q)", self.sampling_rate)
         _checks.one_of("average", self.average, AVERAGES)
+        if not isinstance(self.decay, bool):
+            raise ValueError(f"decay must be a bool, got {self.decay!r}")
         s = _checks.non_negative("avg_decay", self.avg_decay)
         if s >= 1:
             raise ValueError(f"avg_decay must lie in [0, 1), got {self.avg_decay!r}")

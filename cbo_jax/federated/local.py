@@ -54,10 +54,12 @@ class LocalSGDConfig:
     def __post_init__(self):
         _checks.positive_int("epochs", self.epochs)
         _checks.positive_int("batch_size", self.batch_size)
-        _checks.positive("lr", self.lr)
+        _checks.positive("lr", self.lr, f32=True)
         m = _checks.non_negative("momentum", self.momentum)
         if m >= 1:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
+        if not isinstance(self.reset_optimizer, bool):
+            raise ValueError(f"reset_optimizer must be a bool, got {self.reset_optimizer!r}")
 
 
 def make_optimizer(cfg: LocalSGDConfig) -> optax.GradientTransformation:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from pathlib import Path
 from typing import NamedTuple
 
@@ -63,8 +64,8 @@ def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
             raw = fh.read()
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
-    except (OSError, EOFError) as err:
-        raise DataError(f"{path}: cannot read ({err})") from None
+    except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt deflate stream
+        raise DataError(f"{path}: cannot read ({type(err).__name__}: {err})") from None
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise DataError(f"{path}: {len(raw)} bytes is too short for an IDX header")

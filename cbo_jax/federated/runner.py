@@ -21,23 +21,28 @@ evaluation, the checkpoints and the returned state.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
+from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python
 
-__all__ = ["RunResult", "run"]
+__all__ = ["RunResult", "run", "fingerprint"]
 
 
 class RunResult(NamedTuple):
@@ -76,8 +81,8 @@ def _config_dict(cfg) -> Any:
 
 def run(algorithm: Algorithm, data, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
         round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
-        mesh=None, checkpoint_every: int | None = None, resume: bool = False, progress: bool = True,
-        tensorboard: bool = False, plots: bool = True) -> RunResult:
+        mesh=None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
+        overwrite: bool = False, progress: bool = True, tensorboard: bool = False, plots: bool = True) -> RunResult:
     """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
 
     Args:
@@ -98,21 +103,20 @@ def run(algorithm: Algorithm, data, rounds: int, key: jax.Array, *, metrics: Seq
       resume: with ``out``, continue from ``out/checkpoint`` when it exists: the state
         and the rows up to its round are restored, and the run goes on to ``rounds``.
         A run stopped after round r and resumed ends in exactly the state, and writes
-        exactly the rows, of an uninterrupted run (keep ``every``).
+        exactly the rows, of an uninterrupted run. The checkpoint records the run's
+        fingerprint (algorithm, its config, ``rounds``, ``every``, the key, a hash of
+        the data); a resume with any other is refused with the differing fields listed.
+      extend: with ``resume``, allow a different ``rounds`` (continue a finished run).
+      overwrite: replace the results already in ``out`` (without ``resume`` or
+        ``overwrite``, a directory holding results is refused; a second run into a
+        directory in use is always refused).
       progress: show a progress bar with the latest evaluation.
       tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
       plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
-    with jax.threefry_partitionable(True):
-        return _run(algorithm, data, rounds, key, metrics=metrics, round_metrics=round_metrics, every=every, out=out,
-                    config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume, progress=progress,
-                    tensorboard=tensorboard, plots=plots)
-
-
-def _run(algorithm, data, rounds, key, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every, resume,
-         progress, tensorboard, plots) -> RunResult:
+    key = _checks.as_key("key", key)
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("every", every)
     if checkpoint_every is not None:
@@ -120,24 +124,78 @@ def _run(algorithm, data, rounds, key, *, metrics, round_metrics, every, out, co
     out = Path(out) if out is not None else None
     if (resume or checkpoint_every or tensorboard) and out is None:
         raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
+    clusters = getattr(data, "num_clusters", None)
     data = _train_view(data)
     n = data.num_agents
-    lay = padding.layout(n, mesh)
     padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
-    metrics, round_metrics = tuple(metrics), tuple(round_metrics)
+    fp = fingerprint(algorithm, data, key, rounds, every)
+    guard = ResultsDir(out, resume=resume, overwrite=overwrite) if out is not None else contextlib.nullcontext()
+    with guard, jax.threefry_partitionable(True):
+        # Row j's random numbers must not depend on the rows after it (padding agents):
+        # JAX's partitionable threefry (its default since 0.5) guarantees that.
+        res = _run(algorithm, data, rounds, key, fp, metrics=tuple(metrics), round_metrics=tuple(round_metrics),
+                   every=every, out=out, config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume,
+                   extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters)
+    return res
 
+
+def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: int) -> dict:
+    """What makes a run the run it is: algorithm, its config, rounds, every, key, data (a hash)."""
+    h = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(data):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        h.update(f"{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    fp = {"algorithm": algorithm.name, "num_agents": data.num_agents, "rounds": rounds, "every": every,
+          "key": np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key).tolist(),
+          "data_sha256": h.hexdigest()}
+    fp.update(_flatten("config", json.loads(json.dumps(json_safe(to_python(_config_dict(algorithm.config))),
+                                                       default=str))))
+    return fp
+
+
+def _flatten(prefix: str, value) -> dict:
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out.update(_flatten(f"{prefix}.{k}", v))
+        return out
+    return {prefix: value}
+
+
+def _resume_differences(saved: dict, now: dict, extend: bool) -> list[str]:
+    out = []
+    for k in sorted(set(saved) | set(now)):
+        if saved.get(k) != now.get(k) and not (extend and k == "rounds"):
+            out.append(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now")
+    return out
+
+
+def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every,
+         resume, extend, progress, tensorboard, plots, clusters) -> RunResult:
+    n = data.num_agents
+    lay = padding.layout(n, mesh)
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
     done = 0
     if resume and ckpt.exists(out / "checkpoint"):
+        saved = ckpt.read_meta(out / "checkpoint")
+        diffs = _resume_differences(saved.get("run", {}), fp, extend)
+        if diffs:
+            hint = " (extend=True / --extend allows more rounds)" if any(d.startswith("rounds:") for d in diffs) else ""
+            raise ValueError(f"cannot resume {out}: the checkpoint belongs to another run{hint}:\n  " + "\n  ".join(diffs))
         state, meta = ckpt.restore(out / "checkpoint", state)
         done = int(meta["step"])
         if done > rounds:
             raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
         history = [r for r in read_jsonl(out / "metrics.jsonl") if r["round"] <= done]
         if len(history) != done:
-            raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done}; cannot resume")
+            raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the checkpoint's); "
+                             f"cannot resume")
+    elif resume and read_jsonl(out / "metrics.jsonl"):
+        raise ValueError(f"cannot resume {out}: it holds results but no checkpoint (run with checkpoint_every to "
+                         f"make runs resumable); overwrite them instead")
     writer = None
     if out is not None:
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
@@ -180,14 +238,17 @@ def _run(algorithm, data, rounds, key, *, metrics, round_metrics, every, out, co
                 bar.update(length)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
-                ckpt.save(out / "checkpoint", user, step=done, meta={"algorithm": algorithm.name})
+                ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp})
     finally:
         if bar is not None:
             bar.close()
         if writer is not None:
             writer.close()
     summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n,
-               "seconds": round(time.perf_counter() - t0, 2)}
+               "seconds": round(time.perf_counter() - t0, 2),
+               "fingerprint": hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]}
+    if clusters is not None:
+        summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
     if out is not None:
         (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")

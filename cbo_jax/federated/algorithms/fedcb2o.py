@@ -90,10 +90,11 @@ class FedCB2OConfig:
 
     def __post_init__(self):
         _checks.positive_int("M", self.M)
-        _checks.non_negative("lambda1", self.lambda1)
-        _checks.positive("gamma", self.gamma)
-        _checks.non_negative("alpha", self.alpha)
-        _checks.non_negative("kappa", self.kappa)
+        _checks.non_negative("lambda1", self.lambda1, f32=True)
+        _checks.positive("gamma", self.gamma, f32=True)
+        _checks.aggregation_step(self.lambda1, self.gamma)
+        _checks.non_negative("alpha", self.alpha, f32=True)
+        _checks.non_negative("kappa", self.kappa, f32=True)
         _checks.fraction("zeta", self.zeta)
         if isinstance(self.T_G, bool) or not isinstance(self.T_G, (int, np.integer)) or self.T_G < 0:
             raise ValueError(f"T_G must be an integer >= 0, got {self.T_G!r}")

@@ -78,8 +78,8 @@ class FedSGLDConfig:
     def __post_init__(self):
         if not isinstance(self.oracle, SGLDConfig):
             raise ValueError(f"oracle must be an SGLDConfig, got {type(self.oracle).__name__}")
-        _checks.positive("gamma", self.gamma)
-        _checks.positive("dual_lr", self.dual_lr)
+        _checks.positive("gamma", self.gamma, f32=True)
+        _checks.positive("dual_lr", self.dual_lr, f32=True)
         m = _checks.non_negative("server_momentum", self.server_momentum)
         if m >= 1:
             raise ValueError(f"server_momentum must lie in [0, 1), got {self.server_momentum!r}")
@@ -119,10 +119,10 @@ class FedPDConfig:
 
     def __post_init__(self):
         _checks.positive_int("local_steps (Q)", self.local_steps)
-        _checks.positive("lr", self.lr)
-        _checks.positive("gamma", self.gamma)
+        _checks.positive("lr", self.lr, f32=True)
+        _checks.positive("gamma", self.gamma, f32=True)
         _checks.fraction("sampling_rate (q)", self.sampling_rate)
-        _checks.non_negative("noise (epsilon of the injected noise)", self.noise)
+        _checks.non_negative("noise (epsilon of the injected noise)", self.noise, f32=True)
         check_clip_norm("clip_norm (C)", self.clip_norm)
         _check_delta(self.delta)
 

@@ -1,0 +1,83 @@
+"""Results directories that one run at a time owns.
+
+:class:`ResultsDir` is entered before any work: it creates the directory (an unusable
+path, such as one under a regular file or in /proc, is an error at once, not after the
+simulation), takes an exclusive lock (a second run into the same directory fails at once
+with the holder's pid; the lock is the kernel's, so a killed run never leaves a stale
+one), and refuses a directory that already holds results unless the run resumes from
+them or was asked to overwrite them (then exactly the files a run writes are removed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+__all__ = ["ResultsDir", "RUN_FILES"]
+
+# What a federated run writes (and what overwrite removes).
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "metrics.png", "checkpoint", "events.out.tfevents.*")
+_LOCK = ".lock"
+
+
+class ResultsDir:
+    """An output directory held by one run (a context manager).
+
+    Args:
+      path: the directory.
+      resume: the run continues from what is there.
+      overwrite: remove earlier results first.
+      owned: glob patterns of the files a run writes (default :data:`RUN_FILES`); ``None``:
+        the whole directory belongs to the run (any entry counts as a result).
+    """
+
+    def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 owned: tuple[str, ...] | None = RUN_FILES):
+        self.path = Path(path)
+        self.resume, self.overwrite, self.owned = resume, overwrite, owned
+        self._fh = None
+
+    def _results(self) -> list[Path]:
+        if self.owned is None:
+            return sorted(p for p in self.path.iterdir() if p.name != _LOCK)
+        return sorted({p for pattern in self.owned for p in self.path.glob(pattern)})
+
+    def __enter__(self) -> "ResultsDir":
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._fh = open(self.path / _LOCK, "a+")
+        except OSError as err:
+            raise ValueError(f"cannot write results to {self.path}: {err.strerror or err}") from None
+        try:
+            import fcntl
+
+            fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except ImportError:  # pragma: no cover - not POSIX: no lock
+            pass
+        except OSError:
+            self._fh.seek(0)
+            holder = self._fh.read().strip() or "?"
+            self._fh.close()
+            self._fh = None
+            raise ValueError(f"another run (pid {holder}) is writing to {self.path}; wait for it or choose another "
+                             f"output directory") from None
+        self._fh.seek(0)
+        self._fh.truncate()
+        self._fh.write(str(os.getpid()))
+        self._fh.flush()
+        found = self._results()
+        if found and not self.resume:
+            if not self.overwrite:
+                self.__exit__()
+                names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found[:6])
+                raise ValueError(f"{self.path} already holds results ({names}); resume them, choose another output "
+                                 f"directory, or overwrite them (--overwrite)")
+            for p in found:
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fh is not None:
+            self._fh.close()  # releases the lock
+            self._fh = None

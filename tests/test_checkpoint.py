@@ -1,0 +1,68 @@
+"""Checkpoints: atomic steps, the last K kept, corruption and mismatches detected on restore."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cbo_jax import checkpoint
+
+
+def _state(shift=0.0):
+    return {"w": jnp.arange(600.0).reshape(6, 100) + shift, "i": jnp.arange(3), "k": jax.random.key(3)}
+
+
+def _flip(path, nbytes=400):
+    files = [p for p in path.rglob("*") if p.is_file()]
+    big = max(files, key=lambda p: p.stat().st_size)
+    raw = bytearray(big.read_bytes())
+    mid = len(raw) // 2
+    for i in range(mid, min(len(raw), mid + nbytes)):
+        raw[i] ^= 0xFF
+    big.write_bytes(bytes(raw))
+
+
+def test_round_trip_keeps_the_last_steps_and_accepts_eval_shape_templates(tmp_path):
+    for s in range(1, 5):
+        checkpoint.save(tmp_path / "c", _state(s), step=s, meta={"note": s}, keep=2)
+    assert checkpoint.steps(tmp_path / "c") == [3, 4]
+    state, meta = checkpoint.restore(tmp_path / "c", jax.eval_shape(_state))
+    assert meta["step"] == 4 and meta["note"] == 4
+    np.testing.assert_array_equal(state["w"], _state(4)["w"])
+    assert jnp.issubdtype(state["k"].dtype, jax.dtypes.prng_key)
+    np.testing.assert_array_equal(jax.random.key_data(state["k"]), jax.random.key_data(jax.random.key(3)))
+    older, meta = checkpoint.restore(tmp_path / "c", _state(), step=3)
+    assert meta["step"] == 3 and float(older["w"][0, 0]) == 3.0
+    assert checkpoint.read_meta(tmp_path / "c")["note"] == 4
+
+
+def test_a_flipped_byte_is_detected_and_the_previous_step_survives(tmp_path):
+    checkpoint.save(tmp_path / "c", _state(1), step=1)
+    checkpoint.save(tmp_path / "c", _state(2), step=2)
+    _flip(tmp_path / "c" / "2" / "state")
+    with pytest.raises(checkpoint.CheckpointError, match=r"step 2 is corrupt.*earlier steps: \[1\]"):
+        checkpoint.restore(tmp_path / "c", _state())
+    state, _ = checkpoint.restore(tmp_path / "c", _state(), step=1)
+    np.testing.assert_array_equal(state["w"], _state(1)["w"])
+
+
+@pytest.mark.parametrize("like,match", [
+    (lambda s: {**s, "w": jnp.zeros((6, 101))}, r"w is float32\[6, 100\] in the checkpoint but float32\[6, 101\]"),
+    (lambda s: {**s, "w": jnp.zeros((6, 100), jnp.int32)}, "float32.* in the checkpoint but int32"),
+    (lambda s: {"w": s["w"]}, "another state structure"),
+    (lambda s: {**s, "k": jax.random.key(0, impl="rbg")}, "k is uint32\\[2\\] in the checkpoint but uint32\\[4\\]"),
+])
+def test_the_template_must_match_exactly(tmp_path, like, match):
+    checkpoint.save(tmp_path / "c", _state(), step=1)
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.restore(tmp_path / "c", like(_state()))
+
+
+def test_no_checkpoint_and_a_half_written_step(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint there"):
+        checkpoint.restore(tmp_path / "none", _state())
+    checkpoint.save(tmp_path / "c", _state(1), step=1)
+    # a step whose writer was killed before orbax finished it is not a step
+    (tmp_path / "c" / "2.orbax-checkpoint-tmp-1").mkdir()
+    assert checkpoint.steps(tmp_path / "c") == [1]
+    assert checkpoint.restore(tmp_path / "c", _state())[1]["step"] == 1
