@@ -17,7 +17,8 @@ from pathlib import Path
 __all__ = ["ResultsDir", "RUN_FILES"]
 
 # What a federated run writes (and what overwrite removes).
-RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "metrics.png", "checkpoint", "events.out.tfevents.*")
+RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "fingerprint.json", "metrics.png", "checkpoint",
+             "events.out.tfevents.*")
 _LOCK = ".lock"
 
 

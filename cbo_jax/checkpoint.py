@@ -8,14 +8,17 @@ directory (orbax ``CheckpointManager``)::
     PATH/<step>/meta/    JSON: format, step, SHA-256 of the arrays, key implementations,
                          and what the caller adds (a run's fingerprint, for example)
 
+    PATH/<step>/files.sha256   SHA-256 of every file of the step, written after it
+
 Saving is atomic per step (orbax writes a step to a temporary directory and renames it
 when complete) and the last ``keep`` steps stay, so a kill at any moment leaves the
 previous step intact. Restoring checks, before anything is returned, that
 
+* every file of the step has the SHA-256 recorded when it was written (a flipped byte
+  anywhere is an error, never a silently different run);
 * the checkpoint's structure, shapes and dtypes are those of the template ``like``
   (a state, or ``jax.eval_shape`` of one): nothing is cast or reshaped;
-* the arrays read back have the SHA-256 recorded when they were written: a flipped byte
-  is an error, never a silently different run.
+* the arrays read back have the SHA-256 recorded with them.
 """
 
 from __future__ import annotations
@@ -57,6 +60,39 @@ def _checksum(arrays: PyTree) -> str:
     return h.hexdigest()
 
 
+_DIGEST = "files.sha256"
+
+
+def _file_digests(step_dir: Path) -> dict[str, str]:
+    out = {}
+    for f in sorted(step_dir.rglob("*")):
+        if f.is_file() and f.name != _DIGEST:
+            out[str(f.relative_to(step_dir))] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def _write_digest(step_dir: Path) -> None:
+    tmp = step_dir / (_DIGEST + ".tmp")
+    tmp.write_text(json.dumps(_file_digests(step_dir), indent=0))
+    tmp.rename(step_dir / _DIGEST)  # atomic: a step has its digest whole or not at all
+
+
+def _verify_digest(path: Path, step: int, others: str) -> None:
+    step_dir = path / str(step)
+    digest = step_dir / _DIGEST
+    if not digest.is_file():
+        return  # killed between orbax's commit and the digest: the arrays' own checksum still applies
+    try:
+        want = json.loads(digest.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path} step {step} is corrupt: its file digest is unreadable{others}") from None
+    got = _file_digests(step_dir)
+    bad = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+    if bad:
+        raise CheckpointError(f"{path} step {step} is corrupt: {len(bad)} file(s) differ from what was written "
+                              f"({', '.join(bad[:3])}){others}")
+
+
 def _manager(path: Path, keep: int | None = None, create: bool = False):
     import orbax.checkpoint as ocp
 
@@ -83,6 +119,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(record)),
                  force=True)
         mgr.wait_until_finished()
+    _write_digest(path / str(int(step)))
     return path
 
 
@@ -140,11 +177,12 @@ def read_meta(path: str | Path, *, step: int | None = None) -> dict:
     if not available:
         raise CheckpointError(f"{path}: no checkpoint there")
     step = available[-1] if step is None else int(step)
+    _verify_digest(path, step, "")
     with _manager(path) as mgr:
         try:
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as err:  # noqa: BLE001 - reported with the step
-            raise CheckpointError(f"{path} step {step}: unreadable metadata ({type(err).__name__}: {err})") from None
+            raise CheckpointError(f"{path} step {step} is corrupt: unreadable metadata ({type(err).__name__})") from None
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
     return meta
@@ -168,15 +206,22 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
     if step not in available:
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
     others = f"; earlier steps: {[s for s in available if s < step]}" if len(available) > 1 else ""
+    _verify_digest(path, step, others)
     template = _template(like)
     with _manager(path) as mgr:
         try:
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as err:  # noqa: BLE001 - reported with the step
-            raise CheckpointError(f"{path} step {step}: unreadable metadata ({type(err).__name__}: {err}){others}") from None
+            raise CheckpointError(f"{path} step {step} is corrupt: unreadable metadata ({type(err).__name__}){others}") \
+                from None
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
-        _check_layout(path, step, mgr.item_metadata(step)["state"], template)
+        try:
+            saved = mgr.item_metadata(step)["state"]
+        except Exception as err:  # noqa: BLE001
+            raise CheckpointError(f"{path} step {step} is corrupt: its array metadata is unreadable "
+                                  f"({type(err).__name__}){others}") from None
+        _check_layout(path, step, saved, template)
         try:
             raw = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template)))["state"]
         except Exception as err:  # noqa: BLE001

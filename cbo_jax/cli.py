@@ -286,7 +286,7 @@ def _maybe_initialize_distributed(args) -> None:
     addr = args.coordinator or addr
     nproc = args.num_processes or nproc
     pid = args.process_id if args.process_id is not None else pid
-    distributed.initialize(addr, nproc, pid)
+    distributed.initialize(addr, nproc, pid, timeout=args.startup_timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -296,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="coordinator of a multi-process run (also $CBO_JAX_COORDINATOR)")
     multi.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run")
     multi.add_argument("--process-id", type=int, default=None, help="this process's id, 0..P-1")
+    multi.add_argument("--startup-timeout", type=_positive_int, default=120, metavar="SECONDS",
+                       help="wait at most this long for all processes to join (default 120)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_optimize(sub)
     _add_run(sub)

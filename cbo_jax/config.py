@@ -26,7 +26,9 @@ import re
 import typing
 from typing import Any
 
-__all__ = ["Field", "fields", "add_flags", "values_from_args", "values_from_dict", "build", "parse_text", "check_value",
+import numpy as np
+
+__all__ = ["Field", "fields", "check_types", "add_flags", "values_from_args", "values_from_dict", "build", "parse_text", "check_value",
            "to_dict"]
 
 _TRUE = ("true", "yes", "1", "on")
@@ -167,6 +169,42 @@ def check_value(value: Any, tp, name: str) -> Any:
     if not ok:
         raise ValueError(f"{name}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__})")
     return value
+
+
+def _matches(value, tp) -> bool:
+    if tp is Any:
+        return True
+    if _is_config(tp):
+        return isinstance(value, tp)
+    args = typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Union or (args and type(None) in args) or type(tp).__name__ == "UnionType":
+        return any(_matches(value, a) for a in args)
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, (bool, np.bool_))
+    if tp is int:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if tp is float:
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    if tp is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        inner = [a for a in args if a is not Ellipsis]
+        return isinstance(value, tuple) and all(_matches(v, inner[0]) for v in value) if inner else isinstance(value,
+                                                                                                               tuple)
+    return True  # other annotations: the class's own checks
+
+
+def check_types(obj) -> None:
+    """Raise ``ValueError`` naming the first field of config ``obj`` whose value is not of its
+    annotated type (``bool`` is not an ``int``, ``"0.1"`` is not a ``float``, ``1.0`` not an ``int``)."""
+    hints = _hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if not _matches(value, hints[f.name]):
+            raise ValueError(f"{f.name} must be {_type_name(hints[f.name])}, got {value!r} ({type(value).__name__})")
 
 
 def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] = (), strip: tuple[str, ...] = (),

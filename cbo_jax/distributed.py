@@ -22,6 +22,8 @@ Only process 0 prints results and writes files (:func:`is_main`).
 from __future__ import annotations
 
 import os
+import sys
+import threading
 
 import jax
 import numpy as np
@@ -29,22 +31,51 @@ import numpy as np
 __all__ = ["initialize", "is_main", "to_host", "from_env"]
 
 
-def initialize(coordinator_address: str, num_processes: int, process_id: int) -> None:
+def initialize(coordinator_address: str, num_processes: int, process_id: int, timeout: int = 120) -> None:
     """Connect this process to the others (call before any other JAX work).
 
     On CPU the cross-process collectives use Gloo; the address must be reachable
-    by every process (``127.0.0.1:PORT`` for several processes on one machine).
+    by every process (``127.0.0.1:PORT`` for several processes on one machine). Waits at
+    most ``timeout`` seconds for all ``num_processes`` processes (saying so on standard
+    error), then raises ``ValueError`` naming the coordinator.
     """
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"need num_processes >= 1 and 0 <= process_id < num_processes, got "
                          f"{num_processes} and {process_id}")
     if ":" not in coordinator_address:
         raise ValueError(f"coordinator address must be HOST:PORT, got {coordinator_address!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     platforms = os.environ.get("JAX_PLATFORMS", "")
     if platforms in ("", "cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                               process_id=process_id)
+    print(f"process {process_id}: waiting up to {timeout} s for all {num_processes} processes at the coordinator "
+          f"{coordinator_address}", file=sys.stderr, flush=True)
+    # JAX's own start-up timeout aborts the whole process (no Python exception to catch), so a
+    # watchdog says what went wrong and exits first; JAX's deadline is set later than it.
+    joined = threading.Event()
+
+    def watchdog():
+        if not joined.wait(timeout):
+            print(f"cbo-jax: error: process {process_id} could not join the {num_processes} processes at the "
+                  f"coordinator {coordinator_address} within {timeout} s: is every process started, with the same "
+                  f"--coordinator and --num-processes, and is the address reachable?", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    try:
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=timeout + 60)
+    finally:
+        joined.set()
+
+
+def _env_int(name: str, default: str) -> int:
+    text = os.environ.get(name, default)
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"the environment variable {name} must be an integer, got {text!r}") from None
 
 
 def from_env() -> tuple[str, int, int] | None:
@@ -52,7 +83,7 @@ def from_env() -> tuple[str, int, int] | None:
     addr = os.environ.get("CBO_JAX_COORDINATOR")
     if not addr:
         return None
-    return addr, int(os.environ.get("CBO_JAX_NUM_PROCESSES", "1")), int(os.environ.get("CBO_JAX_PROCESS_ID", "0"))
+    return addr, _env_int("CBO_JAX_NUM_PROCESSES", "1"), _env_int("CBO_JAX_PROCESS_ID", "0")
 
 
 def is_main() -> bool:

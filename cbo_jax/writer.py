@@ -56,11 +56,24 @@ def _scalars(prefix: str, value: Any):
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
-    """The rows of a ``metrics.jsonl`` file (a missing file has none)."""
+    """The rows of a ``metrics.jsonl`` file (a missing file has none).
+
+    A last line cut short (the writer was killed while appending it) is dropped; any other
+    line that is not JSON is an error naming the file and the line.
+    """
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for i, line in enumerate(lines):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+    return rows
 
 
 class MetricsWriter:

@@ -35,10 +35,20 @@ def test_optimize_bad_input_is_a_clear_error(capsys):
         main(["optimize", "--particles", "0"])
 
 
-def test_reproduce_list_names_every_entry(capsys):
-    assert main(["reproduce", "--list"]) == 0
+def test_reproduce_list_names_every_entry(capsys, tmp_path):
+    from cbo_jax.experiments import registry
+    from cbo_jax.experiments.catalog import RECORDED
+
+    run_dir = tmp_path / "rastrigin-success"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"successes": 37, "runs": 40}))
+    assert main(["reproduce", "--list", "--results-root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "rastrigin-success" in out and "100/100" in out
+    for name, exp in registry().items():
+        assert name in out
+        if name in RECORDED:
+            assert RECORDED[name].measured.split(";")[0][:20] in out  # the repository's measurement
+    assert "37" in out  # your last run's headline, read from RESULTS_ROOT
 
 
 def test_reproduce_unknown_name(capsys):

@@ -46,3 +46,21 @@ def test_bad_distributed_options(capsys):
 
     assert main(["--num-processes", "2", "optimize", "--steps", "1", "--no-progress"]) == 2
     assert "--coordinator" in capsys.readouterr().err
+
+
+def test_a_missing_peer_times_out_with_a_message_naming_the_coordinator():
+    port = _free_port()
+    proc = _cli(["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", "0",
+                 "--startup-timeout", "3", *ARGS])
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert f"127.0.0.1:{port}" in err and "within 3 s" in err and "waiting up to 3 s" in err
+
+
+def test_environment_variables_are_checked(capsys, monkeypatch):
+    from cbo_jax.cli import main
+
+    monkeypatch.setenv("CBO_JAX_COORDINATOR", "127.0.0.1:1")
+    monkeypatch.setenv("CBO_JAX_NUM_PROCESSES", "two")
+    assert main(["optimize", "--steps", "1", "--no-progress"]) == 2
+    assert "CBO_JAX_NUM_PROCESSES must be an integer, got 'two'" in capsys.readouterr().err

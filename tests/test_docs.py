@@ -25,3 +25,16 @@ def test_docs_build_without_warnings(tmp_path):
     assert proc.returncode == 0, f"sphinx failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     assert (out / "index.html").is_file()
     assert (out / "reproductions.html").is_file()
+
+
+SNIPPETS = sorted((ROOT / "docs" / "snippets").glob("*.py"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.stem)
+def test_docs_snippet_runs(snippet, tmp_path):
+    """Every code snippet the documentation includes runs as it is shown."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]

@@ -263,7 +263,13 @@ def test_fedcb2o_rounds_are_deterministic_and_G_switches_at_T_G(ds, cb2o):
     # round 0 (< T_G): weights are exp(-α L) of the mean validation losses it reports
     np.testing.assert_allclose(np.asarray(i1[0].weights), np.asarray(consensus_weights(i1[0].loss, 10.0)), rtol=1e-5,
                                atol=1e-7)
-    assert int(s1.round) == 2 and not np.isnan(np.asarray(s1.P)).all()
+    # ProbSampling explored 2 x M = 10 of each benign agent's 11 others, never itself
+    P = np.asarray(s1.P)
+    assert int(s1.round) == 2 and P.shape == (ds.num_benign, ds.num_agents)
+    observed = ~np.isnan(P) & np.isfinite(P)
+    assert observed.sum(axis=1).tolist() == [10] * ds.num_benign
+    assert np.all(np.isneginf(P[np.arange(ds.num_benign), np.arange(ds.num_benign)]))
+    assert np.all((P[observed] > 0) & (P[observed] <= 1))
 
 
 def test_dfedavgm_neighbours_stay_in_their_group_and_average_by_size(ds):

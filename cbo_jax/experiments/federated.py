@@ -59,6 +59,7 @@ class RotatedMNISTConfig:
     seed: int = 0
 
     def __post_init__(self):
+        cfgs.check_types(self)
         _checks.one_of("source", self.source, mnist.SOURCES)
         _checks.positive_int("agents", self.agents)
         if self.clusters not in fdata.ROTATIONS:
@@ -94,6 +95,7 @@ class RunOptions:
     tensorboard: bool = False
 
     def __post_init__(self):
+        cfgs.check_types(self)
         _checks.positive_int("rounds", self.rounds)
         _checks.positive_int("eval_every", self.eval_every)
         if self.test_size is not None:

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax import population as pop
 from cbo_jax.federated.data import ROTATIONS, AgentData, rotate
 from cbo_jax.federated.local import LocalResult, LocalSGDConfig, local_train
@@ -89,6 +90,7 @@ class LabelFlipConfig:
     malicious_samples: int = 1200
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("num_classes", self.num_classes)
         for name in ("source", "target"):
             v = getattr(self, name)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import optax
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -102,6 +103,7 @@ class SGLDConfig:
     avg_decay: float = 0.9
 
     def __post_init__(self):
+        check_types(self)
         q = _checks.positive_int("steps (Q)", self.steps)
         q0 = _non_negative_int("burn_in (Q0)", self.burn_in)
         if q0 >= q:

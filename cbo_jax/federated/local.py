@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax.models import Model, masked_loss
 
 PyTree = Any
@@ -52,6 +53,7 @@ class LocalSGDConfig:
     reset_optimizer: bool = True
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("epochs", self.epochs)
         _checks.positive_int("batch_size", self.batch_size)
         _checks.positive("lr", self.lr, f32=True)

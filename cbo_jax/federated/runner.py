@@ -171,6 +171,16 @@ def _resume_differences(saved: dict, now: dict, extend: bool) -> list[str]:
     return out
 
 
+def _read_fingerprint(out: Path) -> dict | None:
+    path = out / "fingerprint.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None  # cut short by a kill: the run had not started rounds yet
+
+
 def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every,
          resume, extend, progress, tensorboard, plots, clusters) -> RunResult:
     n = data.num_agents
@@ -179,23 +189,29 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
     done = 0
-    if resume and ckpt.exists(out / "checkpoint"):
-        saved = ckpt.read_meta(out / "checkpoint")
-        diffs = _resume_differences(saved.get("run", {}), fp, extend)
+    if resume:
+        # The run this directory holds: from its checkpoint, or from the fingerprint written at
+        # its start (a run killed before its first checkpoint starts again from round 0).
+        has_ckpt = ckpt.exists(out / "checkpoint")
+        saved = ckpt.read_meta(out / "checkpoint").get("run") if has_ckpt else _read_fingerprint(out)
+        if saved is None and read_jsonl(out / "metrics.jsonl"):
+            raise ValueError(f"cannot resume {out}: it holds results of a run that recorded no fingerprint; "
+                             f"overwrite them instead")
+        diffs = _resume_differences(saved, fp, extend) if saved is not None else []
         if diffs:
             hint = " (extend=True / --extend allows more rounds)" if any(d.startswith("rounds:") for d in diffs) else ""
-            raise ValueError(f"cannot resume {out}: the checkpoint belongs to another run{hint}:\n  " + "\n  ".join(diffs))
-        state, meta = ckpt.restore(out / "checkpoint", state)
-        done = int(meta["step"])
-        if done > rounds:
-            raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
-        history = [r for r in read_jsonl(out / "metrics.jsonl") if r["round"] <= done]
-        if len(history) != done:
-            raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the checkpoint's); "
-                             f"cannot resume")
-    elif resume and read_jsonl(out / "metrics.jsonl"):
-        raise ValueError(f"cannot resume {out}: it holds results but no checkpoint (run with checkpoint_every to "
-                         f"make runs resumable); overwrite them instead")
+            raise ValueError(f"cannot resume {out}: it holds another run{hint}:\n  " + "\n  ".join(diffs))
+        if has_ckpt:
+            state, meta = ckpt.restore(out / "checkpoint", state)
+            done = int(meta["step"])
+            if done > rounds:
+                raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
+            history = [r for r in read_jsonl(out / "metrics.jsonl") if r["round"] <= done]
+            if len(history) != done:
+                raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the "
+                                 f"checkpoint's); cannot resume")
+    if out is not None:
+        (out / "fingerprint.json").write_text(json.dumps(fp, indent=1) + "\n")
     writer = None
     if out is not None:
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)

@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.population import tree_where_rows
@@ -50,6 +51,7 @@ class BaselineConfig:
     local: LocalSGDConfig = LocalSGDConfig()
 
     def __post_init__(self):
+        check_types(self)
         _checks.fraction("participation", self.participation)
 
 

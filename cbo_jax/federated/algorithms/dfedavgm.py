@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax import population as pop
 from cbo_jax.federated.algorithms.base import Algorithm, weighted_rows_mean
 from cbo_jax.federated.attacks import AttackData, grouped_local_train
@@ -49,6 +50,7 @@ class DFedAvgMConfig:
     local: LocalSGDConfig = LocalSGDConfig(epochs=5, batch_size=64, lr=0.004, momentum=0.9)
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("M", self.M)
         if not isinstance(self.local, LocalSGDConfig):
             raise ValueError(f"local must be a LocalSGDConfig, got {self.local!r}")

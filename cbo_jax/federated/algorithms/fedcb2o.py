@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -89,6 +90,7 @@ class FedCB2OConfig:
     local: LocalSGDConfig = LocalSGDConfig(epochs=5, batch_size=64, lr=0.004, momentum=0.9)
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("M", self.M)
         _checks.non_negative("lambda1", self.lambda1, f32=True)
         _checks.positive("gamma", self.gamma, f32=True)

@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax import population as pop
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import DownloadMap, Energy, consensus_downloads
@@ -90,6 +91,7 @@ class FedCBOConfig:
     zeta: float = 0.5
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("M", self.M)
         _checks.non_negative("lambda1", self.lambda1, f32=True)
         _checks.positive("gamma", self.gamma, f32=True)

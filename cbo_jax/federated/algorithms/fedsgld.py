@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax.config import check_types
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast
 from cbo_jax.federated.langevin import OracleSpec, SGLDConfig, check_clip_norm, poisson_grad, sgld_oracle
 from cbo_jax.federated.local import agent_keys
@@ -76,8 +77,7 @@ class FedSGLDConfig:
     delta: float = 1e-5
 
     def __post_init__(self):
-        if not isinstance(self.oracle, SGLDConfig):
-            raise ValueError(f"oracle must be an SGLDConfig, got {type(self.oracle).__name__}")
+        check_types(self)
         _checks.positive("gamma", self.gamma, f32=True)
         _checks.positive("dual_lr", self.dual_lr, f32=True)
         m = _checks.non_negative("server_momentum", self.server_momentum)
@@ -118,6 +118,7 @@ class FedPDConfig:
     delta: float = 1e-5
 
     def __post_init__(self):
+        check_types(self)
         _checks.positive_int("local_steps (Q)", self.local_steps)
         _checks.positive("lr", self.lr, f32=True)
         _checks.positive("gamma", self.gamma, f32=True)
