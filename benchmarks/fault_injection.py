@@ -100,7 +100,7 @@ def killed_run(out: Path, rounds: int, kills: int, rng: random.Random, log) -> i
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=16)
     p.add_argument("--kills", type=int, default=6)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
