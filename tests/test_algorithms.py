@@ -255,8 +255,8 @@ def test_epsilon_greedy_random_share_when_eps_m_is_not_an_integer():
     (lambda: FedCBOConfig(lambda1=20.0, gamma=0.1), "aggregation step"),
     (lambda: FedCBOConfig(eps0=2.0), "eps0 must lie in"),
     (lambda: FedCBOConfig(sigma1=float("nan")), "sigma1 must be finite"),
-    (lambda: LocalSGDConfig(lr="0.1"), "lr must be a real number"),
-    (lambda: LocalSGDConfig(reset_optimizer="no"), "reset_optimizer must be a bool"),
+    (lambda: LocalSGDConfig(lr="0.1"), "lr must be float"),
+    (lambda: LocalSGDConfig(reset_optimizer="no"), "reset_optimizer must be bool"),
     (lambda: FedCBOConfig(M=True), "M must be an integer"),
 ])
 def test_federated_config_values_are_checked_on_the_host(make, match):
