@@ -257,7 +257,7 @@ def test_epsilon_greedy_random_share_when_eps_m_is_not_an_integer():
     (lambda: FedCBOConfig(sigma1=float("nan")), "sigma1 must be finite"),
     (lambda: LocalSGDConfig(lr="0.1"), "lr must be float"),
     (lambda: LocalSGDConfig(reset_optimizer="no"), "reset_optimizer must be bool"),
-    (lambda: FedCBOConfig(M=True), "M must be an integer"),
+    (lambda: FedCBOConfig(M=True), "M must be int, got True"),
 ])
 def test_federated_config_values_are_checked_on_the_host(make, match):
     with pytest.raises(ValueError, match=match):
