@@ -67,3 +67,20 @@ def all_finite(name: str, tree: Any) -> None:
             where = jax.tree_util.keystr(path) or ""
             bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
             raise ValueError(f"{name}{where} has {bad} non-finite entries (NaN or inf)")
+
+
+def as_key(name: str, key: Any):
+    """A PRNG key from ``key``: typed keys and raw ``uint32`` key data pass unchanged, an
+    integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``."""
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        if not -(2**63) <= int(key) < 2**64:
+            raise ValueError(f"{name}: an integer seed must fit in 64 bits, got {key}")
+        return jax.random.key(int(key))
+    dtype = getattr(key, "dtype", None)
+    if dtype is not None:
+        if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+            return key
+        if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in (2, 4):
+            return key  # raw key data (jax.random.PRNGKey), accepted by jax.random as it is
+    raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"
+                     + (f" of dtype {dtype}" if dtype is not None else ""))

@@ -2,8 +2,9 @@
 
 :func:`simulate` is the loop every dynamics shares. Each chunk of ``chunk_size``
 steps is one jitted ``lax.scan`` (compiled once per chunk length and reused), the
-``M`` independent runs are a ``vmap``, and between chunks the host updates a
-progress bar and stops early when every run has met its stopping criterion.
+``M`` independent runs are a ``vmap``, a parameter sweep (``params=``, a grid of
+:class:`cbo_jax.params.Params`) is a ``vmap`` around them, and between chunks the host
+updates a progress bar and stops early when every run has met its stopping criterion.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import params as params_lib
 from cbo_jax.dynamics.cbo import Dynamics, check_population
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
@@ -29,10 +31,12 @@ class SimulationResult(NamedTuple):
     """What :func:`simulate` returns.
 
     Attributes:
-      state: the final state (leading run axis on every field when ``num_runs`` is set).
+      state: the final state (leading run axis on every field when ``num_runs`` is set;
+        before it, the grid axes of a parameter sweep).
       history: dict of NumPy arrays with one row per step taken: ``best_energy``,
         ``min_energy`` (best energy among the current particles), ``alpha``, ``active``
-        (shape ``(T,)`` or ``(T, M)``), and ``consensus`` if requested.
+        (shape ``(T,)``, ``(T, M)``, or ``(T, *grid, M)`` in a sweep), and ``consensus``
+        if requested.
       steps: number of steps simulated (below the requested number when every run
         stopped early; a run's own count is ``state.step``).
       seconds: wall time of the simulation, compilation included.
@@ -68,14 +72,20 @@ def _record(state, record, observe, with_consensus: bool) -> dict:
     return rec
 
 
+def _vmapped(fn, levels: int):
+    for _ in range(levels):
+        fn = jax.vmap(fn)
+    return fn
+
+
 @functools.partial(
     jax.jit, static_argnames=("step", "record", "observe", "length", "batched", "with_consensus"), donate_argnums=(0,)
 )
-def _run_chunk(state, *, step, record, observe, length: int, batched: bool, with_consensus: bool):
-    step_fn = jax.vmap(step) if batched else step
-    rec_fn = functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus)
-    if batched:
-        rec_fn = jax.vmap(rec_fn)
+def _run_chunk(state, *, step, record, observe, length: int, batched: int, with_consensus: bool):
+    # batched: how many leading vmapped axes the state has (runs, and a sweep's points).
+    step_fn = _vmapped(step, int(batched))
+    rec_fn = _vmapped(functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus),
+                      int(batched))
 
     def body(s, _):
         s = step_fn(s)
@@ -87,6 +97,19 @@ def _run_chunk(state, *, step, record, observe, length: int, batched: bool, with
 @functools.partial(jax.jit, static_argnames=("init", "batched"))
 def _init(x0, key, *, init, batched: bool):
     return jax.vmap(init)(x0, key) if batched else init(x0, key)
+
+
+@functools.partial(jax.jit, static_argnames=("init", "batched"))
+def _init_sweep(x0, key, params, *, init, batched: bool):
+    """One state per point of the flattened sweep axis; every point starts from the same
+    ``x0`` and keys (common random numbers), so point ``g`` equals a separate run."""
+
+    def one(prm):
+        if batched:
+            return jax.vmap(init, in_axes=(0, 0, None))(x0, key, prm)
+        return init(x0, key, prm)
+
+    return jax.vmap(one)(params)
 
 
 def simulate(
@@ -103,6 +126,7 @@ def simulate(
     mesh=None,
     initial_state=None,
     desc: str = "cbo",
+    params=None,
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
 
@@ -110,9 +134,16 @@ def simulate(
       dynamics: an ``(init, step)`` pair, e.g. from :func:`cbo_jax.cbo`.
       x0: initial population ``(N, d)`` or stacked pytree; with ``num_runs=M``, every
         leaf carries a leading run axis ``M`` (``(M, N, d)``) and the runs are vmapped.
-      key: PRNG key. With ``num_runs=M``, run ``r`` starts from
-        ``jax.random.split(key, M)[r]`` (split with JAX's default settings), so a
-        batched run equals the single run started from that key.
+      key: PRNG key, or an integer seed (``jax.random.key(seed)``). With
+        ``num_runs=M``, run ``r`` starts from ``jax.random.split(key, M)[r]`` (split
+        with JAX's default settings), so a batched run equals the single run started
+        from that key.
+      params: a :class:`cbo_jax.params.Params` whose leaves carry the axes of a sweep
+        grid (for example from :func:`cbo_jax.params.grid`); ``None`` runs the
+        dynamics' own numbers. Every grid point runs from the same ``x0`` and keys, all
+        points and runs in one jitted program; the result's state and history carry
+        the grid axes before the run axis. Every entry is validated on the host before
+        anything is traced (:func:`cbo_jax.params.validate`).
       num_steps: maximum number of steps (``>= 0``).
       chunk_size: steps per compiled scan; the host checks progress and early
         stopping between chunks.
@@ -138,7 +169,14 @@ def simulate(
     _checks.positive_int("chunk_size", chunk_size)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
+    grid = None
+    if params is not None:
+        if initial_state is not None:
+            raise ValueError("params and initial_state exclude each other: the state carries its own params")
+        params = params_lib.as_params(params, dynamics)
+        grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
     if initial_state is None:
+        key = _checks.as_key("key", key)
         if dynamics.check is not None:
             dynamics.check("x0", x0, num_runs)
         else:
@@ -151,6 +189,10 @@ def simulate(
             "at start-up (the CLI's --dtype float64 does this)"
         )
     batched = num_runs is not None
+    swept = grid is not None
+    levels = int(batched) + int(swept)
+    if initial_state is not None:
+        levels = _state_levels(initial_state, num_runs)
     t0 = time.perf_counter()
     if mesh is not None and initial_state is None:
         from cbo_jax.sharding import prepare_population
@@ -163,6 +205,9 @@ def simulate(
     with rng_context(config):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
+        elif swept:  # one flattened sweep axis (a single point is a grid of shape ())
+            flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
+            state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
         else:
             state = _init(x0, key, init=dynamics.init, batched=batched)
         chunks: list[dict] = []
@@ -172,7 +217,7 @@ def simulate(
             while done < num_steps:
                 length = min(chunk_size, num_steps - done)
                 state, rec = _run_chunk(
-                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=batched,
+                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
                     with_consensus=record_consensus,
                 )
                 chunks.append(rec)
@@ -188,7 +233,18 @@ def simulate(
                 bar.close()
         jax.block_until_ready(state)
     history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
+    if swept:  # the flattened sweep axis back to the grid's axes
+        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
+        history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _state_levels(state, num_runs) -> int:
+    """Leading vmapped axes of a state to continue: a sweep's grid axes and the run axis."""
+    step = getattr(state, "step", None)
+    if step is None:
+        return int(num_runs is not None)
+    return int(np.ndim(step))
 
 
 def _progress_bar(total: int, desc: str):

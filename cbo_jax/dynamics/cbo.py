@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point
 from cbo_jax.schedules import as_schedule
@@ -122,6 +123,8 @@ class CBOState(NamedTuple):
       best_x: best particle seen so far.
       best_energy: its energy.
       active: ``False`` once an early-stop criterion fired; the state is then frozen.
+      params: the numbers of this run (:class:`cbo_jax.params.Params`: λ1, σ1, λ2, σ2, dt
+        and the α schedule's numbers), traced, so runs with different numbers vmap.
     """
 
     x: PyTree
@@ -134,13 +137,15 @@ class CBOState(NamedTuple):
     best_x: PyTree
     best_energy: jax.Array
     active: jax.Array
+    params: Any = None
 
 
 class Dynamics(NamedTuple):
     """A particle system as a pure pair plus what built it.
 
     ``init(x0, key) -> state`` and ``step(state) -> state`` for a single run; both are
-    jittable and vmappable. ``objective`` maps a population to ``(N,)`` energies.
+    jittable and vmappable. The built-in systems also take ``init(x0, key, params)``
+    with a :class:`cbo_jax.params.Params` (the numbers, traced; default: the config's). ``objective`` maps a population to ``(N,)`` energies.
     ``check(name, x0, num_runs) -> N`` validates an initial population on the host
     before compilation (default :func:`check_population` with ``objective``), and
     ``record(state) -> dict`` gives the per-step history :func:`cbo_jax.simulate`
@@ -175,11 +180,16 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
       config: a :class:`CBOConfig`; keyword ``overrides`` replace its fields (or build
         one from defaults when ``config`` is ``None``).
 
-    Returns a :class:`Dynamics` whose ``init``/``step`` act on one run.
+    Returns a :class:`Dynamics` whose ``init``/``step`` act on one run. The numbers
+    (λ1, σ1, λ2, σ2, dt, the α schedule's numbers) are read from ``state.params``
+    (:mod:`cbo_jax.params`), so ``init(x0, key, params)`` with other numbers, or a whole
+    grid of them through ``simulate(..., params=P)``, reuses the compiled step. A term
+    whose config strength is ``0`` (``sigma1``, ``lambda2``, ``sigma2``) is left out.
     """
     config = dataclasses.replace(config, **overrides) if config is not None else CBOConfig(**overrides)
     dtype = jnp.dtype(config.dtype)
     schedule = config.alpha
+    default_params = params_lib.defaults(config)
 
     if config.uses_gradient:
 
@@ -196,10 +206,11 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
         def evaluate(x):
             return objective(x), None
 
-    def init(x0: PyTree, key: jax.Array) -> CBOState:
+    def init(x0: PyTree, key: jax.Array, params: params_lib.Params | None = None) -> CBOState:
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
+        prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         energy, grad = evaluate(x0)
-        alpha = jnp.asarray(schedule.init(), dtype)
+        alpha = jnp.asarray(params_lib.alpha_init(schedule, prm.alpha), dtype)
         best = _best_row(energy)
         return CBOState(
             x=x0,
@@ -212,22 +223,26 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             best_x=jax.tree_util.tree_map(lambda leaf: leaf[best], x0),
             best_energy=energy[best],
             active=jnp.ones((), bool),
+            params=prm,
         )
 
     def step(state: CBOState) -> CBOState:
+        prm = state.params
         m = consensus_point(state.x, state.energy, state.alpha)
         key, sub = jax.random.split(state.key)
+        # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
+        strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
         x = euler_maruyama(
             sub,
             state.x,
             m,
-            dt=config.dt,
-            lambda1=config.lambda1,
-            sigma1=config.sigma1,
+            dt=prm.dt,
+            lambda1=prm.lambda1,
+            sigma1=strength("sigma1"),
             noise=config.noise,
             grad=state.grad,
-            lambda2=config.lambda2,
-            sigma2=config.sigma2,
+            lambda2=strength("lambda2"),
+            sigma2=strength("sigma2"),
             normal=_noise(config.rng, pop.num_agents(state.x)),
         )
         if config.max_abs is not None:
@@ -249,12 +264,13 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             energy=energy,
             grad=grad,
             consensus=m,
-            alpha=schedule.update(state.alpha, state.energy).astype(dtype),
+            alpha=params_lib.alpha_update(schedule, state.alpha, state.energy, prm.alpha).astype(dtype),
             key=key,
             step=state.step + 1,
             best_x=best_x,
             best_energy=best_energy,
             active=state.active,
+            params=prm,
         )
         if not config.early_stop:
             return new

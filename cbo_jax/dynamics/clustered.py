@@ -20,9 +20,10 @@ Malicious particles (CB²O eq. (1.7b)) follow their own SDE ``dθ = a(t, θ) dt 
 A(t, θ) dB`` with user-supplied drift and diffusion; they are part of the population
 every benign particle's consensus is computed from, and nothing marks them there.
 
-The SDE strengths live in the state (:class:`SDEParams`), so a sweep over
-``(λ1, λ2, σ1, σ2)`` is a ``vmap`` over states; which terms exist is static and set
-by the :class:`ClusteredConfig` (a term whose config strength is ``0`` is left out).
+The numbers live in the state (a :class:`cbo_jax.params.Params`: ``λ1, σ1, λ2, σ2``,
+``dt`` and the α schedule's numbers), so a sweep over them is a ``vmap`` over states
+(``simulate(..., params=P)``); which terms exist is static and set by the
+:class:`ClusteredConfig` (a term whose config strength is ``0`` is left out).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask
 from cbo_jax.dynamics.cbo import Dynamics, check_population
@@ -118,7 +120,11 @@ class ClusteredConfig:
 
 
 class SDEParams(NamedTuple):
-    """Strengths of the SDE terms as arrays (vmappable for parameter sweeps)."""
+    """Strengths of the SDE terms as arrays (vmappable for parameter sweeps).
+
+    Accepted wherever a :class:`cbo_jax.params.Params` is (``dt`` and the α numbers then
+    come from the config); the state itself carries the full ``Params``.
+    """
 
     lambda1: jax.Array
     sigma1: jax.Array
@@ -183,7 +189,7 @@ class ClusteredState(NamedTuple):
       grad: ``∇L_{k_i}(θ_i)`` per particle when gradient terms are on, else ``None``.
       consensus: the ``K`` consensus points used by the last step (leading axis ``K``).
       alpha: ``(K,)`` α for the next step.
-      params: :class:`SDEParams`.
+      params: :class:`cbo_jax.params.Params` (the numbers of this run, traced).
       key: PRNG key for the next step.
       step: steps taken; ``time`` = ``step * dt``.
       time: current time ``t``.
@@ -198,7 +204,7 @@ class ClusteredState(NamedTuple):
     grad: PyTree | None
     consensus: PyTree
     alpha: jax.Array
-    params: SDEParams
+    params: params_lib.Params
     key: jax.Array
     step: jax.Array
     time: jax.Array
@@ -245,6 +251,7 @@ def clustered(
         raise ValueError("malicious must be a cbo_jax.dynamics.clustered.Malicious(drift, diffusion)")
     dtype = jnp.dtype(config.dtype)
     schedule = config.alpha
+    default_params = params_lib.defaults(config)
     beta = config.beta if uppers is not None else 1.0
 
     def losses(x):
@@ -273,17 +280,15 @@ def clustered(
         mask = quantile_mask(loss, beta) if beta < 1.0 else None
         return consensus_point(x, energy, alpha, mask)
 
-    def init(p: Particles, key: jax.Array, params: SDEParams | None = None) -> ClusteredState:
+    def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
+        prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         loss, grad = evaluate(x0, p.label)
         energy = energies(x0, loss)
-        alpha = jnp.full((k_classes,), schedule.init(), dtype)
-        if params is None:
-            params = SDEParams(*(jnp.asarray(getattr(config, f), dtype) for f in SDEParams._fields))
+        alpha = jnp.full((k_classes,), params_lib.alpha_init(schedule, prm.alpha), dtype)
         return ClusteredState(
             x=x0, label=p.label, malicious=p.malicious, pid=p.pid, loss=loss, energy=energy, grad=grad,
-            consensus=consensus(x0, loss, energy, alpha), alpha=alpha,
-            params=SDEParams(*(jnp.asarray(v, dtype) for v in params)),
+            consensus=consensus(x0, loss, energy, alpha), alpha=alpha, params=prm,
             key=key, step=jnp.zeros((), jnp.int32), time=jnp.zeros((), dtype),
         )
 
@@ -303,17 +308,17 @@ def clustered(
         # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
         strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
         new = euler_maruyama(
-            k_benign, x, m_own, dt=config.dt, lambda1=prm.lambda1, sigma1=strength("sigma1"),
+            k_benign, x, m_own, dt=prm.dt, lambda1=prm.lambda1, sigma1=strength("sigma1"),
             noise=config.noise, grad=state.grad, lambda2=strength("lambda2"), sigma2=strength("sigma2"),
             normal=normal,
         )
         if malicious is not None:
             t = state.time
-            bad = jax.tree_util.tree_map(lambda xi, ai: xi + config.dt * ai, x, malicious.drift(t, x))
+            bad = jax.tree_util.tree_map(lambda xi, ai: xi + prm.dt * ai, x, malicious.drift(t, x))
             if malicious.diffusion is not None:
                 a_diff = malicious.diffusion(t, x)
                 z = normal(k_mal, x)
-                sq = jnp.sqrt(jnp.asarray(config.dt, dtype))
+                sq = jnp.sqrt(prm.dt)
                 if isinstance(a_diff, jax.Array) and a_diff.ndim == 1:  # one scalar per particle
                     kick = pop.tree_scale_rows(z, a_diff)
                 else:
@@ -331,8 +336,9 @@ def clustered(
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
             energy=energies(new, loss), grad=grad, consensus=m,
-            alpha=jax.vmap(schedule.update)(state.alpha, state.energy).astype(dtype),
-            params=prm, key=key, step=state.step + 1, time=state.time + jnp.asarray(config.dt, dtype),
+            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha))(
+                state.alpha, state.energy).astype(dtype),
+            params=prm, key=key, step=state.step + 1, time=state.time + prm.dt,
         )
 
     def check(name: str, p, num_runs: int | None = None) -> int:
