@@ -175,14 +175,17 @@ def simulate(
             raise ValueError("params and initial_state exclude each other: the state carries its own params")
         params = params_lib.as_params(params, dynamics)
         grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
+    record = dynamics.record or _record_cbo
+    config = dynamics.config
     if initial_state is None:
         key = _checks.as_key("key", key)
         if dynamics.check is not None:
-            dynamics.check("x0", x0, num_runs)
+            n = dynamics.check("x0", x0, num_runs)
         else:
-            check_population("x0", x0, dynamics.objective, num_runs)
-    record = dynamics.record or _record_cbo
-    config = dynamics.config
+            n = check_population("x0", x0, dynamics.objective, num_runs)
+        batch_size = getattr(config, "batch_size", None)
+        if batch_size is not None and n is not None and batch_size > n:
+            raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
     if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(
             "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
@@ -199,6 +202,8 @@ def simulate(
 
         unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
             config, "max_abs", None) is not None else None
+        if getattr(config, "batch_size", None) is not None:
+            unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
     if batched and initial_state is None:
         key = jax.random.split(key, num_runs)

@@ -4,8 +4,13 @@
 written by ``python tests/test_regression_particles.py --write`` with the code as it was
 before the parameter pytree (issue 14) was introduced. Any later change to the dynamics
 must keep these numbers. float64 cases are compared to 1e-12 (the tolerance leaves room
-for another CPU's vectorisation); float32 cases (marked ``slow``: ten compilations do not
-fit the default run's budget) to 2e-6.
+for another CPU's vectorisation); float32 cases to 2e-6. Two cases run by default, all
+ten with ``pytest -m slow``.
+
+When the numbers moved into a traced pytree (issue 14), every float64 case stayed
+bitwise equal; float32 too, except ``cbo_per_particle_const`` (6e-8 after 25 steps):
+``λ1·dt`` is now the float32 product of the two float32 numbers, where the Python
+floats of the config rounded the float64 product (``1.1 * 0.05``: one ulp apart).
 """
 
 from __future__ import annotations
@@ -101,8 +106,14 @@ def compute_all() -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("dtype", [pytest.param("float32", marks=pytest.mark.slow), "float64"])
-@pytest.mark.parametrize("name", sorted(CASES))
+# In the default run: the two float64 cases that cover the most (gradient terms and the ESS
+# schedule; the bi-level consensus with attackers); the rest are marked slow (each case is
+# two compilations).
+DEFAULT = {("cbo_iso_grad_ess", "float64"), ("cb2o_malicious", "float64")}
+
+
+@pytest.mark.parametrize("name,dtype", [(n, t) if (n, t) in DEFAULT else pytest.param(n, t, marks=pytest.mark.slow)
+                                        for n in sorted(CASES) for t in ("float32", "float64")])
 def test_final_particles_are_pinned(name, dtype):
     expected = np.load(DATA)[f"{name}/{dtype}"]
     if dtype == "float64":

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point
@@ -66,6 +67,12 @@ class CBOConfig:
         ``"per-particle"``: row ``i`` draws from ``fold_in(step_key, i)``, so a row's
         noise does not depend on the population size (a population padded for
         sharding moves exactly as the unpadded one); slower.
+      batch_size: random batch method (:mod:`cbo_jax.batching`, as CBXpy's
+        ``batch_args``): the consensus of each step runs over a random batch of this many
+        particles (``None``: all ``N``).
+      batch_partial: with ``batch_size``, ``True`` moves only the batch's particles
+        (CBXpy's default, "partial" update), ``False`` moves every particle toward the
+        batch's consensus ("full" update).
     """
 
     lambda1: float = 1.0
@@ -80,9 +87,12 @@ class CBOConfig:
     max_abs: float | None = None
     dtype: str = "float32"
     rng: str = "fast"
+    batch_size: int | None = None
+    batch_partial: bool = True
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        _check_batch(self)
         set_("lambda1", _checks.non_negative("lambda1", self.lambda1))
         set_("sigma1", _checks.non_negative("sigma1", self.sigma1))
         set_("dt", _checks.positive("dt", self.dt))
@@ -109,6 +119,13 @@ class CBOConfig:
         return self.energy_tol is not None or self.diff_tol is not None
 
 
+def _check_batch(config) -> None:
+    if config.batch_size is not None:
+        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
+    if not isinstance(config.batch_partial, (bool, np.bool_)):
+        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
+
+
 class CBOState(NamedTuple):
     """State of one CBO run (vmapped runs carry a leading run axis on every field).
 
@@ -125,6 +142,9 @@ class CBOState(NamedTuple):
       active: ``False`` once an early-stop criterion fired; the state is then frozen.
       params: the numbers of this run (:class:`cbo_jax.params.Params`: λ1, σ1, λ2, σ2, dt
         and the α schedule's numbers), traced, so runs with different numbers vmap.
+      batch: the random batch method's :class:`cbo_jax.batching.BatchState`, or ``None``.
+      in_batch: ``(N,)`` mask of the batch the last step used (all ``True`` at ``init``),
+        or ``None`` without batches.
     """
 
     x: PyTree
@@ -138,6 +158,8 @@ class CBOState(NamedTuple):
     best_energy: jax.Array
     active: jax.Array
     params: Any = None
+    batch: Any = None
+    in_batch: Any = None
 
 
 class Dynamics(NamedTuple):
@@ -224,11 +246,16 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             best_energy=energy[best],
             active=jnp.ones((), bool),
             params=prm,
+            batch=None if config.batch_size is None else batching.init(energy.shape[0]),
+            in_batch=None if config.batch_size is None else jnp.ones(energy.shape, bool),
         )
 
     def step(state: CBOState) -> CBOState:
         prm = state.params
-        m = consensus_point(state.x, state.energy, state.alpha)
+        batch, in_batch = state.batch, None
+        if config.batch_size is not None:
+            in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
+        m = consensus_point(state.x, state.energy, state.alpha, in_batch)
         key, sub = jax.random.split(state.key)
         # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
         strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
@@ -248,6 +275,8 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
         if config.max_abs is not None:
             c = config.max_abs
             x = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
+        if in_batch is not None and config.batch_partial:  # only the batch's particles move
+            x = pop.tree_where_rows(in_batch, x, state.x)
         energy, grad = evaluate(x)
         row = _best_row(energy)
         # Row `row` selected by a one-hot reduction rather than an index: on a sharded
@@ -264,13 +293,15 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             energy=energy,
             grad=grad,
             consensus=m,
-            alpha=params_lib.alpha_update(schedule, state.alpha, state.energy, prm.alpha).astype(dtype),
+            alpha=params_lib.alpha_update(schedule, state.alpha, state.energy, prm.alpha, in_batch).astype(dtype),
             key=key,
             step=state.step + 1,
             best_x=best_x,
             best_energy=best_energy,
             active=state.active,
             params=prm,
+            batch=batch,
+            in_batch=in_batch,
         )
         if not config.early_stop:
             return new

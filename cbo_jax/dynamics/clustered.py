@@ -36,10 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask
-from cbo_jax.dynamics.cbo import Dynamics, check_population
+from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_population
 from cbo_jax.schedules import as_schedule
 from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
 
@@ -82,6 +83,10 @@ class ClusteredConfig:
         ``"per-particle"``: particle ``i`` draws from ``fold_in(step_key, id_i)``,
         so the simulation is exactly invariant under permutations of the particles
         (slower: one key derivation per particle and step).
+      batch_size, batch_partial: the random batch method (:mod:`cbo_jax.batching`):
+        every ``m_k`` (and the β-quantile set of CB²O) runs over a random batch of
+        ``batch_size`` particles; ``batch_partial=True`` moves only the batch's particles
+        (benign and malicious alike), ``False`` moves all.
     """
 
     lambda1: float = 1.0
@@ -95,9 +100,12 @@ class ClusteredConfig:
     max_abs: float | None = None
     dtype: str = "float32"
     rng: str = "fast"
+    batch_size: int | None = None
+    batch_partial: bool = True
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        _check_batch(self)
         for name in ("lambda1", "sigma1", "lambda2", "sigma2"):
             set_(name, _checks.non_negative(name, getattr(self, name)))
         set_("dt", _checks.positive("dt", self.dt))
@@ -193,6 +201,8 @@ class ClusteredState(NamedTuple):
       key: PRNG key for the next step.
       step: steps taken; ``time`` = ``step * dt``.
       time: current time ``t``.
+      batch, in_batch: the random batch method's state and the mask of the last
+        step's batch (``None`` without batches; see :class:`~cbo_jax.dynamics.cbo.CBOState`).
     """
 
     x: PyTree
@@ -208,6 +218,8 @@ class ClusteredState(NamedTuple):
     key: jax.Array
     step: jax.Array
     time: jax.Array
+    batch: Any = None
+    in_batch: Any = None
 
 
 def _as_objective_list(name: str, objs) -> list:
@@ -276,8 +288,10 @@ def clustered(
         (_, loss), g = jax.value_and_grad(own_total, has_aux=True)(x)
         return loss, g
 
-    def consensus(x, loss, energy, alpha):
-        mask = quantile_mask(loss, beta) if beta < 1.0 else None
+    def consensus(x, loss, energy, alpha, in_batch=None):
+        mask = in_batch if in_batch is None else jnp.broadcast_to(in_batch, loss.shape)
+        if beta < 1.0:
+            mask = quantile_mask(loss, beta, mask)
         return consensus_point(x, energy, alpha, mask)
 
     def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
@@ -290,6 +304,8 @@ def clustered(
             x=x0, label=p.label, malicious=p.malicious, pid=p.pid, loss=loss, energy=energy, grad=grad,
             consensus=consensus(x0, loss, energy, alpha), alpha=alpha, params=prm,
             key=key, step=jnp.zeros((), jnp.int32), time=jnp.zeros((), dtype),
+            batch=None if config.batch_size is None else batching.init(loss.shape[1]),
+            in_batch=None if config.batch_size is None else jnp.ones(loss.shape[1:], bool),
         )
 
     def noise_fn(pid):
@@ -301,7 +317,10 @@ def clustered(
 
     def step(state: ClusteredState) -> ClusteredState:
         x, prm = state.x, state.params
-        m = consensus(x, state.loss, state.energy, state.alpha)  # leading axis K
+        batch, in_batch = state.batch, None
+        if config.batch_size is not None:
+            in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
+        m = consensus(x, state.loss, state.energy, state.alpha, in_batch)  # leading axis K
         m_own = pop.gather(m, state.label)  # each particle's own class's consensus point
         key, k_benign, k_mal = jax.random.split(state.key, 3)
         normal = noise_fn(state.pid)
@@ -331,14 +350,16 @@ def clustered(
         # Materialise the new positions once: otherwise XLA:CPU fuses the update (noise
         # draw and gather of m_k included) into each of the K loss evaluations and
         # recomputes it K times (2-3x slower step at K=4, benchmarks/RESULTS.md).
+        if in_batch is not None and config.batch_partial:  # only the batch's particles move
+            new = pop.tree_where_rows(in_batch, new, x)
         new = jax.lax.optimization_barrier(new)
         loss, grad = evaluate(new, state.label)
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
             energy=energies(new, loss), grad=grad, consensus=m,
-            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha))(
+            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha, in_batch))(
                 state.alpha, state.energy).astype(dtype),
-            params=prm, key=key, step=state.step + 1, time=state.time + prm.dt,
+            params=prm, key=key, step=state.step + 1, time=state.time + prm.dt, batch=batch, in_batch=in_batch,
         )
 
     def check(name: str, p, num_runs: int | None = None) -> int:
