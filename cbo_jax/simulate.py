@@ -186,6 +186,11 @@ def simulate(
         batch_size = getattr(config, "batch_size", None)
         if batch_size is not None and n is not None and batch_size > n:
             raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
+        chunk = getattr(config, "particle_chunk", None)
+        if chunk is not None and n is not None and n % chunk:
+            raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
+        if chunk is not None and mesh is not None:
+            raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
     if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(
             "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
@@ -258,17 +263,73 @@ def _progress_bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
-def minimize(objective, x0: PyTree, key: jax.Array, num_steps: int, config=None, **kwargs) -> SimulationResult:
-    """Convenience: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
+_SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
+                     "desc", "params")
 
-    ``kwargs`` are split between :class:`CBOConfig` fields and :func:`simulate` options.
+
+def minimize(objective, x0: PyTree | None = None, key=0, num_steps: int = 1000, config=None, *,
+             dim: int | None = None, num_particles: int = 100, init_bounds: tuple[float, float] = (-3.0, 3.0),
+             **kwargs) -> SimulationResult:
+    """Minimise ``objective`` with CBO: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
+
+    ``cj.minimize(f, dim=d, key=0)`` is enough: without ``x0``, the initial population is
+    ``num_particles`` (default 100) particles drawn uniformly from ``init_bounds``
+    (default ``[-3, 3]``) in every coordinate of ``R^dim`` (with ``num_runs=M``, ``M`` such
+    populations), from the first half of ``jax.random.split(key)``; the run uses the
+    second half. With ``x0`` given, ``key`` drives the run directly.
+
+    Args:
+      objective: a population objective ``(N, d) -> (N,)`` (every function of
+        :mod:`cbo_jax.objectives`), or a single-particle one ``(d,) -> ()``, which is
+        lifted with :func:`cbo_jax.population.per_agent` (detected from the shapes on
+        the host before anything runs).
+      x0: initial population ``(N, d)`` (or ``(M, N, d)`` with ``num_runs``, or a stacked
+        pytree); ``None`` draws the default one above (needs ``dim``).
+      key: PRNG key or integer seed (default ``0``).
+      num_steps: steps of Euler–Maruyama (default 1000).
+      config: a :class:`~cbo_jax.CBOConfig`.
+      kwargs: :class:`~cbo_jax.CBOConfig` fields (override ``config``) and
+        :func:`simulate` options; any other keyword is an error that lists the valid ones.
+
     The best particle is ``result.state.best_x``.
     """
     import dataclasses
 
-    from cbo_jax.dynamics.cbo import CBOConfig, cbo
+    from cbo_jax import population as pop
+    from cbo_jax.dynamics.cbo import CBOConfig, cbo, looks_single_particle
 
-    fields = {f.name for f in dataclasses.fields(CBOConfig)}
+    fields = [f.name for f in dataclasses.fields(CBOConfig)]
+    own = ["x0", "key", "num_steps", "config", "dim", "num_particles", "init_bounds"]
+    _checks.known_keywords("minimize", kwargs, own + fields + list(_SIMULATE_OPTIONS))
     cfg_kw = {k: v for k, v in kwargs.items() if k in fields}
     sim_kw = {k: v for k, v in kwargs.items() if k not in fields}
+    key = _checks.as_key("key", key)
+    num_runs = sim_kw.get("num_runs")
+    if x0 is None:
+        if dim is None:
+            raise ValueError("minimize needs an initial population x0 or the dimension dim=d (for the default "
+                             f"population of num_particles={num_particles} uniform in {tuple(init_bounds)}^d)")
+        _checks.positive_int("dim", dim)
+        _checks.positive_int("num_particles", num_particles)
+        low, high = (_checks.finite_number("init_bounds", b) for b in init_bounds)
+        if not low < high:
+            raise ValueError(f"init_bounds must be (low, high) with low < high, got {tuple(init_bounds)}")
+        dtype = (config.dtype if config is not None else cfg_kw.get("dtype", "float32"))
+        k_init, key = jax.random.split(key)
+        shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
+        wide = dtype == "float64" and jax.config.jax_enable_x64  # else simulate explains what is missing
+        x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
+    elif dim is not None:
+        leaf = jax.tree_util.tree_leaves(x0)[0]
+        if isinstance(x0, (np.ndarray, jax.Array)) and np.shape(leaf)[-1] != dim:
+            raise ValueError(f"dim={dim} does not match x0's last axis ({np.shape(leaf)[-1]})")
+    single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
+    try:
+        out = jax.eval_shape(objective, jax.tree_util.tree_map(
+            lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
+        batched_ok = tuple(out.shape) == (pop.num_agents(single),)
+    except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
+        batched_ok = False
+    if not batched_ok and looks_single_particle(objective, single):
+        objective = pop.per_agent(objective)
     return simulate(cbo(objective, config, **cfg_kw), x0, key, num_steps, **sim_kw)
