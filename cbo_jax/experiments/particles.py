@@ -307,8 +307,8 @@ def run_scaling(args: argparse.Namespace) -> dict:
 SCALING = Experiment(
     name="meanfield-scaling",
     summary="FedCBO Thm 2.2: sliced W1 between N-particle class measure and an N=1e6 reference, N=1e2..1e5; "
-            "log-log slope (a distance between distributions: independent samples give -0.5 too, so this does not "
-            "test propagation of chaos; see meanfield-coupling)",
+            "log-log slope (distributions only, as for independent samples: not a propagation-of-chaos test, "
+            "see meanfield-coupling)",
     published="Monte-Carlo rate: slope about -0.5",
     add_arguments=_add_scaling,
     run=run_scaling,
