@@ -74,6 +74,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=None, help="default 100 with --quick, else 200")
     ap.add_argument("--sigma-max", type=float, default=1.4, help="largest σ1 of the grid (default 1.4)")
     ap.add_argument("--repeats", type=int, default=3, help="timed repeats of each way; the best is kept (default 3)")
+    ap.add_argument("--json", default=None, help="also write the summary to this file")
     ap.add_argument("--config-loop", action="store_true",
                     help="also time a loop over separately built dynamics (compiles once per point: minutes)")
     args = ap.parse_args(argv)
@@ -145,6 +146,10 @@ def main(argv=None) -> int:
     if "config_loop" in seconds:
         summary["config_loop_seconds"] = round(seconds["config_loop"], 4)
         summary["speedup_vs_config_loop"] = round(seconds["config_loop"] / seconds["vmapped"], 2)
+    summary["load"] = round(os.getloadavg()[0], 2)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
     print(json.dumps(summary))
     return 0
 

@@ -144,3 +144,17 @@ def test_coupling_bad_input():
         meanfield.coupling(dyn, p, 0, np.zeros(()))
     with pytest.raises(ValueError, match="PRNG key .* or an integer seed"):
         meanfield.coupling(dyn, p, "seed", np.zeros((3, 2, 2)))
+
+
+@pytest.mark.slow
+def test_cbo_copies_with_own_consensus_are_the_system_chunked_and_batched():
+    """The same for single-objective CBO, with random batches and the chunked step."""
+    x = np.random.default_rng(5).uniform(-2, 2, (2, 24, 3))
+    with enable_x64(True):
+        dyn = cj.cbo(objectives.Ackley(), sigma1=0.8, alpha=30.0, dtype="float64", batch_size=12, particle_chunk=8,
+                     lambda2=0.1)
+        own = cj.simulate(dyn, x, 3, 20, num_runs=2, record_consensus=True)
+        res = meanfield.coupling(dyn, x, 3, own.history["consensus"][:, 0], num_runs=2)
+    np.testing.assert_array_equal(res.sq_distance[0], 0.0)
+    assert np.all(res.sq_distance[1, 1:] > 0)  # run 1 was fed run 0's path
+    np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(own.state.x))

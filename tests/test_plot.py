@@ -20,7 +20,7 @@ def test_history_frames_are_the_ordinary_run_and_plots_are_figures(tmp_path):
     assert hist.x.shape == (4, 30, 2) and hist.consensus.shape == (4, 2)
     # Recording in segments does not change the run: the frames are simulate's states.
     for k, steps in ((1, 10), (3, 25)):
-        ref = cj.simulate(dyn, x0, jax.random.key(3), steps)
+        ref = cj.simulate(dyn, x0, jax.random.key(3), steps, chunk_size=10)
         np.testing.assert_array_equal(hist.x[k], np.asarray(ref.state.x)[:30])
         np.testing.assert_array_equal(hist.consensus[k], np.asarray(ref.state.consensus))
     np.testing.assert_array_equal(hist.x[0], x0[:30])
