@@ -32,8 +32,9 @@ def _cb2o(**kw):
     return cb2o(lower, upper, cfg, malicious=attack)
 
 
+# CBO with partial update in the default run; the full update and CB²O (quantile set, attackers) under `slow`.
 @pytest.mark.parametrize("system,partial", [("cbo", True), pytest.param("cbo", False, marks=pytest.mark.slow),
-                                            ("cb2o", True)])
+                                            pytest.param("cb2o", True, marks=pytest.mark.slow)])
 def test_batch_of_all_particles_equals_the_full_system_exactly(system, partial):
     x = np.random.default_rng(0).uniform(-2, 2, (N, 3))
     with enable_x64(True):

@@ -444,11 +444,11 @@ def run_coupling(args: argparse.Namespace) -> dict:
     sizes = [int(float(s)) for s in str(args.sizes).split(",") if s]
     n_ref = int(args.reference)
     chunk = int(args.chunk) or None
-    if chunk is not None and n_ref % chunk:
-        raise ValueError(f"--reference {n_ref} must be a multiple of --chunk {chunk} (or --chunk 0)")
     if len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1:
         raise ValueError("need at least two sizes N >= 2, --reference above the largest N, steps >= 1, seeds >= 1, "
                          "dim >= 1")
+    if chunk is not None and n_ref % chunk:
+        raise ValueError(f"--reference {n_ref} must be a multiple of --chunk {chunk} (or --chunk 0)")
     d, steps = args.dim, args.steps
     dyn = coupling_system(d, args.objective, args.sigma1, args.alpha)
     rng = np.random.default_rng(args.seed)
