@@ -9,7 +9,8 @@ one vectorised kernel; time is a ``lax.scan``.
 >>> res = cj.minimize(cj.objectives.Rastrigin(), x0, jax.random.key(1), 500, cfg)
 """
 
-from cbo_jax import checkpoint, consensus, meanfield, objectives, population, schedules, sde, sharding
+from cbo_jax import (batching, checkpoint, consensus, meanfield, objectives, params, plot, population, schedules, sde,
+                     sharding)
 from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
 from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
@@ -26,6 +27,7 @@ __all__ = [
     "Malicious",
     "Particles",
     "SimulationResult",
+    "batching",
     "cb2o",
     "cbo",
     "checkpoint",
@@ -36,7 +38,9 @@ __all__ = [
     "meanfield",
     "minimize",
     "objectives",
+    "params",
     "particles",
+    "plot",
     "population",
     "quantile_mask",
     "schedules",

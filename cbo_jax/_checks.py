@@ -109,3 +109,19 @@ def as_key(name: str, key: Any):
             return key  # raw key data (jax.random.PRNGKey), accepted by jax.random as it is
     raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"
                      + (f" of dtype {dtype}" if dtype is not None else ""))
+
+
+def known_keywords(where: str, given, valid) -> None:
+    """Raise for keywords of ``given`` not in ``valid``, listing the valid ones (and close matches)."""
+    import difflib
+
+    valid = sorted(valid)
+    unknown = [k for k in given if k not in valid]
+    if not unknown:
+        return
+    hints = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, valid, n=3)
+        hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    raise ValueError(f"{where}: unknown keyword{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
+                     f"valid keywords: {', '.join(valid)}")

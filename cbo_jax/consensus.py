@@ -31,6 +31,7 @@ __all__ = [
     "log_consensus_weights",
     "consensus_weights",
     "consensus_point",
+    "streaming_consensus_point",
     "subset_consensus",
     "quantile_mask",
     "effective_sample_size",
@@ -92,6 +93,53 @@ def consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Arra
     """
     population, mask = _finite_population(population, mask)
     return pop.weighted_mean(population, consensus_weights(energy, alpha, mask))
+
+
+def _rows(tree: PyTree, start, size: int) -> PyTree:
+    return jax.tree_util.tree_map(lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, size, axis=0), tree)
+
+
+def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Array | None = None, *,
+                              chunk: int) -> PyTree:
+    """:func:`consensus_point` in one pass over chunks of ``chunk`` agents (large ``N``).
+
+    The same Gibbs weights, shifted by the minimum valid energy so that every
+    log-weight is ``<= 0``: ``m = Σ_i e^{-α(E_i - E_min)} θ_i / Σ_i e^{-α(E_i - E_min)}``,
+    the sums accumulated chunk by chunk in a ``lax.scan`` (the best agent contributes
+    ``1`` to the denominator, so it lies in ``[1, N]`` and the quotient is the normalised
+    log-sum-exp form of :func:`consensus_point`, equal to rounding). No ``(N, d)``
+    temporary is formed. ``N`` must be a multiple of ``chunk``. Agents with non-finite
+    parameters or energies, or masked out, get weight zero, as in :func:`consensus_point`.
+    """
+    n = pop.num_agents(population)
+    if chunk < 1 or n % chunk:
+        raise ValueError(f"N={n} must be a positive multiple of chunk={chunk}")
+    energy = jnp.asarray(energy)
+    ok_rows = pop.tree_isfinite_rows(population)
+    valid = jnp.isfinite(energy) & ok_rows
+    if mask is not None:
+        valid = valid & mask
+    e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
+    a = _alpha_col(alpha, energy)
+    num_chunks = n // chunk
+    lead = energy.shape[:-1]  # () or (K,)
+
+    def body(carry, c):
+        den, num = carry
+        start = c * chunk
+        e = jax.lax.dynamic_slice_in_dim(energy, start, chunk, axis=-1)
+        v = jax.lax.dynamic_slice_in_dim(valid, start, chunk, axis=-1)
+        w = jnp.where(v, jnp.exp(-a * jnp.where(v, e - e_min, 0.0)), 0.0)
+        rows, _ = pop.zero_nonfinite_rows(_rows(population, start, chunk))  # 0 · NaN would be NaN
+        part = jax.tree_util.tree_map(
+            lambda leaf: jnp.tensordot(w.astype(leaf.dtype), leaf, axes=(-1, 0)), rows)
+        return (den + jnp.sum(w, axis=-1), jax.tree_util.tree_map(jnp.add, num, part)), None
+
+    zero_num = jax.tree_util.tree_map(
+        lambda leaf: jnp.zeros(lead + leaf.shape[1:], leaf.dtype), population)
+    (den, num), _ = jax.lax.scan(body, (jnp.zeros(lead, energy.dtype), zero_num), jnp.arange(num_chunks))
+    return jax.tree_util.tree_map(
+        lambda v: v / den.astype(v.dtype).reshape(lead + (1,) * (v.ndim - len(lead))), num)
 
 
 def subset_consensus(

@@ -11,12 +11,28 @@
   directions: the distance between an ``N``-particle system and a large-``N``
   reference (Theorem 2.2, propagation of chaos).
 * :func:`fit_loglog_slope`: slope of ``log(error)`` against ``log(N)``.
+* :func:`reference_consensus` and :func:`coupling`: propagation of chaos measured
+  pathwise, as in the FedCBO JMLR version's Proposition 1, eq. (50). Each of the ``N``
+  particles ``θ^i`` gets a mean-field copy ``θ̄^i`` started at the same point and driven
+  by the same Brownian increments, whose consensus point is that of the mean-field law
+  ``ρ_t`` instead of the ``N`` particles'; ``m_α(ρ_t)`` is taken from a large independent
+  reference ensemble. Eq. (50) bounds ``E|θ^i_t - θ̄^i_t|² <= C (1/N_1 + 1/N_2)``, so the
+  measured mean squared distance falls like ``1/N`` (log-log slope ``-1``).
+
+What the two N-scaling measurements test. :func:`sliced_wasserstein` against a large
+reference compares *distributions*: an empirical measure of ``N`` independent samples of
+``ρ_T`` is already ``O(N^{-1/2})`` away from ``ρ_T``, so a slope of ``-1/2`` there shows the
+particle system's law is close to ``ρ_T`` but cannot tell interacting particles from
+independent ones (``cbo-jax reproduce meanfield-scaling``). :func:`coupling` compares
+*trajectories*: it is zero for independent copies only if the interaction itself is
+replaced by the mean-field one, and its ``1/N`` rate is the quantitative propagation of
+chaos (``cbo-jax reproduce meanfield-coupling``).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +53,9 @@ __all__ = [
     "random_directions",
     "sorted_projections",
     "fit_loglog_slope",
+    "reference_consensus",
+    "coupling",
+    "CouplingResult",
 ]
 
 
@@ -131,8 +150,8 @@ def _quantile_grid(n: int, r: int, dtype):
 
 
 def random_directions(key: jax.Array, num: int, d: int, dtype=jnp.float32) -> jax.Array:
-    """``num`` directions drawn uniformly on the unit sphere of ``R^d``: ``(num, d)``."""
-    theta = jax.random.normal(key, (num, d), dtype)
+    """``num`` directions drawn uniformly on the unit sphere of ``R^d``: ``(num, d)`` (``key`` may be a seed)."""
+    theta = jax.random.normal(_checks.as_key("key", key), (num, d), dtype)
     return theta / jnp.linalg.norm(theta, axis=-1, keepdims=True)
 
 
@@ -208,3 +227,99 @@ def fit_loglog_slope(n, err) -> float:
     if n.shape != err.shape or n.size < 2 or np.any(n <= 0) or np.any(err <= 0):
         raise ValueError("need at least 2 positive (n, err) pairs of equal length")
     return float(np.polyfit(np.log(n), np.log(err), 1)[0])
+
+
+def reference_consensus(dynamics, x_ref, key, num_steps: int, **simulate_kwargs) -> np.ndarray:
+    """The consensus points ``m_α(ρ^R_t)`` of a reference ensemble at every step: ``(T, ...)``.
+
+    Runs :func:`cbo_jax.simulate` on ``x_ref`` (``R`` independent samples of ``ρ_0``, for
+    example ``1e6``; build ``dynamics`` with ``particle_chunk`` for a large ``R``) and
+    returns row ``t`` = the consensus point the ``(t+1)``-th step used (one per class for
+    the clustered system: ``(T, K, d)``). It approximates ``m_α(ρ_t)`` of the mean-field
+    law up to ``O(R^{-1/2})``; pass it to :func:`coupling`. ``simulate_kwargs`` go to
+    :func:`cbo_jax.simulate` (``progress``, ``chunk_size``, ...).
+    """
+    from cbo_jax.simulate import simulate
+
+    res = simulate(dynamics, x_ref, key, num_steps, record_consensus=True, **simulate_kwargs)
+    return res.history["consensus"]
+
+
+class CouplingResult(NamedTuple):
+    """What :func:`coupling` returns.
+
+    Attributes:
+      sq_distance: ``(T + 1,)``, or ``(M, T + 1)`` with runs: the mean over the (benign)
+        particles ``i`` of ``|θ^i_t - θ̄^i_t|²`` after ``t`` steps (``0`` at ``t = 0``); its
+        mean over runs estimates ``E|θ^i_t - θ̄^i_t|²`` of eq. (50).
+      final_x: the ``N``-particle system's final positions.
+      final_copies: the mean-field copies' final positions.
+    """
+
+    sq_distance: np.ndarray
+    final_x: Any
+    final_copies: Any
+
+
+@functools.partial(jax.jit, static_argnames=("dynamics", "batched"))
+def _coupled(dynamics, x0, key, path, *, batched: bool):
+    def one(x0, key):
+        system = dynamics.init(x0, key)
+        copies = system  # the same initial points and the same key: the same Brownian increments
+
+        def dist(a, b):
+            d2 = pop.sq_norms(pop.tree_sub(a.x, b.x))
+            benign = ~a.malicious if hasattr(a, "malicious") else jnp.ones(d2.shape, bool)
+            return jnp.sum(jnp.where(benign, d2, 0)) / jnp.maximum(jnp.sum(benign), 1)
+
+        def body(carry, m_t):
+            system, copies = carry
+            system = dynamics.step(system)
+            copies = dynamics.drive(copies, m_t)
+            return (system, copies), dist(system, copies)
+
+        (system, copies), d2 = jax.lax.scan(body, (system, copies), path)
+        return jnp.concatenate([jnp.zeros((1,), d2.dtype), d2]), system.x, copies.x
+
+    return jax.vmap(one)(x0, key) if batched else one(x0, key)
+
+
+def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) -> CouplingResult:
+    """``N`` particles and their mean-field copies, coupled (FedCBO JMLR Proposition 1, eq. (50)).
+
+    The ``N``-particle system runs from ``x0`` with ``dynamics.step``; the copies run from
+    the same ``x0`` with ``dynamics.drive(state, m_t)``: the same Euler–Maruyama scheme
+    (eq. (15)) and the same Brownian increments (the same PRNG key, step by step), but
+    toward ``m_t = consensus_path[t]``, the mean-field consensus point from
+    :func:`reference_consensus`, instead of their own. One jitted ``lax.scan`` over the
+    steps (``T = len(consensus_path)``), ``vmap``-ped over ``num_runs`` runs
+    (``x0`` then carries a run axis and run ``r`` uses ``jax.random.split(key, M)[r]``).
+
+    Returns a :class:`CouplingResult`; ``sq_distance`` is averaged over the benign
+    particles (every particle, for systems without attackers).
+    """
+    from cbo_jax import _checks
+
+    if dynamics.drive is None:
+        raise ValueError("these dynamics have no drive(state, m); coupling needs cbo(), clustered() or cb2o()")
+    from cbo_jax.dynamics.cbo import check_population
+    from cbo_jax.simulate import rng_context
+
+    key = _checks.as_key("key", key)
+    path = jax.tree_util.tree_map(jnp.asarray, consensus_path)
+    lengths = {leaf.shape[0] if leaf.ndim else 0 for leaf in jax.tree_util.tree_leaves(path)}
+    if len(lengths) != 1 or min(lengths) < 1:
+        raise ValueError("consensus_path must have one leading step axis (T >= 1) on every leaf, got shapes "
+                         f"{[np.shape(v) for v in jax.tree_util.tree_leaves(path)]}")
+    _checks.all_finite("consensus_path (the reference ensemble diverged?)", path)
+    if num_runs is not None:
+        _checks.positive_int("num_runs", num_runs)
+        key = jax.random.split(key, num_runs)
+    if dynamics.check is not None:
+        dynamics.check("x0", x0, num_runs)
+    else:
+        check_population("x0", x0, dynamics.objective, num_runs)
+
+    with rng_context(dynamics.config):
+        d2, x, xbar = _coupled(dynamics, x0, key, path, batched=num_runs is not None)
+    return CouplingResult(sq_distance=np.asarray(d2), final_x=x, final_copies=xbar)

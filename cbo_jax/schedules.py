@@ -5,6 +5,14 @@ A schedule is a pair of pure functions, in the style of optax transformations:
 ``(N,)`` energies the step just used. The dynamics call ``update`` once per step,
 after the particle update, exactly as CBXpy's schedulers do, so step ``k`` uses
 ``α_k``. All updates are jittable and run per independent run under ``vmap``.
+
+The kind of schedule is static structure; its numbers are not. ``schedule.params()``
+returns them as a small named tuple (:class:`ConstantParams`, :class:`MultiplicativeParams`,
+:class:`EffectiveSampleSizeParams`), and ``init(params)`` / ``update(α, energy,
+params=params)`` use those (possibly traced, vmapped) numbers instead of the schedule's
+own fields. That is how the α numbers join a parameter sweep (:mod:`cbo_jax.params`).
+``PARAM_RULES`` names the constraint each number must meet (checked on the host for
+every point of a sweep).
 """
 
 from __future__ import annotations
@@ -15,10 +23,36 @@ import math
 import jax
 import jax.numpy as jnp
 
+from typing import NamedTuple
+
 from cbo_jax import _checks
 from cbo_jax.consensus import effective_sample_size
 
-__all__ = ["Constant", "Multiplicative", "EffectiveSampleSize", "as_schedule"]
+__all__ = ["Constant", "Multiplicative", "EffectiveSampleSize", "as_schedule", "ConstantParams",
+           "MultiplicativeParams", "EffectiveSampleSizeParams"]
+
+
+class ConstantParams(NamedTuple):
+    """The number of :class:`Constant`: ``alpha``."""
+
+    alpha: object
+
+
+class MultiplicativeParams(NamedTuple):
+    """The numbers of :class:`Multiplicative`: ``alpha0``, ``factor``, ``alpha_max``."""
+
+    alpha0: object
+    factor: object
+    alpha_max: object
+
+
+class EffectiveSampleSizeParams(NamedTuple):
+    """The numbers of :class:`EffectiveSampleSize` (``iterations`` stays static)."""
+
+    eta: object
+    alpha0: object
+    alpha_min: object
+    alpha_max: object
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,13 +61,18 @@ class Constant:
 
     alpha: float = 1.0
 
+    PARAM_RULES = {"alpha": "non_negative"}
+
     def __post_init__(self):
         _checks.non_negative("alpha", self.alpha)
 
-    def init(self) -> float:
-        return float(self.alpha)
+    def params(self) -> ConstantParams:
+        return ConstantParams(float(self.alpha))
 
-    def update(self, alpha, energy, mask=None):
+    def init(self, params: ConstantParams | None = None):
+        return float(self.alpha) if params is None else params.alpha
+
+    def update(self, alpha, energy, mask=None, params=None):
         return alpha
 
 
@@ -45,16 +84,22 @@ class Multiplicative:
     factor: float = 1.05
     alpha_max: float = 1e5
 
+    PARAM_RULES = {"alpha0": "non_negative", "factor": "positive", "alpha_max": "non_negative"}
+
     def __post_init__(self):
         _checks.non_negative("alpha0", self.alpha0)
         _checks.positive("factor", self.factor)
         _checks.non_negative("alpha_max", self.alpha_max)
 
-    def init(self) -> float:
-        return float(self.alpha0)
+    def params(self) -> MultiplicativeParams:
+        return MultiplicativeParams(float(self.alpha0), float(self.factor), float(self.alpha_max))
 
-    def update(self, alpha, energy, mask=None):
-        return jnp.minimum(alpha * self.factor, self.alpha_max)
+    def init(self, params: MultiplicativeParams | None = None):
+        return float(self.alpha0) if params is None else params.alpha0
+
+    def update(self, alpha, energy, mask=None, params=None):
+        p = self.params() if params is None else params
+        return jnp.minimum(alpha * p.factor, p.alpha_max)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +119,9 @@ class EffectiveSampleSize:
     alpha_max: float = 1e5
     iterations: int = 32
 
+    # alpha_max >= alpha_min is checked too (cbo_jax.params.validate).
+    PARAM_RULES = {"eta": "fraction", "alpha0": "non_negative", "alpha_min": "positive", "alpha_max": "positive"}
+
     def __post_init__(self):
         eta = _checks.positive("eta", self.eta)
         if eta > 1:
@@ -84,15 +132,24 @@ class EffectiveSampleSize:
             raise ValueError(f"alpha_max ({self.alpha_max}) must be >= alpha_min ({self.alpha_min})")
         _checks.positive_int("iterations", self.iterations)
 
-    def init(self) -> float:
-        return float(self.alpha0)
+    def params(self) -> EffectiveSampleSizeParams:
+        return EffectiveSampleSizeParams(float(self.eta), float(self.alpha0), float(self.alpha_min),
+                                         float(self.alpha_max))
 
-    def update(self, alpha, energy, mask=None):
+    def init(self, params: EffectiveSampleSizeParams | None = None):
+        return float(self.alpha0) if params is None else params.alpha0
+
+    def update(self, alpha, energy, mask=None, params=None):
         n_valid = jnp.sum(jnp.isfinite(energy) if mask is None else (jnp.isfinite(energy) & mask))
-        target = self.eta * n_valid
         dtype = energy.dtype
-        lo = jnp.asarray(math.log(self.alpha_min), dtype)
-        hi = jnp.asarray(math.log(self.alpha_max), dtype)
+        if params is None:
+            target = self.eta * n_valid
+            lo = jnp.asarray(math.log(self.alpha_min), dtype)
+            hi = jnp.asarray(math.log(self.alpha_max), dtype)
+        else:
+            target = params.eta * n_valid
+            lo = jnp.log(jnp.asarray(params.alpha_min, dtype))
+            hi = jnp.log(jnp.asarray(params.alpha_max, dtype))
 
         def body(_, bounds):
             lo, hi = bounds

@@ -2,8 +2,9 @@
 
 :func:`simulate` is the loop every dynamics shares. Each chunk of ``chunk_size``
 steps is one jitted ``lax.scan`` (compiled once per chunk length and reused), the
-``M`` independent runs are a ``vmap``, and between chunks the host updates a
-progress bar and stops early when every run has met its stopping criterion.
+``M`` independent runs are a ``vmap``, a parameter sweep (``params=``, a grid of
+:class:`cbo_jax.params.Params`) is a ``vmap`` around them, and between chunks the host
+updates a progress bar and stops early when every run has met its stopping criterion.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import params as params_lib
 from cbo_jax.dynamics.cbo import Dynamics, check_population
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
@@ -29,10 +31,12 @@ class SimulationResult(NamedTuple):
     """What :func:`simulate` returns.
 
     Attributes:
-      state: the final state (leading run axis on every field when ``num_runs`` is set).
+      state: the final state (leading run axis on every field when ``num_runs`` is set;
+        before it, the grid axes of a parameter sweep).
       history: dict of NumPy arrays with one row per step taken: ``best_energy``,
         ``min_energy`` (best energy among the current particles), ``alpha``, ``active``
-        (shape ``(T,)`` or ``(T, M)``), and ``consensus`` if requested.
+        (shape ``(T,)``, ``(T, M)``, or ``(T, *grid, M)`` in a sweep), and ``consensus``
+        if requested.
       steps: number of steps simulated (below the requested number when every run
         stopped early; a run's own count is ``state.step``).
       seconds: wall time of the simulation, compilation included.
@@ -68,14 +72,20 @@ def _record(state, record, observe, with_consensus: bool) -> dict:
     return rec
 
 
+def _vmapped(fn, levels: int):
+    for _ in range(levels):
+        fn = jax.vmap(fn)
+    return fn
+
+
 @functools.partial(
     jax.jit, static_argnames=("step", "record", "observe", "length", "batched", "with_consensus"), donate_argnums=(0,)
 )
-def _run_chunk(state, *, step, record, observe, length: int, batched: bool, with_consensus: bool):
-    step_fn = jax.vmap(step) if batched else step
-    rec_fn = functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus)
-    if batched:
-        rec_fn = jax.vmap(rec_fn)
+def _run_chunk(state, *, step, record, observe, length: int, batched: int, with_consensus: bool):
+    # batched: how many leading vmapped axes the state has (runs, and a sweep's points).
+    step_fn = _vmapped(step, int(batched))
+    rec_fn = _vmapped(functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus),
+                      int(batched))
 
     def body(s, _):
         s = step_fn(s)
@@ -87,6 +97,19 @@ def _run_chunk(state, *, step, record, observe, length: int, batched: bool, with
 @functools.partial(jax.jit, static_argnames=("init", "batched"))
 def _init(x0, key, *, init, batched: bool):
     return jax.vmap(init)(x0, key) if batched else init(x0, key)
+
+
+@functools.partial(jax.jit, static_argnames=("init", "batched"))
+def _init_sweep(x0, key, params, *, init, batched: bool):
+    """One state per point of the flattened sweep axis; every point starts from the same
+    ``x0`` and keys (common random numbers), so point ``g`` equals a separate run."""
+
+    def one(prm):
+        if batched:
+            return jax.vmap(init, in_axes=(0, 0, None))(x0, key, prm)
+        return init(x0, key, prm)
+
+    return jax.vmap(one)(params)
 
 
 def simulate(
@@ -103,6 +126,7 @@ def simulate(
     mesh=None,
     initial_state=None,
     desc: str = "cbo",
+    params=None,
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
 
@@ -110,9 +134,16 @@ def simulate(
       dynamics: an ``(init, step)`` pair, e.g. from :func:`cbo_jax.cbo`.
       x0: initial population ``(N, d)`` or stacked pytree; with ``num_runs=M``, every
         leaf carries a leading run axis ``M`` (``(M, N, d)``) and the runs are vmapped.
-      key: PRNG key. With ``num_runs=M``, run ``r`` starts from
-        ``jax.random.split(key, M)[r]`` (split with JAX's default settings), so a
-        batched run equals the single run started from that key.
+      key: PRNG key, or an integer seed (``jax.random.key(seed)``). With
+        ``num_runs=M``, run ``r`` starts from ``jax.random.split(key, M)[r]`` (split
+        with JAX's default settings), so a batched run equals the single run started
+        from that key.
+      params: a :class:`cbo_jax.params.Params` whose leaves carry the axes of a sweep
+        grid (for example from :func:`cbo_jax.params.grid`); ``None`` runs the
+        dynamics' own numbers. Every grid point runs from the same ``x0`` and keys, all
+        points and runs in one jitted program; the result's state and history carry
+        the grid axes before the run axis. Every entry is validated on the host before
+        anything is traced (:func:`cbo_jax.params.validate`).
       num_steps: maximum number of steps (``>= 0``).
       chunk_size: steps per compiled scan; the host checks progress and early
         stopping between chunks.
@@ -138,31 +169,55 @@ def simulate(
     _checks.positive_int("chunk_size", chunk_size)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    if initial_state is None:
-        if dynamics.check is not None:
-            dynamics.check("x0", x0, num_runs)
-        else:
-            check_population("x0", x0, dynamics.objective, num_runs)
+    grid = None
+    if params is not None:
+        if initial_state is not None:
+            raise ValueError("params and initial_state exclude each other: the state carries its own params")
+        params = params_lib.as_params(params, dynamics)
+        grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
     record = dynamics.record or _record_cbo
     config = dynamics.config
+    if initial_state is None:
+        key = _checks.as_key("key", key)
+        if dynamics.check is not None:
+            n = dynamics.check("x0", x0, num_runs)
+        else:
+            n = check_population("x0", x0, dynamics.objective, num_runs)
+        batch_size = getattr(config, "batch_size", None)
+        if batch_size is not None and n is not None and batch_size > n:
+            raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
+        chunk = getattr(config, "particle_chunk", None)
+        if chunk is not None and n is not None and n % chunk:
+            raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
+        if chunk is not None and mesh is not None:
+            raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
     if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(
             "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
             "at start-up (the CLI's --dtype float64 does this)"
         )
     batched = num_runs is not None
+    swept = grid is not None
+    levels = int(batched) + int(swept)
+    if initial_state is not None:
+        levels = _state_levels(initial_state, num_runs)
     t0 = time.perf_counter()
     if mesh is not None and initial_state is None:
         from cbo_jax.sharding import prepare_population
 
         unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
             config, "max_abs", None) is not None else None
+        if getattr(config, "batch_size", None) is not None:
+            unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
     if batched and initial_state is None:
         key = jax.random.split(key, num_runs)
     with rng_context(config):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
+        elif swept:  # one flattened sweep axis (a single point is a grid of shape ())
+            flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
+            state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
         else:
             state = _init(x0, key, init=dynamics.init, batched=batched)
         chunks: list[dict] = []
@@ -172,7 +227,7 @@ def simulate(
             while done < num_steps:
                 length = min(chunk_size, num_steps - done)
                 state, rec = _run_chunk(
-                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=batched,
+                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
                     with_consensus=record_consensus,
                 )
                 chunks.append(rec)
@@ -188,7 +243,18 @@ def simulate(
                 bar.close()
         jax.block_until_ready(state)
     history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
+    if swept:  # the flattened sweep axis back to the grid's axes
+        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
+        history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _state_levels(state, num_runs) -> int:
+    """Leading vmapped axes of a state to continue: a sweep's grid axes and the run axis."""
+    step = getattr(state, "step", None)
+    if step is None:
+        return int(num_runs is not None)
+    return int(np.ndim(step))
 
 
 def _progress_bar(total: int, desc: str):
@@ -197,17 +263,73 @@ def _progress_bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
-def minimize(objective, x0: PyTree, key: jax.Array, num_steps: int, config=None, **kwargs) -> SimulationResult:
-    """Convenience: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
+_SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
+                     "desc", "params")
 
-    ``kwargs`` are split between :class:`CBOConfig` fields and :func:`simulate` options.
+
+def minimize(objective, x0: PyTree | None = None, key=0, num_steps: int = 1000, config=None, *,
+             dim: int | None = None, num_particles: int = 100, init_bounds: tuple[float, float] = (-3.0, 3.0),
+             **kwargs) -> SimulationResult:
+    """Minimise ``objective`` with CBO: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
+
+    ``cj.minimize(f, dim=d, key=0)`` is enough: without ``x0``, the initial population is
+    ``num_particles`` (default 100) particles drawn uniformly from ``init_bounds``
+    (default ``[-3, 3]``) in every coordinate of ``R^dim`` (with ``num_runs=M``, ``M`` such
+    populations), from the first half of ``jax.random.split(key)``; the run uses the
+    second half. With ``x0`` given, ``key`` drives the run directly.
+
+    Args:
+      objective: a population objective ``(N, d) -> (N,)`` (every function of
+        :mod:`cbo_jax.objectives`), or a single-particle one ``(d,) -> ()``, which is
+        lifted with :func:`cbo_jax.population.per_agent` (detected from the shapes on
+        the host before anything runs).
+      x0: initial population ``(N, d)`` (or ``(M, N, d)`` with ``num_runs``, or a stacked
+        pytree); ``None`` draws the default one above (needs ``dim``).
+      key: PRNG key or integer seed (default ``0``).
+      num_steps: steps of Euler–Maruyama (default 1000).
+      config: a :class:`~cbo_jax.CBOConfig`.
+      kwargs: :class:`~cbo_jax.CBOConfig` fields (override ``config``) and
+        :func:`simulate` options; any other keyword is an error that lists the valid ones.
+
     The best particle is ``result.state.best_x``.
     """
     import dataclasses
 
-    from cbo_jax.dynamics.cbo import CBOConfig, cbo
+    from cbo_jax import population as pop
+    from cbo_jax.dynamics.cbo import CBOConfig, cbo, looks_single_particle
 
-    fields = {f.name for f in dataclasses.fields(CBOConfig)}
+    fields = [f.name for f in dataclasses.fields(CBOConfig)]
+    own = ["x0", "key", "num_steps", "config", "dim", "num_particles", "init_bounds"]
+    _checks.known_keywords("minimize", kwargs, own + fields + list(_SIMULATE_OPTIONS))
     cfg_kw = {k: v for k, v in kwargs.items() if k in fields}
     sim_kw = {k: v for k, v in kwargs.items() if k not in fields}
+    key = _checks.as_key("key", key)
+    num_runs = sim_kw.get("num_runs")
+    if x0 is None:
+        if dim is None:
+            raise ValueError("minimize needs an initial population x0 or the dimension dim=d (for the default "
+                             f"population of num_particles={num_particles} uniform in {tuple(init_bounds)}^d)")
+        _checks.positive_int("dim", dim)
+        _checks.positive_int("num_particles", num_particles)
+        low, high = (_checks.finite_number("init_bounds", b) for b in init_bounds)
+        if not low < high:
+            raise ValueError(f"init_bounds must be (low, high) with low < high, got {tuple(init_bounds)}")
+        dtype = (config.dtype if config is not None else cfg_kw.get("dtype", "float32"))
+        k_init, key = jax.random.split(key)
+        shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
+        wide = dtype == "float64" and jax.config.jax_enable_x64  # else simulate explains what is missing
+        x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
+    elif dim is not None:
+        leaf = jax.tree_util.tree_leaves(x0)[0]
+        if isinstance(x0, (np.ndarray, jax.Array)) and np.shape(leaf)[-1] != dim:
+            raise ValueError(f"dim={dim} does not match x0's last axis ({np.shape(leaf)[-1]})")
+    single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
+    try:
+        out = jax.eval_shape(objective, jax.tree_util.tree_map(
+            lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
+        batched_ok = tuple(out.shape) == (pop.num_agents(single),)
+    except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
+        batched_ok = False
+    if not batched_ok and looks_single_particle(objective, single):
+        objective = pop.per_agent(objective)
     return simulate(cbo(objective, config, **cfg_kw), x0, key, num_steps, **sim_kw)

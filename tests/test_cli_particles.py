@@ -41,8 +41,22 @@ def test_cb2o_malicious_small(tmp_path, capsys):
     assert out["cb2o_distance"] < 1e-2 and out["cbo_distance"] > 1.0
 
 
+@pytest.mark.slow
+def test_meanfield_coupling_slope_and_plot(tmp_path, capsys):
+    """eq. (50) at CPU-test sizes: N = 100, 400, 1600 against a streaming R = 1e5 reference."""
+    out = _run(tmp_path, capsys, "meanfield-coupling", "--sizes", "100,400,1600", "--reference", "100000",
+               "--chunk", "25000", "--seeds", "16")
+    assert out["reference_size"] == 100_000 and out["reference_chunk"] == 25_000
+    assert -1.3 <= out["slope"] <= -0.7, out
+    assert all(a > b for a, b in zip(out["errors"], out["errors"][1:]))
+    assert (tmp_path / "meanfield_coupling.png").stat().st_size > 0
+    assert (tmp_path / "meanfield_coupling.npz").exists()
+
+
 @pytest.mark.parametrize("argv,match", [
     (["meanfield-scaling", "--sizes", "100,1000", "--reference", "500"], "reference"),
+    (["meanfield-coupling", "--sizes", "100,1000", "--reference", "500"], "reference above the largest N"),
+    (["meanfield-coupling", "--reference", "1000000", "--chunk", "300000"], "multiple of --chunk"),
     (["cb2o-malicious", "--malicious", "1.5"], "malicious"),
     (["clustered-consensus", "--particles", "2"], "N >= K"),
 ])

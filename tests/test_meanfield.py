@@ -8,6 +8,12 @@ import cbo_jax as cj
 from cbo_jax import meanfield, objectives
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
 
+# jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
+
 
 def _w1_cdf(a, b):
     """1-D W1 as ∫|F(x) - G(x)| dx (CDF form; the library uses the quantile form)."""
@@ -83,3 +89,72 @@ def test_quadratic_decay_rate_within_theorem_regime():
     ideal = meanfield.ideal_quadratic_rate(lam1, lam2, s1, s2, d)
     assert rate >= pred
     assert abs(rate - ideal) < 0.15 * ideal, (rate, ideal, pred)
+
+
+# --------------------------------------------------------------------------------------
+# Propagation of chaos, pathwise (FedCBO JMLR eq. (50)): meanfield.coupling
+# --------------------------------------------------------------------------------------
+
+def _two_quadratics(**kw):
+    centers = np.array([[1.0, 1.0], [-1.0, -1.0]])
+    kw = {"lambda1": 1.0, "sigma1": 0.5, "dt": 0.02, "alpha": 10.0, "noise": "isotropic", "dtype": "float64", **kw}
+    cfg = ClusteredConfig(**kw)
+    return clustered([objectives.Quadratic(shift=c) for c in centers], cfg)
+
+
+def test_copies_driven_by_the_systems_own_consensus_are_the_system():
+    """The copies share the particles' initial points and Brownian increments; fed the
+    particles' own consensus points they must reproduce the particles exactly."""
+    rng = np.random.default_rng(3)
+    with enable_x64(True):
+        dyn = _two_quadratics()
+        p = particles(rng.uniform(-2, 2, (16, 2)), np.arange(16) % 2)
+        own = cj.simulate(dyn, p, 7, 30, record_consensus=True)
+        res = meanfield.coupling(dyn, p, 7, own.history["consensus"])
+    assert res.sq_distance.shape == (31,)
+    np.testing.assert_array_equal(res.sq_distance, 0.0)
+    np.testing.assert_array_equal(np.asarray(res.final_copies), np.asarray(own.state.x))
+
+
+def test_coupling_distance_closed_form_for_a_shifted_consensus():
+    """Noise off, copies driven toward the particles' own consensus shifted by δ: the
+    difference obeys d_{t+1} = (1 - λ1 dt) d_t + λ1 dt δ, so |d_t|² = |δ|² (1 - (1 - λ1 dt)^t)²."""
+    rng = np.random.default_rng(4)
+    delta = np.array([0.3, -0.4])
+    with enable_x64(True):
+        dyn = _two_quadratics(noise="none", lambda1=0.8)
+        x = np.stack([rng.uniform(-2, 2, (10, 2)) for _ in range(2)])
+        runs = particles(x[0], np.arange(10) % 2)
+        runs = runs._replace(x=x, **{f: np.stack([np.asarray(getattr(runs, f))] * 2) for f in ("label", "malicious", "pid")})
+        own = cj.simulate(dyn, runs, 1, 25, num_runs=2, record_consensus=True)
+        path = own.history["consensus"][:, 0] + delta  # run 0's path for both runs: run 1 only checks the vmap
+        res = meanfield.coupling(dyn, runs, 1, path, num_runs=2)
+    t = np.arange(26)
+    expected = np.sum(delta**2) * (1 - (1 - 0.8 * 0.02) ** t) ** 2
+    np.testing.assert_allclose(res.sq_distance[0], expected, rtol=1e-10, atol=1e-15)
+    assert res.sq_distance.shape == (2, 26) and np.all(res.sq_distance[1, 1:] > 0)
+
+
+def test_coupling_bad_input():
+    dyn = _two_quadratics(dtype="float32")
+    p = particles(np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match="consensus_path.*non-finite"):
+        meanfield.coupling(dyn, p, 0, np.full((3, 2, 2), np.nan))
+    with pytest.raises(ValueError, match="leading step axis"):
+        meanfield.coupling(dyn, p, 0, np.zeros(()))
+    with pytest.raises(ValueError, match="PRNG key .* or an integer seed"):
+        meanfield.coupling(dyn, p, "seed", np.zeros((3, 2, 2)))
+
+
+@pytest.mark.slow
+def test_cbo_copies_with_own_consensus_are_the_system_chunked_and_batched():
+    """The same for single-objective CBO, with random batches and the chunked step."""
+    x = np.random.default_rng(5).uniform(-2, 2, (2, 24, 3))
+    with enable_x64(True):
+        dyn = cj.cbo(objectives.Ackley(), sigma1=0.8, alpha=30.0, dtype="float64", batch_size=12, particle_chunk=8,
+                     lambda2=0.1)
+        own = cj.simulate(dyn, x, 3, 20, num_runs=2, record_consensus=True)
+        res = meanfield.coupling(dyn, x, 3, own.history["consensus"][:, 0], num_runs=2)
+    np.testing.assert_array_equal(res.sq_distance[0], 0.0)
+    assert np.all(res.sq_distance[1, 1:] > 0)  # run 1 was fed run 0's path
+    np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(own.state.x))

@@ -20,9 +20,10 @@ Malicious particles (CB²O eq. (1.7b)) follow their own SDE ``dθ = a(t, θ) dt 
 A(t, θ) dB`` with user-supplied drift and diffusion; they are part of the population
 every benign particle's consensus is computed from, and nothing marks them there.
 
-The SDE strengths live in the state (:class:`SDEParams`), so a sweep over
-``(λ1, λ2, σ1, σ2)`` is a ``vmap`` over states; which terms exist is static and set
-by the :class:`ClusteredConfig` (a term whose config strength is ``0`` is left out).
+The numbers live in the state (a :class:`cbo_jax.params.Params`: ``λ1, σ1, λ2, σ2``,
+``dt`` and the α schedule's numbers), so a sweep over them is a ``vmap`` over states
+(``simulate(..., params=P)``); which terms exist is static and set by the
+:class:`ClusteredConfig` (a term whose config strength is ``0`` is left out).
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import batching
+from cbo_jax import params as params_lib
 from cbo_jax import population as pop
-from cbo_jax.consensus import consensus_point, quantile_mask
-from cbo_jax.dynamics.cbo import Dynamics, check_population
+from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
+from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_population
 from cbo_jax.schedules import as_schedule
 from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
 
@@ -80,6 +83,14 @@ class ClusteredConfig:
         ``"per-particle"``: particle ``i`` draws from ``fold_in(step_key, id_i)``,
         so the simulation is exactly invariant under permutations of the particles
         (slower: one key derivation per particle and step).
+      batch_size, batch_partial: the random batch method (:mod:`cbo_jax.batching`):
+        every ``m_k`` (and the β-quantile set of CB²O) runs over a random batch of
+        ``batch_size`` particles; ``batch_partial=True`` moves only the batch's particles
+        (benign and malicious alike), ``False`` moves all.
+      particle_chunk: large ``N`` (a multiple of it): the consensus points are a
+        streaming reduction and the particles move and are evaluated chunk by chunk, in
+        place (see :class:`~cbo_jax.dynamics.cbo.CBOConfig`); the attackers' drift and
+        diffusion are then called on chunks of rows.
     """
 
     lambda1: float = 1.0
@@ -93,9 +104,15 @@ class ClusteredConfig:
     max_abs: float | None = None
     dtype: str = "float32"
     rng: str = "fast"
+    batch_size: int | None = None
+    batch_partial: bool = True
+    particle_chunk: int | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        _check_batch(self)
+        if self.particle_chunk is not None:
+            set_("particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
         for name in ("lambda1", "sigma1", "lambda2", "sigma2"):
             set_(name, _checks.non_negative(name, getattr(self, name)))
         set_("dt", _checks.positive("dt", self.dt))
@@ -118,7 +135,11 @@ class ClusteredConfig:
 
 
 class SDEParams(NamedTuple):
-    """Strengths of the SDE terms as arrays (vmappable for parameter sweeps)."""
+    """Strengths of the SDE terms as arrays (vmappable for parameter sweeps).
+
+    Accepted wherever a :class:`cbo_jax.params.Params` is (``dt`` and the α numbers then
+    come from the config); the state itself carries the full ``Params``.
+    """
 
     lambda1: jax.Array
     sigma1: jax.Array
@@ -183,10 +204,12 @@ class ClusteredState(NamedTuple):
       grad: ``∇L_{k_i}(θ_i)`` per particle when gradient terms are on, else ``None``.
       consensus: the ``K`` consensus points used by the last step (leading axis ``K``).
       alpha: ``(K,)`` α for the next step.
-      params: :class:`SDEParams`.
+      params: :class:`cbo_jax.params.Params` (the numbers of this run, traced).
       key: PRNG key for the next step.
       step: steps taken; ``time`` = ``step * dt``.
       time: current time ``t``.
+      batch, in_batch: the random batch method's state and the mask of the last
+        step's batch (``None`` without batches; see :class:`~cbo_jax.dynamics.cbo.CBOState`).
     """
 
     x: PyTree
@@ -198,10 +221,12 @@ class ClusteredState(NamedTuple):
     grad: PyTree | None
     consensus: PyTree
     alpha: jax.Array
-    params: SDEParams
+    params: params_lib.Params
     key: jax.Array
     step: jax.Array
     time: jax.Array
+    batch: Any = None
+    in_batch: Any = None
 
 
 def _as_objective_list(name: str, objs) -> list:
@@ -235,6 +260,7 @@ def clustered(
     Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics`. ``init(p, key)`` takes a
     :class:`Particles` (from :func:`particles`); :func:`cbo_jax.simulate` runs it.
     """
+    _checks.known_keywords("clustered", overrides, [f.name for f in dataclasses.fields(ClusteredConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else ClusteredConfig(**overrides)
     lower = _as_objective_list("objectives", objectives)
     k_classes = len(lower)
@@ -245,6 +271,7 @@ def clustered(
         raise ValueError("malicious must be a cbo_jax.dynamics.clustered.Malicious(drift, diffusion)")
     dtype = jnp.dtype(config.dtype)
     schedule = config.alpha
+    default_params = params_lib.defaults(config)
     beta = config.beta if uppers is not None else 1.0
 
     def losses(x):
@@ -269,22 +296,27 @@ def clustered(
         (_, loss), g = jax.value_and_grad(own_total, has_aux=True)(x)
         return loss, g
 
-    def consensus(x, loss, energy, alpha):
-        mask = quantile_mask(loss, beta) if beta < 1.0 else None
+    def consensus(x, loss, energy, alpha, in_batch=None):
+        mask = in_batch if in_batch is None else jnp.broadcast_to(in_batch, loss.shape)
+        if beta < 1.0:
+            mask = quantile_mask(loss, beta, mask)
+        if config.particle_chunk is not None:
+            return streaming_consensus_point(x, energy, alpha, mask, chunk=config.particle_chunk)
         return consensus_point(x, energy, alpha, mask)
 
-    def init(p: Particles, key: jax.Array, params: SDEParams | None = None) -> ClusteredState:
+    def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
+        key = jax.random.key(key) if isinstance(key, (int, np.integer)) else key  # an integer seed
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
+        prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         loss, grad = evaluate(x0, p.label)
         energy = energies(x0, loss)
-        alpha = jnp.full((k_classes,), schedule.init(), dtype)
-        if params is None:
-            params = SDEParams(*(jnp.asarray(getattr(config, f), dtype) for f in SDEParams._fields))
+        alpha = jnp.full((k_classes,), params_lib.alpha_init(schedule, prm.alpha), dtype)
         return ClusteredState(
             x=x0, label=p.label, malicious=p.malicious, pid=p.pid, loss=loss, energy=energy, grad=grad,
-            consensus=consensus(x0, loss, energy, alpha), alpha=alpha,
-            params=SDEParams(*(jnp.asarray(v, dtype) for v in params)),
+            consensus=consensus(x0, loss, energy, alpha), alpha=alpha, params=prm,
             key=key, step=jnp.zeros((), jnp.int32), time=jnp.zeros((), dtype),
+            batch=None if config.batch_size is None else batching.init(loss.shape[1]),
+            in_batch=None if config.batch_size is None else jnp.ones(loss.shape[1:], bool),
         )
 
     def noise_fn(pid):
@@ -295,44 +327,96 @@ def clustered(
         return lambda key, tree: jax.lax.optimization_barrier(normal_like(key, tree))
 
     def step(state: ClusteredState) -> ClusteredState:
-        x, prm = state.x, state.params
-        m = consensus(x, state.loss, state.energy, state.alpha)  # leading axis K
-        m_own = pop.gather(m, state.label)  # each particle's own class's consensus point
-        key, k_benign, k_mal = jax.random.split(state.key, 3)
-        normal = noise_fn(state.pid)
+        return _step(state, None)
+
+    def drive(state: ClusteredState, m: PyTree) -> ClusteredState:
+        """One step toward the given ``K`` consensus points ``m`` (leading axis ``K``) instead
+        of the particles' own, with exactly the noise (and random batch) of :func:`step`."""
+        return _step(state, jax.tree_util.tree_map(lambda v, c: jnp.asarray(v, c.dtype), m, state.consensus))
+
+    chunk = config.particle_chunk
+
+    def move(x, grad, label, bad_mask, pid, m, prm, t, k_benign, k_mal, in_batch):
+        """Euler–Maruyama (eq. (15)) for the rows ``x`` (all, or one chunk), the attackers'
+        own SDE (CB²O eq. (1.7b)), clipping and the partial batch update."""
+        m_own = pop.gather(m, label)  # each particle's own class's consensus point
+        normal = noise_fn(pid)
         # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
         strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
         new = euler_maruyama(
-            k_benign, x, m_own, dt=config.dt, lambda1=prm.lambda1, sigma1=strength("sigma1"),
-            noise=config.noise, grad=state.grad, lambda2=strength("lambda2"), sigma2=strength("sigma2"),
+            k_benign, x, m_own, dt=prm.dt, lambda1=prm.lambda1, sigma1=strength("sigma1"),
+            noise=config.noise, grad=grad, lambda2=strength("lambda2"), sigma2=strength("sigma2"),
             normal=normal,
         )
         if malicious is not None:
-            t = state.time
-            bad = jax.tree_util.tree_map(lambda xi, ai: xi + config.dt * ai, x, malicious.drift(t, x))
+            bad = jax.tree_util.tree_map(lambda xi, ai: xi + prm.dt * ai, x, malicious.drift(t, x))
             if malicious.diffusion is not None:
                 a_diff = malicious.diffusion(t, x)
                 z = normal(k_mal, x)
-                sq = jnp.sqrt(jnp.asarray(config.dt, dtype))
+                sq = jnp.sqrt(prm.dt)
                 if isinstance(a_diff, jax.Array) and a_diff.ndim == 1:  # one scalar per particle
                     kick = pop.tree_scale_rows(z, a_diff)
                 else:
                     kick = jax.tree_util.tree_map(jnp.multiply, a_diff, z)
                 bad = jax.tree_util.tree_map(lambda bi, ki: bi + sq * ki, bad, kick)
-            new = pop.tree_where_rows(state.malicious, bad, new)
+            new = pop.tree_where_rows(bad_mask, bad, new)
         if config.max_abs is not None:
             c = config.max_abs
             new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
+        if in_batch is not None and config.batch_partial:  # only the batch's particles move
+            new = pop.tree_where_rows(in_batch, new, x)
         # Materialise the new positions once: otherwise XLA:CPU fuses the update (noise
         # draw and gather of m_k included) into each of the K loss evaluations and
         # recomputes it K times (2-3x slower step at K=4, benchmarks/RESULTS.md).
         new = jax.lax.optimization_barrier(new)
-        loss, grad = evaluate(new, state.label)
+        loss, g = evaluate(new, label)
+        return new, loss, energies(new, loss), g
+
+    def advance(state: ClusteredState, m, k_benign, k_mal, in_batch):
+        """New positions, ``(K, N)`` losses and energies, and gradients of every particle."""
+        args = (state.x, state.grad, state.label, state.malicious, state.pid)
+        if chunk is None:
+            return move(*args, m, state.params, state.time, k_benign, k_mal, in_batch)
+        n = state.label.shape[0]
+        if n % chunk:
+            raise ValueError(f"particle_chunk={chunk} must divide N={n}")
+
+        def body(c, bufs):
+            x_buf, loss_buf, e_buf, g_buf = bufs
+            start = c * chunk
+            rows = lambda tree, axis=0: jax.tree_util.tree_map(  # noqa: E731
+                lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, chunk, axis=axis), tree)
+            # Fast layouts: chunk c draws from fold_in(key, c); per-particle: from the ids.
+            fold = (lambda k: k) if config.rng == "per-particle" else (lambda k: jax.random.fold_in(k, c))
+            new, loss, energy, g = move(
+                rows(x_buf), None if g_buf is None else rows(g_buf), rows(state.label), rows(state.malicious),
+                rows(state.pid), m, state.params, state.time, fold(k_benign), fold(k_mal),
+                None if in_batch is None else rows(in_batch))
+            put = lambda buf, v, axis=0: jax.tree_util.tree_map(  # noqa: E731
+                lambda b, u: jax.lax.dynamic_update_slice_in_dim(b, u, start, axis=axis), buf, v)
+            return (put(x_buf, new), put(loss_buf, loss, 1), put(e_buf, energy, 1),
+                    None if g_buf is None else put(g_buf, g))
+
+        # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
+        return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.loss, state.energy, state.grad))
+
+    def _step(state: ClusteredState, m_given) -> ClusteredState:
+        prm = state.params
+        batch, in_batch = state.batch, None
+        if config.batch_size is not None:
+            in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
+        if m_given is None:
+            m = consensus(state.x, state.loss, state.energy, state.alpha, in_batch)  # leading axis K
+        else:
+            m = m_given
+        key, k_benign, k_mal = jax.random.split(state.key, 3)
+        new, loss, energy, grad = advance(state, m, k_benign, k_mal, in_batch)
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
-            energy=energies(new, loss), grad=grad, consensus=m,
-            alpha=jax.vmap(schedule.update)(state.alpha, state.energy).astype(dtype),
-            params=prm, key=key, step=state.step + 1, time=state.time + jnp.asarray(config.dt, dtype),
+            energy=energy, grad=grad, consensus=m,
+            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha, in_batch))(
+                state.alpha, state.energy).astype(dtype),
+            params=prm, key=key, step=state.step + 1, time=state.time + prm.dt, batch=batch, in_batch=in_batch,
         )
 
     def check(name: str, p, num_runs: int | None = None) -> int:
@@ -354,7 +438,8 @@ def clustered(
         e = jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy)
         return {"min_energy": jnp.min(e, axis=-1), "alpha": state.alpha}
 
-    return Dynamics(init=init, step=step, config=config, objective=losses, check=check, record=record)
+    return Dynamics(init=init, step=step, config=config, objective=losses, check=check, record=record,
+                    drive=drive)
 
 
 def cb2o(

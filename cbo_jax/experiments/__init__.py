@@ -25,7 +25,7 @@ def registry() -> dict[str, Experiment]:
     from cbo_jax.experiments import fedcbo_table1, particles, rastrigin_success
 
     entries = [rastrigin_success.EXPERIMENT, fedcbo_table1.TABLE1, fedcbo_table1.NOISE, particles.CLUSTERED,
-               particles.DECAY, particles.SCALING, particles.CB2O]
+               particles.DECAY, particles.SCALING, particles.COUPLING, particles.CB2O]
     from cbo_jax.experiments import fedsgld_synthetic
     entries.append(fedsgld_synthetic.EXPERIMENT)
     from cbo_jax.experiments import fedcb2o_attack

@@ -10,7 +10,14 @@
   parameter sets and seeds run as one jitted, vmapped program.
 * ``meanfield-scaling``: sliced-Wasserstein distance between the N-particle empirical
   measure of a class and a large-N reference at time T, for N = 1e2 .. 1e5 (FedCBO
-  Theorem 2.2); slope of log(error) against log(N).
+  Theorem 2.2); slope of log(error) against log(N). It compares distributions: N
+  independent samples of ρ_T give the same slope −½, so it shows that the particles'
+  law is close to ρ_T but does not test propagation of chaos itself.
+* ``meanfield-coupling``: propagation of chaos measured pathwise (FedCBO JMLR
+  Proposition 1, eq. (50)): the N-particle system and N mean-field copies driven by
+  the same initial points and the same Brownian increments, the copies' consensus
+  taken from an independent 1e6-particle reference ensemble (streaming consensus);
+  E|θ^i_T − θ̄^i_T|² against N, expected slope −1.
 * ``cb2o-malicious``: CB²O eq. (1.2)–(1.5) on a bi-level problem whose lower level has
   two global minimisers, with 20 % malicious particles (eq. (1.7b)) pulling toward the
   one the upper level rejects; CB²O against plain CBO.
@@ -31,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbo_jax import meanfield, objectives, schedules
+from cbo_jax import _plotting, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
 from cbo_jax.experiments import Experiment
 from cbo_jax.simulate import simulate
@@ -299,7 +306,9 @@ def run_scaling(args: argparse.Namespace) -> dict:
 
 SCALING = Experiment(
     name="meanfield-scaling",
-    summary="FedCBO Thm 2.2: sliced W1 between N-particle class measure and an N=1e6 reference, N=1e2..1e5; log-log slope",
+    summary="FedCBO Thm 2.2: sliced W1 between N-particle class measure and an N=1e6 reference, N=1e2..1e5; "
+            "log-log slope (distributions only, as for independent samples: not a propagation-of-chaos test, "
+            "see meanfield-coupling)",
     published="Monte-Carlo rate: slope about -0.5",
     add_arguments=_add_scaling,
     run=run_scaling,
@@ -390,4 +399,112 @@ CB2O = Experiment(
     published="expected: cb2o_distance < 1e-2 while plain CBO is dragged away",
     add_arguments=_add_cb2o,
     run=run_cb2o,
+)
+
+
+# --------------------------------------------------------------------------------------
+# meanfield-coupling
+# --------------------------------------------------------------------------------------
+
+def _add_coupling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sizes", default="100,316,1000,3162,10000",
+                   help="comma-separated N, both classes together (default 1e2..1e4; on a GPU add 1e5 and more)")
+    p.add_argument("--reference", type=float, default=1e6, help="size of the reference ensemble (default 1e6)")
+    p.add_argument("--chunk", type=float, default=1e5,
+                   help="particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)")
+    p.add_argument("--steps", type=int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
+    p.add_argument("--dim", type=int, default=2, help="dimension d (default 2)")
+    p.add_argument("--seeds", type=int, default=16, help="independent runs per N, vmapped (default 16)")
+    p.add_argument("--objective", default="quadratic", choices=["quadratic", "ackley", "rastrigin-normalized"],
+                   help="the two classes' objective, shifted to ±(1,..,1) (default quadratic)")
+    p.add_argument("--sigma1", type=float, default=0.7, help="isotropic consensus noise σ1 (default 0.7)")
+    p.add_argument("--alpha", type=float, default=10.0, help="α (default 10)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def coupling_system(d: int, objective: str = "quadratic", sigma1: float = 0.7, alpha: float = 10.0,
+                    chunk: int | None = None):
+    """FedCBO eq. (4) with two classes centred at ±(1, ..., 1), λ1 = 1, isotropic σ1, dt = 0.01."""
+    centers = np.stack([np.full(d, 1.0), np.full(d, -1.0)])
+    cfg = ClusteredConfig(lambda1=1.0, sigma1=sigma1, dt=0.01, alpha=alpha, noise="isotropic", particle_chunk=chunk)
+    return clustered([objectives.get_objective(objective, shift=c) for c in centers], cfg)
+
+
+def _coupling_init(n: int, d: int, rng: np.random.Generator, runs: int | None = None):
+    """x0 ~ U[-3, 3]^d, labels round-robin (with a leading run axis when ``runs`` is set)."""
+    if runs is None:
+        return particles(rng.uniform(-3.0, 3.0, (n, d)).astype(np.float32), np.arange(n) % 2)
+    one = particles(np.zeros((n, d), np.float32), np.arange(n) % 2)
+    stack = lambda v: np.broadcast_to(np.asarray(v), (runs,) + np.shape(v))  # noqa: E731
+    return one._replace(x=rng.uniform(-3.0, 3.0, (runs, n, d)).astype(np.float32), label=stack(one.label),
+                        malicious=stack(one.malicious), pid=stack(one.pid))
+
+
+def run_coupling(args: argparse.Namespace) -> dict:
+    sizes = [int(float(s)) for s in str(args.sizes).split(",") if s]
+    n_ref = int(args.reference)
+    chunk = int(args.chunk) or None
+    if len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1:
+        raise ValueError("need at least two sizes N >= 2, --reference above the largest N, steps >= 1, seeds >= 1, "
+                         "dim >= 1")
+    if chunk is not None and n_ref % chunk:
+        raise ValueError(f"--reference {n_ref} must be a multiple of --chunk {chunk} (or --chunk 0)")
+    d, steps = args.dim, args.steps
+    dyn = coupling_system(d, args.objective, args.sigma1, args.alpha)
+    rng = np.random.default_rng(args.seed)
+    t0 = time.perf_counter()
+    # The reference ensemble: n_ref independent samples of ρ_0, its own Brownian motions.
+    ref_dyn = coupling_system(d, args.objective, args.sigma1, args.alpha, chunk)
+    path = meanfield.reference_consensus(ref_dyn, _coupling_init(n_ref, d, rng), jax.random.key(10_000 + args.seed),
+                                         steps, progress=not args.no_progress, desc="reference")
+    print(f"reference ensemble R={n_ref:.0e}: {time.perf_counter() - t0:.1f} s", flush=True)
+    sq = {}
+    for n in sizes:
+        t1 = time.perf_counter()
+        res = meanfield.coupling(dyn, _coupling_init(n, d, rng, args.seeds), jax.random.key(args.seed + n), path,
+                                 num_runs=args.seeds)
+        sq[n] = np.asarray(res.sq_distance, np.float64)  # (seeds, T + 1)
+        final = sq[n][:, -1]
+        print(f"N={n}: E|θ_T - θ̄_T|² = {final.mean():.4g} ± {final.std(ddof=1) / np.sqrt(args.seeds):.2g} "
+              f"({args.seeds} runs, {time.perf_counter() - t1:.1f} s)", flush=True)
+    seconds = time.perf_counter() - t0
+    errors = [float(sq[n][:, -1].mean()) for n in sizes]
+    stderr = [float(sq[n][:, -1].std(ddof=1) / np.sqrt(args.seeds)) if args.seeds > 1 else float("nan")
+              for n in sizes]
+    slope = meanfield.fit_loglog_slope(sizes, errors)
+    t = 0.01 * np.arange(steps + 1)
+    out_dir = Path(args.output)
+    np.savez(out_dir / "meanfield_coupling.npz", sizes=np.asarray(sizes), t=t,
+             sq_distance=np.stack([sq[n].mean(0) for n in sizes]), final_per_run=np.stack([sq[n][:, -1] for n in sizes]),
+             reference_consensus=np.asarray(path))
+    fig, axes = _plotting.subplots(1, 2, figsize=(10, 4))
+    from cbo_jax import plot
+
+    plot.loglog_error(sizes, errors, stderr=stderr, reference_slope=-1.0, ax=axes[0],
+                      ylabel=r"$E|\theta^i_T - \bar\theta^i_T|^2$",
+                      title=f"propagation of chaos, T={0.01 * steps:g}, R={n_ref:.0e}")
+    for n in sizes:
+        axes[1].semilogy(t[1:], sq[n].mean(0)[1:], label=f"N={n}")
+    axes[1].set_xlabel("t")
+    axes[1].set_ylabel(r"$E|\theta^i_t - \bar\theta^i_t|^2$")
+    axes[1].set_title("over time (mean over particles and runs)")
+    axes[1].legend(fontsize=7)
+    _savefig(fig, out_dir / "meanfield_coupling.png")
+    return {
+        "experiment": "meanfield-coupling",
+        "sizes": sizes, "errors": errors, "stderr": stderr, "slope": round(slope, 4),
+        "expected_slope": -1.0, "slope_within_pass_band": bool(-1.3 <= slope <= -0.7),
+        "reference_size": n_ref, "reference_chunk": chunk, "objective": args.objective, "d": d, "steps": steps,
+        "dt": 0.01, "sigma1": args.sigma1, "alpha": args.alpha, "seeds": args.seeds,
+        "seconds": round(seconds, 2),
+    }
+
+
+COUPLING = Experiment(
+    name="meanfield-coupling",
+    summary="FedCBO JMLR eq. (50): N particles vs N mean-field copies (same x0, same Brownian motions, consensus "
+            "of a 1e6-particle reference), two quadratic classes, d=2, N=1e2..1e4; slope of log E|θ_T-θ̄_T|² vs log N",
+    published="eq. (50): E|θ^i_t - θ̄^i_t|² <= C (1/N1 + 1/N2): slope about -1 (pass: within [-1.3, -0.7])",
+    add_arguments=_add_coupling,
+    run=run_coupling,
 )

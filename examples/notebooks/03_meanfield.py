@@ -16,9 +16,15 @@
 # * **Theorem 2.2 (mean-field limit).** The empirical measure of $N$ particles converges to the
 #   mean-field law as $N\to\infty$; the distance to a very large reference system falls like
 #   the Monte-Carlo rate $N^{-1/2}$.
+# * **Proposition 1, eq. (50) (propagation of chaos).** Each particle stays close to its
+#   *mean-field copy* (same start, same Brownian motion, the mean-field consensus point):
+#   $E|\theta^i_t - \bar\theta^i_t|^2 \le C/N$.
 #
-# The full studies are `cbo-jax reproduce meanfield-decay` and `cbo-jax reproduce meanfield-scaling`
-# (their measured numbers are in `benchmarks/RESULTS_particles.md`).
+# Before those, a parameter sweep of plain CBO: a $\sigma \times \alpha$ grid on Rastrigin, all
+# points and seeds in one compiled program.
+#
+# The full studies are `cbo-jax reproduce meanfield-decay`, `meanfield-scaling` and
+# `meanfield-coupling` (their measured numbers are in `benchmarks/RESULTS_particles.md`).
 
 # %%
 import importlib.util
@@ -46,6 +52,57 @@ if not in_notebook():
 SMALL = small_mode()
 OUT = "results/notebooks/03_meanfield"
 print(device_summary(), "| small sizes" if SMALL else "| full sizes")
+
+# %% [markdown]
+# ## A $\sigma \times \alpha$ sweep of CBO as one program
+#
+# The numbers of a particle system ($\lambda_1, \sigma_1, \lambda_2, \sigma_2$, `dt` and the
+# $\alpha$ schedule's numbers) form a traced pytree, `cj.params.Params`, separate from its
+# static structure (objective, noise kind, dtype, kind of schedule). `cj.params.grid` builds
+# the outer product of swept values, and `simulate(..., params=grid)` runs every point and
+# every seed in one jitted program. A run succeeds when its consensus point ends within
+# $0.25$ of the minimiser $0$ (sup norm), as in CBXpy's Rastrigin check.
+
+# %%
+d_sw, N_sw = 5, 40
+seeds, steps_sw = (16, 600) if SMALL else (100, 2000)
+sigmas = np.linspace(0.4, 3.2, 8)
+alphas = np.array([1.0, 3.0, 10.0, 30.0, 100.0, 300.0])
+cbo_dyn = cj.cbo(objectives.Rastrigin(), cj.CBOConfig(
+    lambda1=1.0, sigma1=1.0, dt=0.01, noise="anisotropic",
+    alpha=cj.schedules.Multiplicative(alpha0=30.0, factor=1.02, alpha_max=1e5)))
+sweep_grid = cj.params.grid(cbo_dyn, sigma1=sigmas, alpha0=alphas)          # a (8, 6) grid
+x0_sw = np.random.default_rng(1).uniform(-3, 3, (seeds, N_sw, d_sw))        # shared by every point
+res_sw = cj.simulate(cbo_dyn, x0_sw, 0, steps_sw, num_runs=seeds, params=sweep_grid)
+success = (np.abs(np.asarray(res_sw.state.consensus)).max(axis=-1) < 0.25).mean(axis=-1)   # (8, 6)
+print(f"{sweep_grid.sigma1.size} points x {seeds} seeds in one program: {res_sw.seconds:.1f} s")
+
+fig, ax = plt.subplots(figsize=(6, 4))
+im = ax.imshow(success, origin="lower", cmap="viridis", vmin=0, vmax=1, aspect="auto")
+ax.set_xticks(range(len(alphas)), [f"{a:g}" for a in alphas])
+ax.set_yticks(range(len(sigmas)), [f"{s:.1f}" for s in sigmas])
+ax.set_xlabel(r"$\alpha_0$ (then $\times 1.02$ per step)")
+ax.set_ylabel(r"$\sigma_1$ (anisotropic)")
+ax.set_title(f"success rate, Rastrigin d={d_sw}, N={N_sw}, {steps_sw} steps")
+for i in range(len(sigmas)):
+    for j in range(len(alphas)):
+        ax.text(j, i, f"{success[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                color="white" if success[i, j] < 0.5 else "black")
+fig.colorbar(im, ax=ax)
+fig.tight_layout()
+LiveFigure(fig, f"{OUT}/sweep_success.png").close()
+
+# %% [markdown]
+# Every entry of a grid is checked on the host before anything is compiled; a bad entry is
+# named with its grid index:
+
+# %%
+bad = sweep_grid.sigma1.copy()
+bad[3, 2] = np.nan
+try:
+    cj.simulate(cbo_dyn, x0_sw, 0, steps_sw, num_runs=seeds, params=sweep_grid._replace(sigma1=bad))
+except ValueError as err:
+    print("rejected:", err)
 
 # %% [markdown]
 # ## Concentration: a parameter sweep as one `vmap`
@@ -138,3 +195,67 @@ fig.tight_layout()
 LiveFigure(fig, f"{OUT}/scaling.png").close()
 print(f"log-log slope {slope:.3f} (Monte-Carlo rate -0.5); the reference's own error flattens the curve "
       f"when N approaches N_ref")
+
+# %% [markdown]
+# ## Propagation of chaos, pathwise: eq. (50)
+#
+# The sliced distance above compares *distributions*: $N$ independent samples of $\rho_T$ are
+# also $O(N^{-1/2})$ away from it, so that slope cannot tell interacting particles from
+# independent ones. The JMLR version of the paper (Proposition 1, eq. (50)) couples each
+# particle $\theta^i$ with a mean-field copy $\bar\theta^i$: the same initial point, the same
+# Brownian increments, but the consensus point of the mean-field law $\rho_t$ instead of the
+# $N$ particles'. Then $E|\theta^i_t - \bar\theta^i_t|^2 \le C(1/N_1 + 1/N_2)$.
+#
+# `meanfield.reference_consensus` runs a large independent ensemble (streaming consensus,
+# `particle_chunk`) and records $m_\alpha(\rho_t)$ at every step; `meanfield.coupling` runs the
+# particles and their copies in one scanned program (`dynamics.drive` moves the copies with
+# exactly the particles' noise). Two quadratic classes, as in the first section.
+
+# %%
+R, chunk = (200_000, 50_000) if SMALL else (1_000_000, 100_000)
+sizes_c = [100, 316, 1_000, 3_162] if SMALL else [100, 316, 1_000, 3_162, 10_000, 31_623, 100_000]
+runs_c, steps_c = (8, 100) if SMALL else (16, 100)
+quad = [objectives.Quadratic(shift=c) for c in centers]
+cfg_c = ClusteredConfig(lambda1=1.0, sigma1=0.7, dt=0.01, alpha=10.0, noise="isotropic")
+rng_c = np.random.default_rng(2)
+x_ref = rng_c.uniform(-3, 3, (R, d)).astype(np.float32)
+path = meanfield.reference_consensus(clustered(quad, cfg_c, particle_chunk=chunk),
+                                     particles(x_ref, np.arange(R) % 2), 10_000, steps_c)
+dyn_c = clustered(quad, cfg_c)
+sq = {}
+for n in sizes_c:
+    one = particles(np.zeros((n, d), np.float32), np.arange(n) % 2)
+    stack = lambda v: np.broadcast_to(np.asarray(v), (runs_c,) + np.shape(v))  # noqa: E731
+    p_runs = one._replace(x=rng_c.uniform(-3, 3, (runs_c, n, d)).astype(np.float32), label=stack(one.label),
+                          malicious=stack(one.malicious), pid=stack(one.pid))
+    sq[n] = meanfield.coupling(dyn_c, p_runs, n, path, num_runs=runs_c).sq_distance.mean(axis=0)
+    print(f"N = {n:>6}: E|θ_T - θ̄_T|² = {sq[n][-1]:.3g}")
+final = [sq[n][-1] for n in sizes_c]
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+cj.plot.loglog_error(sizes_c, final, reference_slope=-1.0, ax=axes[0], ylabel=r"$E|\theta^i_T - \bar\theta^i_T|^2$",
+                     title=f"eq. (50), reference R = {R:.0e}")
+t_c = dt * np.arange(steps_c + 1)
+for n in sizes_c:
+    axes[1].semilogy(t_c[1:], sq[n][1:], label=f"N={n}")
+axes[1].set_xlabel("t")
+axes[1].set_title("over time")
+axes[1].legend(fontsize=7)
+fig.tight_layout()
+LiveFigure(fig, f"{OUT}/coupling.png").close()
+print(f"log-log slope {meanfield.fit_loglog_slope(sizes_c, final):.3f} (eq. (50): -1)")
+
+# %% [markdown]
+# ## Watching one run
+#
+# `cj.plot.record_history` keeps a frame every few steps (memory bounded by the number of
+# frames, not steps), and `cj.plot.snapshots` / `cj.plot.animate` draw them over the
+# objective's contour (Figure objects; `animate` writes a GIF with matplotlib's Pillow writer).
+
+# %%
+rast2 = objectives.Rastrigin()
+hist = cj.plot.record_history(cj.cbo(rast2, sigma1=1.0, alpha=cj.schedules.Multiplicative(10.0, 1.05, 1e5)),
+                              np.random.default_rng(3).uniform(-3, 3, (200, 2)), 0, 200, every=10)
+snap = cj.plot.snapshots(rast2, hist, frames=[0, 2, 5, 20], bounds=((-3, 3), (-3, 3)))
+LiveFigure(snap, f"{OUT}/snapshots.png").close()
+gif = cj.plot.animate(rast2, hist, f"{OUT}/cbo_rastrigin.gif", fps=6, bounds=((-3, 3), (-3, 3)))
+print("animation:", gif)

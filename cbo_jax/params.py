@@ -1,0 +1,266 @@
+"""Numeric parameters of the particle systems as a traced pytree: sweeps are a ``vmap``.
+
+A particle system has two kinds of settings (the split evosax makes between static
+construction values and traced ``Params``):
+
+* **static structure**, fixed when the dynamics are built: the objective(s), the noise
+  kind, the dtype, the random-number layout, the kind of α schedule, the random batch
+  size, which SDE terms exist at all;
+* **numbers**, a :class:`Params` pytree carried in the state: ``λ1, σ1, λ2, σ2`` and the
+  time step ``dt`` of FedCBO eq. (4)/(15) (Euler–Maruyama), and the α schedule's numbers
+  (:mod:`cbo_jax.schedules`: ``alpha`` of a constant schedule, ``alpha0, factor,
+  alpha_max`` of the multiplicative one, ...).
+
+Because the numbers are traced, ``simulate(dyn, x0, key, T, params=P)`` runs a whole
+grid of them as one jitted program: ``P``'s leaves carry the grid's axes (every leaf the
+same shape, or shapes that broadcast to it), and the grid is ``vmap``-ped around the
+runs (``num_runs`` seeds per point). :func:`grid` builds the outer product of a few
+swept values around a dynamics' own numbers. :func:`validate` checks every entry on the
+host before anything is traced, naming the parameter and the grid index.
+
+A term whose strength is ``0`` in the dynamics' config (``sigma1``, ``lambda2``,
+``sigma2``, or ``noise="none"``) is left out of the compiled step; a sweep cannot switch
+it on (build the dynamics with a non-zero value to sweep it, zeros included).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = ["Params", "defaults", "grid", "validate", "as_params", "grid_shape", "point", "flatten", "names", "indices",
+           "in_dtype", "alpha_init", "alpha_update"]
+
+SDE_FIELDS = ("lambda1", "sigma1", "lambda2", "sigma2", "dt")
+_RULES = {"lambda1": "non_negative", "sigma1": "non_negative", "lambda2": "non_negative",
+          "sigma2": "non_negative", "dt": "positive"}
+_WORDS = {"non_negative": ">= 0", "positive": "> 0", "fraction": "in (0, 1]"}
+
+
+class Params(NamedTuple):
+    """Numbers of a particle system (a pytree; every leaf may carry sweep axes).
+
+    Attributes:
+      lambda1: consensus drift ``λ1`` (FedCBO eq. (4)).
+      sigma1: consensus noise ``σ1``.
+      lambda2: gradient drift ``λ2``.
+      sigma2: gradient noise ``σ2``.
+      dt: Euler–Maruyama time step ``γ`` (eq. (15)).
+      alpha: the α schedule's numbers (``schedule.params()``, e.g.
+        :class:`cbo_jax.schedules.MultiplicativeParams`), or ``None`` for a user schedule
+        without numbers of its own.
+    """
+
+    lambda1: Any
+    sigma1: Any
+    lambda2: Any
+    sigma2: Any
+    dt: Any
+    alpha: Any
+
+
+def _config_of(obj):
+    config = getattr(obj, "config", obj)
+    missing = [f for f in SDE_FIELDS + ("alpha",) if not hasattr(config, f)]
+    if missing:
+        raise ValueError(f"{type(config).__name__} has no parameter pytree (missing {missing}); "
+                         "Params work with cbo(), clustered() and cb2o() dynamics or their configs")
+    return config
+
+
+def _schedule_params(schedule):
+    return schedule.params() if hasattr(schedule, "params") else None
+
+
+def defaults(dynamics_or_config) -> Params:
+    """The numbers a dynamics (or a :class:`~cbo_jax.CBOConfig` / ``ClusteredConfig``) was built with."""
+    cfg = _config_of(dynamics_or_config)
+    return Params(*(float(getattr(cfg, f)) for f in SDE_FIELDS), alpha=_schedule_params(cfg.alpha))
+
+
+def names(params: Params) -> list[str]:
+    """Dotted names of the leaves, in ``jax.tree_util`` order (``alpha.alpha0``, ...)."""
+    out = list(SDE_FIELDS)
+    if params.alpha is not None:
+        out += [f"alpha.{f}" for f in params.alpha._fields]
+    return out
+
+
+def _leaves(params: Params) -> list:
+    return [getattr(params, f) for f in SDE_FIELDS] + ([] if params.alpha is None else list(params.alpha))
+
+
+def _rebuild(params: Params, leaves: list) -> Params:
+    alpha = None if params.alpha is None else type(params.alpha)(*leaves[len(SDE_FIELDS):])
+    return Params(*leaves[:len(SDE_FIELDS)], alpha=alpha)
+
+
+def grid(dynamics_or_config, **axes) -> Params:
+    """The outer product of swept values around a dynamics' own numbers.
+
+    ``grid(dyn, sigma1=[0.5, 1.0], alpha=[10, 100], dt=[0.01, 0.02])`` is a ``(2, 2, 2)``
+    grid (axes in the order given). Keys are :class:`Params` fields (``lambda1``,
+    ``sigma1``, ``lambda2``, ``sigma2``, ``dt``) or the α schedule's numbers (``alpha`` of
+    a constant schedule; ``alpha0``, ``factor``, ``alpha_max`` of a multiplicative one;
+    ``eta``, ``alpha0``, ``alpha_min``, ``alpha_max`` of the effective-sample-size one).
+    Every leaf of the result has the full grid shape (float64 NumPy arrays).
+    """
+    cfg = _config_of(dynamics_or_config)
+    base = defaults(cfg)
+    alpha_fields = () if base.alpha is None else base.alpha._fields
+    valid = list(SDE_FIELDS) + [f for f in alpha_fields if f not in SDE_FIELDS]
+    shape = []
+    for name, values in axes.items():
+        if name not in valid:
+            raise ValueError(f"grid: unknown parameter {name!r} for a {type(cfg.alpha).__name__} α schedule; "
+                             f"valid: {valid}")
+        arr = np.asarray(values, dtype=np.float64)
+        if arr.ndim != 1 or arr.size == 0:
+            raise ValueError(f"grid: {name} must be a non-empty 1-D sequence of values, got shape {arr.shape}")
+        shape.append(arr.size)
+    shape = tuple(shape)
+    leaves = {n: np.full(shape, v, np.float64) for n, v in zip(names(base), _leaves(base))}
+    for axis, (name, values) in enumerate(axes.items()):
+        arr = np.asarray(values, dtype=np.float64)
+        view = arr.reshape((1,) * axis + (arr.size,) + (1,) * (len(shape) - axis - 1))
+        key = name if name in SDE_FIELDS else f"alpha.{name}"
+        leaves[key] = np.broadcast_to(view, shape).copy()
+    return _rebuild(base, [leaves[n] for n in names(base)])
+
+
+def as_params(params, dynamics_or_config) -> Params:
+    """Accept :class:`Params` or the clustered system's 4-field ``SDEParams`` (the rest from the config)."""
+    cfg = _config_of(dynamics_or_config)
+    if isinstance(params, Params):
+        return params
+    fields = getattr(params, "_fields", None)
+    if fields == ("lambda1", "sigma1", "lambda2", "sigma2"):
+        base = defaults(cfg)
+        return base._replace(**{f: getattr(params, f) for f in fields})
+    raise ValueError(f"params must be a cbo_jax.params.Params (see cbo_jax.params.grid), got {type(params).__name__}")
+
+
+def _where(name: str, index, shape) -> str:
+    if not shape:
+        return f"params.{name}"
+    idx = ", ".join(str(int(i)) for i in index)
+    return f"params.{name}[{idx}]"
+
+
+def validate(params, dynamics_or_config) -> tuple[int, ...]:
+    """Check every entry of a (possibly swept) ``params`` on the host; return the grid shape.
+
+    Raises ``ValueError`` naming the parameter and the grid index for: a value that is not
+    a real number, NaN or infinity, a value out of range (``λ1, σ1, λ2, σ2 >= 0``,
+    ``dt > 0``, the schedule's rules in ``PARAM_RULES``), leaves whose axes do not
+    broadcast to one grid, an α-number tuple of another schedule kind, or a sweep that
+    switches on a term the dynamics were built without.
+    """
+    cfg = _config_of(dynamics_or_config)
+    params = as_params(params, cfg)
+    schedule = cfg.alpha
+    expected = _schedule_params(schedule)
+    if (expected is None) != (params.alpha is None) or (
+            expected is not None and type(params.alpha) is not type(expected)):
+        raise ValueError(f"params.alpha must be {type(expected).__name__ if expected is not None else 'None'} "
+                         f"(the dynamics' α schedule is {type(schedule).__name__}), got {type(params.alpha).__name__}")
+    leaf_names = names(params)
+    arrays = []
+    for name, leaf in zip(leaf_names, _leaves(params)):
+        try:
+            arr = np.asarray(leaf, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"params.{name} must hold real numbers, got {leaf!r}") from None
+        arrays.append(arr)
+    try:
+        shape = np.broadcast_shapes(*(a.shape for a in arrays))
+    except ValueError:
+        swept = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if a.ndim)
+        raise ValueError(f"params: the sweep axes do not match ({swept}); give every swept parameter the grid's "
+                         "shape, or shapes that broadcast to it (cbo_jax.params.grid builds an outer product)") from None
+    rules = dict(_RULES)
+    rules.update({f"alpha.{k}": v for k, v in getattr(schedule, "PARAM_RULES", {}).items()})
+    full = {n: np.broadcast_to(a, shape) for n, a in zip(leaf_names, arrays)}
+    for name, arr in full.items():
+        bad = ~np.isfinite(arr)
+        if bad.any():
+            idx = np.argwhere(bad)[0] if arr.ndim else ()
+            raise ValueError(f"{_where(name, idx, shape)} = {float(arr[tuple(idx)])!r}: {name.split('.')[-1]} must be "
+                             f"finite{_grid_note(idx, shape)}")
+        rule = rules.get(name)
+        if rule is None:
+            continue
+        bad = {"non_negative": arr < 0, "positive": arr <= 0, "fraction": (arr <= 0) | (arr > 1)}[rule]
+        if bad.any():
+            idx = np.argwhere(bad)[0] if arr.ndim else ()
+            raise ValueError(f"{_where(name, idx, shape)} = {float(arr[tuple(idx)])!r}: {name.split('.')[-1]} must "
+                             f"be {_WORDS[rule]}{_grid_note(idx, shape)}")
+    if "alpha.alpha_min" in full and "alpha.alpha_max" in full:
+        bad = full["alpha.alpha_max"] < full["alpha.alpha_min"]
+        if bad.any():
+            idx = np.argwhere(bad)[0] if bad.ndim else ()
+            raise ValueError(f"{_where('alpha.alpha_max', idx, shape)} is below alpha_min{_grid_note(idx, shape)}")
+    off = {"sigma1": cfg.sigma1 == 0 or getattr(cfg, "noise", "") == "none", "lambda2": cfg.lambda2 == 0,
+           "sigma2": cfg.sigma2 == 0}
+    for name, left_out in off.items():
+        if left_out and np.any(full[name] != 0):
+            idx = np.argwhere(full[name] != 0)[0] if shape else ()
+            why = "noise='none'" if name == "sigma1" and getattr(cfg, "noise", "") == "none" else f"{name}=0"
+            raise ValueError(f"{_where(name, idx, shape)} = {float(full[name][tuple(idx)])!r}, but the dynamics were "
+                             f"built with {why}, which leaves that term out of the compiled step; build them with a "
+                             f"non-zero {name} to sweep it{_grid_note(idx, shape)}")
+    return tuple(int(s) for s in shape)
+
+
+def _grid_note(idx, shape) -> str:
+    return f" (grid index {tuple(int(i) for i in idx)} of a {tuple(shape)} grid)" if shape else ""
+
+
+def grid_shape(params: Params) -> tuple[int, ...]:
+    """The broadcast shape of the leaves (``()`` for a single point)."""
+    return tuple(np.broadcast_shapes(*(np.shape(v) for v in _leaves(params))))
+
+
+def flatten(params: Params, shape: tuple[int, ...], dtype) -> Params:
+    """Leaves broadcast to ``shape`` and flattened to one sweep axis of ``prod(shape)`` points."""
+    size = math.prod(shape)
+    return _rebuild(params, [np.broadcast_to(np.asarray(v, np.float64), shape).reshape(size).astype(dtype)
+                             for v in _leaves(params)])
+
+
+def point(params: Params, index) -> Params:
+    """The numbers at one grid index (leaves become Python floats)."""
+    shape = grid_shape(params)
+    index = tuple(np.atleast_1d(index)) if shape else ()
+    if len(index) != len(shape):
+        raise ValueError(f"index {index} does not address a grid of shape {shape}")
+    return _rebuild(params, [float(np.broadcast_to(np.asarray(v, np.float64), shape)[index])
+                             for v in _leaves(params)])
+
+
+def indices(shape: tuple[int, ...]):
+    """Every grid index of ``shape`` in C order (the order of the flattened sweep axis)."""
+    return itertools.product(*(range(s) for s in shape))
+
+
+def in_dtype(params: Params, dtype) -> Params:
+    """Every leaf as a JAX array of ``dtype`` (traceable; used by the dynamics' ``init``)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype), params)
+
+
+def alpha_init(schedule, alpha_params):
+    """``α_0`` of ``schedule`` from its (possibly traced) numbers; user schedules without numbers use their own."""
+    return schedule.init() if alpha_params is None else schedule.init(alpha_params)
+
+
+def alpha_update(schedule, alpha, energy, alpha_params, mask=None):
+    """``α_{k+1}`` of ``schedule`` from its (possibly traced) numbers."""
+    if alpha_params is None:
+        return schedule.update(alpha, energy) if mask is None else schedule.update(alpha, energy, mask)
+    return schedule.update(alpha, energy, mask, params=alpha_params)

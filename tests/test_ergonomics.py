@@ -1,0 +1,43 @@
+"""Entry points as a new user meets them: minimize(f, dim=d, key=0), seeds, clear errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives
+
+
+def test_minimize_with_dim_and_an_integer_seed_lifts_a_single_particle_objective():
+    single = lambda x: jnp.sum((x - 1.0) ** 2)  # noqa: E731 - written for ONE particle, as in CBXpy
+    res = cj.minimize(single, dim=3, key=0, num_steps=600, sigma1=0.5, alpha=100.0)
+    assert res.state.x.shape == (100, 3)
+    np.testing.assert_allclose(np.asarray(res.state.best_x), 1.0, atol=0.05)
+    # The documented default population: 100 particles, U[-3, 3]^d, from split(key)[0]; the run uses split(key)[1].
+    start = cj.minimize(single, dim=3, key=0, num_steps=0)
+    k_init, k_run = jax.random.split(jax.random.key(0))
+    x0 = jax.random.uniform(k_init, (100, 3), jnp.float32, -3.0, 3.0)
+    np.testing.assert_array_equal(np.asarray(start.state.x), np.asarray(x0))
+    np.testing.assert_array_equal(jax.random.key_data(start.state.key), jax.random.key_data(k_run))
+    # An integer seed is the key jax.random.key(seed), in simulate too.
+    dyn = cj.cbo(objectives.Sphere())
+    a = cj.simulate(dyn, x0, 5, 0)
+    np.testing.assert_array_equal(jax.random.key_data(a.state.key), jax.random.key_data(jax.random.key(5)))
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, sigma=1.0), r"unknown keyword 'sigma' \(did you mean .*sigma1"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, steps=10), r"valid keywords: .*num_steps"),
+    (lambda: cj.cbo(objectives.Sphere(), lamda1=1.0), r"cbo: unknown keyword 'lamda1'.*lambda1"),
+    (lambda: cj.clustered([objectives.Sphere()], signa1=1.0), r"clustered: unknown keyword 'signa1'.*sigma1"),
+    (lambda: cj.minimize(objectives.Sphere()), "x0 or the dimension dim"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(1.0, -1.0)), "low < high"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, key="zero"), "integer seed"),
+    (lambda: cj.simulate(cj.cbo(objectives.Sphere()), np.zeros((4, 2), np.float32), 1.5, 1), "integer seed"),
+    (lambda: cj.simulate(cj.cbo(lambda x: jnp.sum(x**2)), np.zeros((4, 2), np.float32), 0, 1),
+     r"one energy per particle.*per_agent"),
+])
+def test_bad_input_is_explained(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -1,0 +1,141 @@
+"""Parameters as a traced pytree: sweeps as one vmapped program, validated on the host."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives, schedules
+from cbo_jax import params as P
+from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, Particles, cb2o, clustered, particles
+
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
+
+STEPS, SEEDS = 12, 2
+# Two grid points, σ1, α and dt all changing (a zipped sweep: leaves of shape (2,)); the
+# separate runs compile once per point, so the grid stays small.
+SIGMA1, ALPHA0, DT = [0.4, 1.6], [3.0, 300.0], [0.01, 0.05]
+
+
+def _systems():
+    """(name, build(sigma1, alpha0, dt) -> dynamics, x0 for SEEDS runs)."""
+    rng = np.random.default_rng(0)
+    centers = np.array([[1.0, 0.5], [-1.0, -0.5]])
+    mult = lambda a0: schedules.Multiplicative(a0, 1.1, 1e4)  # noqa: E731
+
+    def cbo(s, a, dt):
+        cfg = cj.CBOConfig(lambda1=0.8, sigma1=s, dt=dt, alpha=mult(a), noise="anisotropic", lambda2=0.1,
+                           sigma2=0.05, dtype="float64")
+        return cj.cbo(objectives.Quadratic(shift=0.2), cfg)
+
+    def clus(s, a, dt):
+        cfg = ClusteredConfig(lambda1=0.8, sigma1=s, dt=dt, alpha=mult(a), noise="isotropic", dtype="float64")
+        return clustered([objectives.Quadratic(shift=c) for c in centers], cfg)
+
+    def bilevel(s, a, dt):
+        lower = lambda x: jnp.sum((x - 1.0) ** 2, -1) * jnp.sum((x + 1.0) ** 2, -1)  # noqa: E731
+        upper = lambda x: jnp.sum((x - 1.0) ** 2, -1)  # noqa: E731
+        attack = Malicious(drift=lambda t, x: -(x + 1.0), diffusion=lambda t, x: jnp.full(x.shape[0], 0.1, x.dtype))
+        cfg = ClusteredConfig(lambda1=0.8, sigma1=s, dt=dt, alpha=mult(a), beta=0.5, noise="anisotropic",
+                              dtype="float64")
+        return cb2o(lower, upper, cfg, malicious=attack)
+
+    def runs(p):  # the same labels for every run, positions per run
+        return Particles(*(np.stack([np.asarray(v)] * SEEDS) for v in p))._replace(x=rng.uniform(-2, 2, (SEEDS, 8, 2)))
+
+    return [
+        ("cbo", cbo, rng.uniform(-2, 2, (SEEDS, 7, 2))),
+        ("clustered", clus, runs(particles(np.zeros((8, 2)), np.arange(8) % 2))),
+        ("cb2o", bilevel, runs(particles(np.zeros((8, 2)), malicious=np.arange(8) % 4 == 0))),
+    ]
+
+
+def _run_of(x0, r):
+    return jax.tree_util.tree_map(lambda v: np.asarray(v)[r], x0)
+
+
+
+@pytest.mark.parametrize("name,build,x0", _systems(), ids=lambda v: v if isinstance(v, str) else "")
+def test_vmapped_sweep_over_sigma_alpha_dt_and_seeds_equals_separate_runs(name, build, x0):
+    with enable_x64(True):
+        dyn = build(SIGMA1[0], ALPHA0[0], DT[0])
+        grid = P.defaults(dyn)._replace(sigma1=np.array(SIGMA1), dt=np.array(DT))
+        grid = grid._replace(alpha=grid.alpha._replace(alpha0=np.array(ALPHA0)))
+        key = jax.random.key(11)
+        swept = cj.simulate(dyn, x0, key, STEPS, num_runs=SEEDS, params=grid)
+        x_swept = np.asarray(swept.state.x)
+        assert x_swept.shape[:2] == (2, SEEDS)
+        keys = jax.random.split(key, SEEDS)
+        for g in range(2):
+            # A separate run of dynamics built the ordinary way, from a config with this point's numbers.
+            dyn_g = build(SIGMA1[g], ALPHA0[g], DT[g])
+            for r in range(SEEDS):
+                one = cj.simulate(dyn_g, _run_of(x0, r), keys[r], STEPS)
+                np.testing.assert_allclose(x_swept[g, r], np.asarray(one.state.x), rtol=1e-12, atol=1e-12)
+                np.testing.assert_allclose(np.asarray(swept.state.alpha)[g, r], np.asarray(one.state.alpha),
+                                           rtol=1e-12)
+        # The points differ from each other (the sweep is not three copies of one run).
+        assert np.abs(x_swept[0] - x_swept[1]).max() > 1e-3
+
+
+def test_grid_is_an_outer_product_and_history_has_grid_axes():
+    dyn = cj.cbo(objectives.Sphere(), alpha=schedules.Multiplicative(5.0, 1.05, 100.0), sigma1=0.5)
+    g = P.grid(dyn, sigma1=[0.1, 0.2, 0.3], alpha0=[1.0, 10.0], dt=[0.01, 0.02])
+    assert P.grid_shape(g) == (3, 2, 2)
+    assert g.sigma1[2, 1, 0] == 0.3 and g.alpha.alpha0[2, 1, 0] == 10.0 and g.dt[2, 1, 1] == 0.02
+    assert np.all(g.lambda1 == 1.0) and np.all(g.alpha.factor == 1.05)
+    pt = P.point(g, (1, 0, 1))
+    assert (pt.sigma1, pt.alpha.alpha0, pt.dt) == (0.2, 1.0, 0.02)
+    x0 = np.random.default_rng(0).uniform(-1, 1, (4, 6, 3)).astype(np.float32)
+    res = cj.simulate(dyn, x0, 0, 5, num_runs=4, params=g)  # an integer seed is a key
+    assert res.state.x.shape == (3, 2, 2, 4, 6, 3)
+    assert res.history["best_energy"].shape == (5, 3, 2, 2, 4)
+    np.testing.assert_allclose(res.history["alpha"][0, :, 1, :, 0], 10.0 * 1.05, rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown parameter 'alpha'.*valid"):
+        P.grid(dyn, alpha=[1.0])
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda g: g._replace(sigma1=np.array([0.5, 1.0, 2.0, 3.0]), dt=np.array([0.01, 0.02, 0.03])),
+     r"sweep axes do not match \(sigma1 has shape \(4,\), dt has shape \(3,\)"),
+    (lambda g: g._replace(sigma1=np.array([[0.5, -0.2], [1.0, 2.0]])),
+     r"params.sigma1\[0, 1\] = -0.2: sigma1 must be >= 0 \(grid index \(0, 1\) of a \(2, 2\) grid\)"),
+    (lambda g: g._replace(alpha=g.alpha._replace(alpha0=np.array([1.0, np.nan, 3.0]))),
+     r"params.alpha.alpha0\[1\] = nan: alpha0 must be finite \(grid index \(1,\)"),
+    (lambda g: g._replace(dt=np.array([0.01, 0.0])), r"params.dt\[1\] = 0.0: dt must be > 0"),
+    (lambda g: g._replace(alpha=g.alpha._replace(factor=np.array([1.0, -1.0]))), r"alpha.factor\[1\].*> 0"),
+    (lambda g: g._replace(sigma2=np.array([0.0, 0.1])), r"params.sigma2\[1\] = 0.1, but the dynamics were built "
+                                                          r"with sigma2=0"),
+    (lambda g: g._replace(alpha=schedules.ConstantParams(3.0)), "params.alpha must be MultiplicativeParams"),
+    (lambda g: g._replace(lambda1="fast"), "params.lambda1 must hold real numbers"),
+])
+def test_bad_grid_is_rejected_on_the_host_before_compilation(mutate, match):
+    traced = []
+
+    def objective(x):
+        traced.append(1)
+        return objectives.Sphere()(x)
+
+    dyn = cj.cbo(objective, sigma1=1.0, alpha=schedules.Multiplicative(5.0, 1.05, 100.0))
+    bad = mutate(P.defaults(dyn))
+    with pytest.raises(ValueError, match=match):
+        cj.simulate(dyn, np.zeros((2, 5, 3), np.float32), 0, 3, num_runs=2, params=bad)
+    assert not traced  # nothing was traced, let alone compiled
+
+
+def test_clustered_grid_errors_and_sdeparams_still_accepted():
+    dyn = clustered([objectives.Quadratic()], ClusteredConfig(sigma1=0.5, noise="none", alpha=10.0))
+    p = particles(np.zeros((4, 2), np.float32))
+    with pytest.raises(ValueError, match=r"sigma1\[1\] = 0.5, but the dynamics were built with noise='none'"):
+        cj.simulate(dyn, p, 0, 2, params=P.grid(dyn, sigma1=[0.0, 0.5]))
+    with pytest.raises(ValueError, match=r"params.alpha.alpha\[0\] = -1.0: alpha must be >= 0"):
+        cj.simulate(dyn, p, 0, 2, params=P.grid(dyn, alpha=[-1.0, 1.0]))
+    from cbo_jax.dynamics.clustered import SDEParams
+
+    sde = SDEParams(*(np.array(v) for v in ([1.0, 2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0])))
+    res = cj.simulate(dyn, p, 0, 2, params=sde)
+    assert res.state.x.shape == (2, 4, 2) and float(res.state.params.dt[1]) == pytest.approx(0.01)

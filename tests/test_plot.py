@@ -1,0 +1,44 @@
+"""Plots for particle runs (cbo_jax.plot): Figure objects, strided histories, GIF animation."""
+
+import jax
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives, plot
+
+
+def test_history_frames_are_the_ordinary_run_and_plots_are_figures(tmp_path):
+    from matplotlib.figure import Figure
+
+    obj = objectives.Rastrigin()
+    dyn = cj.cbo(obj, sigma1=0.8, alpha=20.0, noise="isotropic")
+    x0 = np.random.default_rng(0).uniform(-3, 3, (40, 2)).astype(np.float32)
+    hist = plot.record_history(dyn, x0, 3, 25, every=10, max_particles=30)
+    np.testing.assert_array_equal(hist.step, [0, 10, 20, 25])
+    np.testing.assert_allclose(hist.t, [0.0, 0.1, 0.2, 0.25], rtol=1e-6)
+    assert hist.x.shape == (4, 30, 2) and hist.consensus.shape == (4, 2)
+    # Recording in segments does not change the run: the frames are simulate's states.
+    for k, steps in ((1, 10), (3, 25)):
+        ref = cj.simulate(dyn, x0, jax.random.key(3), steps, chunk_size=10)
+        np.testing.assert_array_equal(hist.x[k], np.asarray(ref.state.x)[:30])
+        np.testing.assert_array_equal(hist.consensus[k], np.asarray(ref.state.consensus))
+    np.testing.assert_array_equal(hist.x[0], x0[:30])
+
+    figs = [plot.particles(obj, hist.x[-1], hist.consensus[-1]), plot.snapshots(obj, hist),
+            plot.variance(np.arange(5.0), np.exp(-np.arange(5.0)), predicted_rate=1.0),
+            plot.loglog_error([1e2, 1e3, 1e4], [1e-2, 1e-3, 1e-4], stderr=[1e-3, 1e-4, 1e-5], reference_slope=-1)]
+    assert all(isinstance(f, Figure) for f in figs)
+    legend = [t.get_text() for t in figs[3].axes[0].get_legend().get_texts()]
+    assert "measured, slope -1.000" in legend and "slope -1" in legend
+    assert len(figs[1].axes) == 4
+    figs[1].savefig(tmp_path / "snap.png")
+    gif = plot.animate(obj, hist, tmp_path / "run.gif", fps=5)
+    from PIL import Image
+
+    with Image.open(gif) as im:
+        assert im.n_frames == 4
+    with pytest.raises(ValueError, match=r"\.gif or \.mp4"):
+        plot.animate(obj, hist, tmp_path / "run.avi")
+    with pytest.raises(ValueError, match="2-D particles"):
+        plot.particles(obj, np.zeros((5, 3)))
