@@ -58,7 +58,12 @@ def _add_optimize(sub) -> None:
     p.add_argument("--diff-tol", type=float, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--output", type=Path, default=None, help="directory for summary.json and history.npz")
+    p.add_argument("--output", type=Path, default=None,
+                   help="directory for summary.json, history.npz and metrics.jsonl (one row per logged step)")
+    p.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUTPUT")
+    p.add_argument("--log-every", type=_positive_int, default=None,
+                   help="steps between rows of metrics.jsonl (default: about 1000 rows)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--shard", action="store_true",
                    help="split the particles over all devices (of all processes in a multi-process run)")
@@ -97,8 +102,16 @@ def _cmd_optimize(args) -> int:
 
     mesh = sharding.agent_mesh() if args.shard else None
     main_process = distributed.is_main()
+    if args.output is not None and main_process:
+        from cbo_jax._results import ResultsDir
+
+        # Before the simulation: an unusable or occupied output directory is an error now.
+        with ResultsDir(args.output, overwrite=args.overwrite,
+                        owned=("summary.json", "history.npz", "metrics.jsonl", "events.out.tfevents.*")):
+            pass
     res = simulate(cbo(objective, cfg), x0, k_run, args.steps, num_runs=args.runs,
-                   progress=not args.no_progress and main_process, desc=f"cbo {args.objective}", mesh=mesh)
+                   progress=not args.no_progress and main_process, desc=f"cbo {args.objective}", mesh=mesh,
+                   out=args.output, log_every=args.log_every, tensorboard=args.tensorboard)
     xstar = objective.minimiser(args.dim)
     best_x = distributed.to_host(res.state.best_x).astype(np.float64)
     cons = distributed.to_host(res.state.consensus).astype(np.float64)

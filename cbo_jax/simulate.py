@@ -127,6 +127,10 @@ def simulate(
     initial_state=None,
     desc: str = "cbo",
     params=None,
+    out=None,
+    log_every: int | None = None,
+    tensorboard: bool = False,
+    overwrite: bool = False,
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
 
@@ -163,10 +167,17 @@ def simulate(
         rows at the end of the agent axis (``state.x[:N]`` are the real agents).
         With ``rng="per-particle"`` the result equals the single-device run up to
         float rounding.
+      out: a directory: the recorded history is also written there, one row per logged step,
+        to ``metrics.jsonl`` (and TensorBoard event files with ``tensorboard``) by the
+        writer federated runs use (:class:`cbo_jax.writer.MetricsWriter`), chunk by chunk
+        as the run goes. A directory holding such results is refused unless ``overwrite``.
+      log_every: write every this many steps (default: about 1000 rows for the whole run).
     """
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     _checks.positive_int("chunk_size", chunk_size)
+    if log_every is not None:
+        _checks.positive_int("log_every", log_every)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
     grid = None
@@ -223,6 +234,14 @@ def simulate(
         chunks: list[dict] = []
         done = 0
         bar = _progress_bar(num_steps, desc) if progress else None
+        writer, guard = None, None
+        if out is not None and jax.process_index() == 0:  # one writer in a multi-process run
+            from cbo_jax._results import ResultsDir
+            from cbo_jax.writer import MetricsWriter
+
+            guard = ResultsDir(out, overwrite=overwrite, owned=("metrics.jsonl", "events.out.tfevents.*")).__enter__()
+            writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
+            stride = log_every or max(1, num_steps // 1000)
         try:
             while done < num_steps:
                 length = min(chunk_size, num_steps - done)
@@ -231,6 +250,8 @@ def simulate(
                     with_consensus=record_consensus,
                 )
                 chunks.append(rec)
+                if writer is not None:
+                    _write_rows(writer, rec, done, stride)
                 done += length
                 if bar is not None:
                     bar.update(length)
@@ -241,12 +262,25 @@ def simulate(
         finally:
             if bar is not None:
                 bar.close()
+            if writer is not None:
+                writer.close()
+                guard.__exit__()
         jax.block_until_ready(state)
     history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
     if swept:  # the flattened sweep axis back to the grid's axes
         state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
         history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _write_rows(writer, rec: dict, done: int, stride: int) -> None:
+    """One row per ``stride``-th step of a chunk's record (steps count from 1)."""
+    rec = jax.device_get(rec)
+    length = len(next(iter(rec.values()))) if rec else 0
+    for i in range(length):
+        step = done + i + 1
+        if step % stride == 0 or step == 1:
+            writer.write({"step": step, **{k: np.asarray(v[i]) for k, v in rec.items()}})
 
 
 def _state_levels(state, num_runs) -> int:
@@ -264,7 +298,7 @@ def _progress_bar(total: int, desc: str):
 
 
 _SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
-                     "desc", "params")
+                     "desc", "params", "out", "log_every", "tensorboard", "overwrite")
 
 
 def minimize(objective, x0: PyTree | None = None, key=0, num_steps: int = 1000, config=None, *,

@@ -4,6 +4,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cbo_jax.cli import main
@@ -83,3 +84,20 @@ def test_readme_python_example_runs(capsys):
     exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
     out = capsys.readouterr().out
     assert int(re.search(r"successes: (\d+)", out).group(1)) >= 95
+
+
+def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
+    out = tmp_path / "opt"
+    args = ["optimize", "--objective", "sphere", "--dim", "3", "--particles", "20", "--runs", "2", "--steps", "30",
+            "--no-progress", "--output", str(out), "--log-every", "10"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 10, 20, 30]
+    hist = np.load(out / "history.npz")
+    np.testing.assert_allclose([r["best_energy"] for r in rows], hist["best_energy"][[0, 9, 19, 29]], rtol=1e-6)
+    capsys.readouterr()
+    assert main(args) == 2 and "already holds results" in capsys.readouterr().err  # no silent overwrite
+    assert main(args + ["--overwrite"]) == 0
+    (tmp_path / "file").write_text("x")
+    assert main(["optimize", "--steps", "1000000", "--no-progress", "--output", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot write results" in capsys.readouterr().err  # at once, not after the simulation
