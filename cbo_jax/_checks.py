@@ -53,6 +53,48 @@ def fraction(name: str, value: Any) -> float:
     return v
 
 
+def fits_dtype(cfg) -> None:
+    """With ``cfg.dtype == "float32"``, every number of ``cfg`` (and of its α schedule) must be
+    representable in float32: a value such as α = 1e39 would be infinite in the run."""
+    if getattr(cfg, "dtype", "float32") != "float32":
+        return
+    values = {f.name: getattr(cfg, f.name) for f in __import__("dataclasses").fields(cfg)}
+    alpha = values.pop("alpha", None)
+    if hasattr(alpha, "params"):
+        values.update({f"alpha.{k}": v for k, v in alpha.params()._asdict().items()})
+    for name, v in values.items():
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) and abs(v) > FLOAT32_MAX:
+            raise ValueError(f"{name} = {v!r} overflows float32 (largest {FLOAT32_MAX:.4g}), the run's dtype; "
+                             f"use a smaller value or dtype='float64'")
+
+
+def available_bytes() -> int | None:
+    """Memory the run can use: the default device's limit when it reports one, else the host's
+    ``MemAvailable`` (Linux); ``None`` when neither is known."""
+    try:
+        stats = jax.devices()[0].memory_stats() or {}
+        if stats.get("bytes_limit"):
+            return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    except Exception:  # noqa: BLE001 - backends without memory stats
+        pass
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_fits(what: str, nbytes: float) -> None:
+    """Raise ``ValueError`` with the bytes needed when ``nbytes`` exceeds the available memory."""
+    avail = available_bytes()
+    if avail is not None and nbytes > avail:
+        raise ValueError(f"{what} needs about {nbytes / 2**30:.1f} GiB, but only {avail / 2**30:.1f} GiB are "
+                         f"available; use fewer particles or runs, particle_chunk, or more devices (--shard)")
+
+
 def unit_interval(name: str, value: Any) -> float:
     """A number in ``[0, 1]`` (a probability such as ε)."""
     v = finite_number(name, value)

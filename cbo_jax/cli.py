@@ -97,6 +97,11 @@ def _cmd_optimize(args) -> int:
     objective = get_objective(args.objective, shift=args.shift)
     k_init, k_run = jax.random.split(jax.random.key(args.seed))
     shape = (args.runs, args.particles, args.dim)
+    from cbo_jax import _checks
+
+    # the particles, their copy in the state, the noise and the step's temporaries: about six arrays
+    _checks.memory_fits(f"{args.runs} x {args.particles} particles in d={args.dim}",
+                        6 * math.prod(shape) * np.dtype(args.dtype).itemsize / (jax.device_count() if args.shard else 1))
     x0 = jax.random.uniform(k_init, shape, jax.numpy.dtype(args.dtype), args.init_low, args.init_high)
     from cbo_jax import distributed, sharding
 

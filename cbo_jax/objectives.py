@@ -77,6 +77,14 @@ class Objective:
     name = "objective"
     min_value = 0.0
 
+    def __post_init__(self):
+        try:
+            shift = np.asarray(self.shift, np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"shift must be a number or a vector of numbers, got {self.shift!r}") from None
+        if shift.ndim > 1 or not np.all(np.isfinite(shift)):
+            raise ValueError(f"shift must be a finite number or (d,) vector, got {self.shift!r}")
+
     def _f(self, z):  # pragma: no cover - abstract
         raise NotImplementedError
 

@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from cbo_jax import _checks
+
 __all__ = ["Params", "defaults", "grid", "validate", "as_params", "grid_shape", "point", "flatten", "names", "indices",
            "in_dtype", "alpha_init", "alpha_update"]
 
@@ -190,6 +192,11 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
             idx = np.argwhere(bad)[0] if arr.ndim else ()
             raise ValueError(f"{_where(name, idx, shape)} = {float(arr[tuple(idx)])!r}: {name.split('.')[-1]} must be "
                              f"finite{_grid_note(idx, shape)}")
+        big = np.abs(arr) > _checks.FLOAT32_MAX if getattr(cfg, "dtype", "float32") == "float32" else np.zeros(1, bool)
+        if big.any():
+            idx = np.argwhere(big)[0] if arr.ndim else ()
+            raise ValueError(f"{_where(name, idx, shape)} = {float(arr[tuple(idx)])!r} overflows float32, the run's "
+                             f"dtype{_grid_note(idx, shape)}")
         rule = rules.get(name)
         if rule is None:
             continue

@@ -90,6 +90,9 @@ class Multiplicative:
         _checks.non_negative("alpha0", self.alpha0)
         _checks.positive("factor", self.factor)
         _checks.non_negative("alpha_max", self.alpha_max)
+        if self.alpha0 > self.alpha_max:
+            raise ValueError(f"alpha0 = {self.alpha0!r} is above alpha_max = {self.alpha_max!r}: the schedule would cut "
+                             f"α down at its first step; give alpha_max >= alpha0")
 
     def params(self) -> MultiplicativeParams:
         return MultiplicativeParams(float(self.alpha0), float(self.factor), float(self.alpha_max))

@@ -140,8 +140,11 @@ def simulate(
         leaf carries a leading run axis ``M`` (``(M, N, d)``) and the runs are vmapped.
       key: PRNG key, or an integer seed (``jax.random.key(seed)``). With
         ``num_runs=M``, run ``r`` starts from ``jax.random.split(key, M)[r]`` (split
-        with JAX's default settings), so a batched run equals the single run started
-        from that key.
+        with JAX's default settings): run ``r`` draws the random numbers of the single
+        run started from that key. In float64 the two runs are equal bit for bit; in
+        float32 they agree up to rounding, which the batched reductions order
+        differently and a chaotic run amplifies (measured up to 1e-4 after 20 steps of
+        anisotropic CBO on Rastrigin).
       params: a :class:`cbo_jax.params.Params` whose leaves carry the axes of a sweep
         grid (for example from :func:`cbo_jax.params.grid`); ``None`` runs the
         dynamics' own numbers. Every grid point runs from the same ``x0`` and keys, all

@@ -101,3 +101,15 @@ def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert main(["optimize", "--steps", "1000000", "--no-progress", "--output", str(tmp_path / "file" / "sub")]) == 2
     assert "cannot write results" in capsys.readouterr().err  # at once, not after the simulation
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--alpha", "1e39", "--alpha-schedule", "constant"], "overflows float32"),
+    (["--alpha", "10", "--alpha-max", "1e39"], "alpha_max = 1e\\+39 overflows float32"),
+    (["--alpha", "100", "--alpha-max", "1"], "alpha0 = 100.0 is above alpha_max"),
+    (["--shift", "nan"], "shift must be a finite number"),
+    (["--particles", "2000000000", "--dim", "10"], "needs about .* GiB"),
+])
+def test_optimize_values_that_would_be_silent_garbage_are_refused(capsys, extra, match):
+    assert main(["optimize", "--steps", "3", "--no-progress", *extra]) == 2
+    assert re.search(match, capsys.readouterr().err)

@@ -137,3 +137,14 @@ def test_effective_sample_size_limits():
     e = jnp.asarray(np.random.default_rng(8).uniform(size=64), jnp.float32)
     assert float(consensus.effective_sample_size(e, 0.0)) == pytest.approx(64.0, rel=1e-5)
     assert float(consensus.effective_sample_size(e, 1e9)) == pytest.approx(1.0, rel=1e-5)
+
+
+def test_quantile_mask_respects_its_mask_argument():
+    """The quantile is taken over the masked-in agents only, and masked-out agents are never in
+    the set (a mask that were ignored would change both)."""
+    e = jnp.asarray([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 100.0, 200.0])
+    keep = jnp.asarray([False, False, True, True, True, True, True, True])
+    got = np.asarray(cj.quantile_mask(e, 0.5, keep))
+    q = np.quantile(np.asarray(e)[np.asarray(keep)], 0.5)  # 4.5 over the kept agents, not 3.5 over all
+    np.testing.assert_array_equal(got, np.asarray(keep) & (np.asarray(e) <= q))
+    assert got.tolist() == [False, False, True, True, True, False, False, False]

@@ -120,6 +120,7 @@ class CBOConfig:
             raise ValueError(f"diff_tol must be >= 0, got {self.diff_tol}")
         if self.max_abs is not None:
             set_("max_abs", _checks.positive("max_abs", self.max_abs))
+        _checks.fits_dtype(self)
 
     @property
     def uses_gradient(self) -> bool:

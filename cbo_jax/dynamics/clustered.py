@@ -126,6 +126,7 @@ class ClusteredConfig:
         _checks.one_of("rng", self.rng, RNG_MODES)
         if self.max_abs is not None:
             set_("max_abs", _checks.positive("max_abs", self.max_abs))
+        _checks.fits_dtype(self)
 
     @property
     def uses_gradient(self) -> bool:
