@@ -65,8 +65,8 @@ RECORDED: dict[str, Recorded] = {
         "rates 1.52, 2.07, 4.22, 0.82 (bound 1.50, 1.26, 2.20, 0.82)", "cbo-jax reproduce meanfield-decay",
         "benchmarks/RESULTS_particles.md", _D),
     "meanfield-scaling": Recorded(
-        "slope -0.522 (N=1e2..1e5 against N=1e6)", "cbo-jax reproduce meanfield-scaling",
-        "benchmarks/RESULTS_particles.md", _D),
+        "slope -0.520 (N=1e2..1e5 against N=1e6)", "cbo-jax reproduce meanfield-scaling",
+        "benchmarks/RESULTS_particles.md", "2026-11-23"),
     "meanfield-coupling": Recorded(
         "slope -1.08 (N=1e2..1e4, 16 runs each, against an R=1e6 reference ensemble); E|θ_T-θ̄_T|² 7.1e-3 at "
         "N=1e2, 4.8e-5 at N=1e4",
