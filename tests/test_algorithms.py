@@ -240,13 +240,13 @@ def test_fedcbo_round_by_hand_with_lambda1_not_one():
                                            theta - 0.35 * (theta - mj), rtol=1e-5, atol=1e-6)
 
 
-def test_epsilon_greedy_random_share_when_eps_m_is_not_an_integer():
-    """ε = 0.5, M = 3: εM = 1.5 random picks, rounded half to even (2), as the rule states."""
-    P = selection.init_likelihood(7)
-    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, 3, 0.5)
-    assert np.asarray(is_random).sum(axis=1).tolist() == [2] * 7
-    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, 3, 0.3)  # 0.9 -> 1
-    assert np.asarray(is_random).sum(axis=1).tolist() == [1] * 7
+@pytest.mark.parametrize("eps,m,random_picks", [(0.5, 3, 1), (0.3, 3, 0), (0.7, 10, 7), (0.49, 20, 9), (1.0, 4, 4)])
+def test_epsilon_greedy_random_share_is_the_floor_of_eps_m(eps, m, random_picks):
+    """⌊εM⌋ random picks, the reference code's int(ε·M) (εM need not be an integer; ε = 0.7 is
+    0.69999999 in float32 and still gives 7 of 10)."""
+    P = selection.init_likelihood(24)
+    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, m, jnp.float32(eps))
+    assert np.asarray(is_random).sum(axis=1).tolist() == [random_picks] * 24
 
 
 @pytest.mark.parametrize("make,match", [

@@ -398,3 +398,33 @@ def test_fedcbo_prob_sampling_option():
     assert np.isnan(P).sum() == 30 - 12
     with pytest.raises(ValueError, match="zeta"):
         FedCBOConfig(selection="prob_sampling", zeta=2.0)
+
+
+def test_prob_sampling_downloads_only_the_unobserved_when_at_most_M_are_left():
+    """Algorithm 2: 'randomly pick M agents in S uniformly if |S| > M else pick set S'."""
+    P = selection.init_prob_likelihood(1, 6)  # agent 0; 5 others never observed
+    P = P.at[0, 1:4].set(0.5)  # 3 observed, 2 (agents 4, 5) left
+    valid = np.asarray(selection.prob_sampling_valid(P, 3))
+    idx = np.asarray(selection.draw_prob_sampling(jax.random.key(0), P, 3))
+    assert valid.tolist() == [[True, True, False]] and sorted(idx[0, :2].tolist()) == [4, 5]
+    P2 = selection.update_prob_likelihood(P, jnp.asarray(idx), jnp.zeros((1, 3)), 2.0, 0.5, valid=jnp.asarray(valid))
+    assert float(P2[0, idx[0, 2]]) == 0.5  # the empty slot's agent is not updated
+    assert np.asarray(selection.prob_sampling_valid(P.at[0, 4:].set(0.1), 3)).all()  # all observed: M downloads
+    assert np.asarray(selection.prob_sampling_valid(selection.init_prob_likelihood(1, 6), 3)).all()  # |S| = 5 > M
+
+
+def test_reference_form_shared_init_and_own_model_largest_after_T_G(ds):
+    cfg = FedCB2OConfig.reference_code(M=5, T_G=1, local=LOCAL)
+    assert cfg.include_self and cfg.self_largest and cfg.shared_init and cfg.step == 1.0
+    alg = fedcb2o(TINY, cfg, ds.cluster, ds.malicious)
+    state = alg.init(jax.random.key(0))
+    for leaf in jax.tree_util.tree_leaves(state.params):
+        assert np.all(np.asarray(leaf) == np.asarray(leaf)[:1])  # one shared initial model
+    step = jax.jit(alg.round)
+    state, before = step(state, ds.attack_data())  # round 0 < T_G: own energy = own mean loss
+    state, after = step(state, ds.attack_data())  # round 1 >= T_G: the own model weighs most
+    w, s = np.asarray(after.weights), np.asarray(after.self_weight)
+    assert np.all(s[:, None] >= w - 1e-7) and np.all(s > 0)
+    assert not np.all(np.asarray(before.self_weight)[:, None] >= np.asarray(before.weights) - 1e-7)
+    with pytest.raises(ValueError, match="self_largest needs include_self"):
+        FedCB2OConfig(self_largest=True)

@@ -53,11 +53,11 @@ RECORDED: dict[str, Recorded] = {
         "cbo-jax reproduce rastrigin-success --peer", "README.md (Reproductions)", _D),
     "fedcbo-table1": Recorded(
         "small scale (N=120, T=40, 3 seeds): FedCBO 92.19, IFCA 91.64, FedAvg 84.02, Local 81.32; "
-        "SR 0.904 (oracle 0.917)",
-        _DATA + "cbo-jax reproduce fedcbo-table1 --scale small", "benchmarks/RESULTS_fedcbo.md", _D),
+        "SR 0.90 (oracle 0.917)",
+        _DATA + "cbo-jax reproduce fedcbo-table1 --scale small", "benchmarks/RESULTS.md", _D),
     "fedcbo-noise": Recorded(
         "small scale (T=20): none 91.12, iso 0.01 18.77, iso 0.05 9.91, aniso 0.01 91.13, aniso 0.05 91.13",
-        _DATA + "cbo-jax reproduce fedcbo-noise --scale small --rounds 20", "benchmarks/RESULTS_fedcbo.md", _D),
+        _DATA + "cbo-jax reproduce fedcbo-noise --scale small --rounds 20", "benchmarks/RESULTS.md", _D),
     "clustered-consensus": Recorded(
         "max |m_k - θ*_k| = 1.5e-5", "cbo-jax reproduce clustered-consensus",
         "benchmarks/RESULTS_particles.md", _D),

@@ -49,6 +49,9 @@ class RotatedMNISTConfig:
       clusters: rotations K (1, 2 or 4).
       samples_per_agent: training images per agent (none: the whole training set partitioned).
       seed: seed of the partition.
+      subset: the reference script's protocol: every agent draws its images with
+        replacement from one shared subset of this many training images (none: the paper's
+        partition).
     """
 
     source: str = "auto"
@@ -57,6 +60,7 @@ class RotatedMNISTConfig:
     clusters: int = 4
     samples_per_agent: int | None = 200
     seed: int = 0
+    subset: int | None = None
 
     def __post_init__(self):
         cfgs.check_types(self)
@@ -193,7 +197,8 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
 def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
     """Rotated MNIST as configured."""
     source = mnist.load_mnist(data.source, data.data_dir)
-    return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed)
+    return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed,
+                               subset=data.subset)
 
 
 def build(cfg, num_agents: int, mesh=None):

@@ -93,7 +93,8 @@ def local_downloads(fn: Callable, params: PyTree, idx: jax.Array, per_agent: tup
 
 def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: jax.Array, own: PyTree, data: tuple,
                         *, alpha, include_self: bool = False, chunk: int = 4,
-                        downloads: DownloadMap | None = None) -> Downloads:
+                        downloads: DownloadMap | None = None, valid: jax.Array | None = None,
+                        self_largest=False) -> Downloads:
     """Consensus points of the agents owning the rows of ``idx`` (module docstring).
 
     Args:
@@ -107,13 +108,22 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
       include_self: average the agent's own model too, with its ``own_energy``.
       chunk: agents evaluated at once.
       downloads: how the downloads are fetched (default :func:`local_downloads`).
+      valid: ``(R, M)`` which slots hold a download (``None``: all); an empty slot weighs
+        nothing and its loss is ``inf``.
+      self_largest: with ``include_self`` (may be traced): the own model's energy is at most
+        the lowest of the downloads', so it gets the largest weight (the FedCB²O reference
+        code's form after T_G); otherwise it is the energy function's ``own_energy``.
     """
+
     def one_agent(down, finite, theta_j, *data_j):
+        *data_j, ok = data_j
         e = energy_fn(down, theta_j, *data_j)
+        finite = finite & ok
         energy = jnp.where(finite, e.energy, jnp.inf)
         loss = jnp.where(finite, e.loss, jnp.inf)
         if include_self:
-            w_all = consensus_weights(jnp.concatenate([energy, e.own_energy[None]]), alpha)
+            e_self = jnp.where(self_largest, jnp.minimum(jnp.min(energy), e.own_energy), e.own_energy)
+            w_all = consensus_weights(jnp.concatenate([energy, e_self[None]]), alpha)
             w, w_self = w_all[:-1], w_all[-1]
         else:
             w, w_self = consensus_weights(energy, alpha), jnp.zeros((), energy.dtype)
@@ -126,4 +136,5 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
         return Downloads(loss, e.own_loss, w, w_self, ~usable, m_j)
 
     fetch = local_downloads if downloads is None else downloads
-    return fetch(one_agent, params, idx, (own, *data), chunk)
+    ok = jnp.ones(idx.shape, bool) if valid is None else valid
+    return fetch(one_agent, params, idx, (own, *data, ok), chunk)

@@ -280,6 +280,7 @@ def rotated_mnist(
     num_clusters: int = 4,
     samples_per_agent: int | None = None,
     seed: int = 0,
+    subset: int | None = None,
 ) -> FederatedData:
     """The rotated-MNIST clustered benchmark (FedCBO paper, Table 1 setting).
 
@@ -290,6 +291,10 @@ def rotated_mnist(
       samples_per_agent: images per agent; default (``None``) partitions the whole
         training set, ``n_train // (N / K)`` each (200 for the paper's N = 1200).
       seed: seed of the random partition.
+      subset: the FedCBO reference script's protocol instead of the paper's: one random
+        subset of ``subset`` training images (6,000 in the script), shared by every
+        rotation, from which each agent draws its ``samples_per_agent`` images with
+        replacement.
 
     Returns a :class:`FederatedData` whose agents ``k·N/K .. (k+1)·N/K - 1`` form
     cluster ``k`` (the algorithms never see this order or the ids), with one test set
@@ -303,10 +308,16 @@ def rotated_mnist(
     per_cluster = n // num_clusters
     n_train = len(mnist.train_images)
     max_per_agent = n_train // per_cluster
+    if subset is not None:
+        _checks.positive_int("subset", subset)
+        if subset > n_train:
+            raise ValueError(f"subset={subset} is larger than the source's {n_train} training images")
+        if samples_per_agent is None:
+            raise ValueError("subset needs samples_per_agent (images each agent draws from it)")
     if samples_per_agent is None:
         samples_per_agent = max_per_agent
     _checks.positive_int("samples_per_agent", samples_per_agent)
-    if samples_per_agent > max_per_agent:
+    if subset is None and samples_per_agent > max_per_agent:
         raise ValueError(
             f"samples_per_agent={samples_per_agent} needs {samples_per_agent * per_cluster} training images per "
             f"cluster, but the source ({mnist.source}) has {n_train}"
@@ -314,9 +325,13 @@ def rotated_mnist(
     rng = np.random.default_rng(seed)
     xs, ys, cluster = [], [], []
     test_x, test_y = [], []
+    shared = rng.choice(n_train, subset, replace=False) if subset is not None else None
     for k, degrees in enumerate(ROTATIONS[num_clusters]):
         rotated = rotate(mnist.train_images, degrees)
-        perm = rng.permutation(n_train)[: samples_per_agent * per_cluster].reshape(per_cluster, samples_per_agent)
+        if shared is not None:
+            perm = shared[rng.integers(0, subset, (per_cluster, samples_per_agent))]
+        else:
+            perm = rng.permutation(n_train)[: samples_per_agent * per_cluster].reshape(per_cluster, samples_per_agent)
         xs.extend(rotated[perm])
         ys.extend(mnist.train_labels[perm])
         cluster.extend([k] * per_cluster)

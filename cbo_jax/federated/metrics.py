@@ -71,9 +71,12 @@ def round_stats(info) -> dict:
     return out
 
 
-def selection_rate(idx: jax.Array, cluster: jax.Array) -> jax.Array:
-    """SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / M."""
-    return jnp.mean(cluster[idx] == cluster[:idx.shape[0], None])
+def selection_rate(idx: jax.Array, cluster: jax.Array, valid: jax.Array | None = None) -> jax.Array:
+    """SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / |A_n(j)| (the filled slots)."""
+    same = cluster[idx] == cluster[:idx.shape[0], None]
+    if valid is None:
+        return jnp.mean(same)
+    return jnp.mean(jnp.sum(same & valid, axis=1) / jnp.maximum(jnp.sum(valid, axis=1), 1))
 
 
 def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:
@@ -84,11 +87,13 @@ def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:
     return (1.0 - eps) + eps * share
 
 
-def selection_frequency(idx: jax.Array, cluster: jax.Array, num_clusters: int) -> jax.Array:
+def selection_frequency(idx: jax.Array, cluster: jax.Array, num_clusters: int,
+                        valid: jax.Array | None = None) -> jax.Array:
     """``(K, K)``: row a = share of the downloads of cluster-a agents that come from each cluster."""
     src = jnp.broadcast_to(cluster[:idx.shape[0], None], idx.shape).ravel()
     dst = cluster[idx].ravel()
-    counts = jnp.zeros((num_clusters, num_clusters)).at[src, dst].add(1.0)
+    ones = jnp.ones(src.shape) if valid is None else valid.ravel().astype(jnp.float32)
+    counts = jnp.zeros((num_clusters, num_clusters)).at[src, dst].add(ones)
     return counts / jnp.maximum(counts.sum(axis=1, keepdims=True), 1.0)
 
 
@@ -119,8 +124,9 @@ class _Selection(_ClusterMetric):
         if not (hasattr(info, "idx") and hasattr(info, "eps")):
             return {}
         c = self.ids
-        return {"sr": selection_rate(info.idx, c), "sr_oracle": oracle_selection_rate(info.eps, c),
-                "selection_frequency": selection_frequency(info.idx, c, self.num_clusters)}
+        valid = getattr(info, "valid", None)
+        return {"sr": selection_rate(info.idx, c, valid), "sr_oracle": oracle_selection_rate(info.eps, c),
+                "selection_frequency": selection_frequency(info.idx, c, self.num_clusters, valid)}
 
 
 class _Purity(_ClusterMetric):
@@ -145,7 +151,8 @@ def cluster_purity(cluster) -> Callable:
     return _Purity.of(cluster)
 
 
-def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malicious: jax.Array):
+def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malicious: jax.Array,
+                   valid: jax.Array | None = None):
     """FedCB²O Fig. 5 for one round: ``(frequency (4,), weight (4,))`` in :data:`CATEGORIES` order.
 
     ``idx``/``weights`` are ``(R, M)`` downloads and their normalised consensus weights of
@@ -157,7 +164,10 @@ def category_stats(idx: jax.Array, weights: jax.Array, cluster: jax.Array, malic
     same = cluster[idx] == cluster[:r, None]
     mal = malicious[idx]
     cats = jnp.stack([same & ~mal, same & mal, ~same & ~mal, ~same & mal])  # (4, R, M)
-    freq = jnp.mean(jnp.mean(cats, axis=2), axis=1)
+    if valid is None:
+        freq = jnp.mean(jnp.mean(cats, axis=2), axis=1)
+    else:  # shares of the filled slots
+        freq = jnp.mean(jnp.sum(cats & valid[None], axis=2) / jnp.maximum(jnp.sum(valid, axis=1), 1), axis=1)
     weight = jnp.mean(jnp.sum(jnp.where(cats, weights[None], 0.0), axis=2), axis=1)
     return freq, weight
 
@@ -167,7 +177,9 @@ class _AttackSelection(_ClusterMetric):
         if not (hasattr(info, "idx") and hasattr(info, "weights")):
             return {}
         nb = len(self.malicious) - sum(self.malicious)
-        freq, weight = category_stats(info.idx[:nb], info.weights[:nb], self.ids, jnp.asarray(self.malicious, bool))
+        valid = getattr(info, "valid", None)
+        freq, weight = category_stats(info.idx[:nb], info.weights[:nb], self.ids, jnp.asarray(self.malicious, bool),
+                                      None if valid is None else valid[:nb])
         return {"train_loss": jnp.mean(info.train_loss[:nb]), "frequency": dict(zip(CATEGORIES, freq)),
                 "weight": dict(zip(CATEGORIES, weight)), "self_weight": jnp.mean(info.self_weight[:nb])}
 

@@ -8,21 +8,23 @@ optax's transformations, shared by FedCBO and FedCB²O:
   is ``j`` (rectangular when only the first agents select, e.g. the benign ones);
 * ``select(key, P, n) -> Selection``: ``(rows, M)`` distinct downloads, never the agent
   itself, in round ``n``;
-* ``update(P, idx, loss, own_loss, active) -> P``: learn from the downloads' losses on
-  the agent's data (rows with ``active`` False unchanged).
+* ``update(P, idx, loss, own_loss, active, valid) -> P``: learn from the downloads' losses
+  on the agent's data (rows with ``active`` False, and empty slots, unchanged).
 
 Rules:
 
-* :func:`epsilon_greedy` -- FedCBO Remark 3: ``round(ε M)`` agents uniformly at random,
-  the remaining ``M - round(ε M)`` the top entries of the agent's row of ``P`` among the
+* :func:`epsilon_greedy` -- FedCBO Remark 3: ``⌊ε M⌋`` agents uniformly at random (the
+  reference code's ``int(ε·M)``), the remaining ``M - ⌊ε M⌋`` the top entries of the agent's row of ``P`` among the
   others not yet picked; ``ε(n) = max(ε0 - decay·n, ε_min)``. ``P`` starts at ones
   (``-inf`` on the own column) and follows eq. (21):
   ``P[j, i] += L_j(θ_j) - L_j(θ_i)`` for the downloaded ``i``.
 * :func:`uniform` -- ``M`` distinct others uniformly at random (ε-greedy with ``ε = 1``;
   ``P`` is still kept by eq. (21), for diagnostics).
-* :func:`prob_sampling` -- FedCB²O's ProbSampling: never-observed agents first
-  (uniformly), then ``M`` without replacement ∝ ``P``, with
-  ``P ← (1-ζ) P + ζ exp(-κ L)`` (NaN = never observed).
+* :func:`prob_sampling` -- FedCB²O's ProbSampling (Algorithm 2): while some others were
+  never observed, ``M`` of them uniformly (all of them, and no other, when there are at most
+  ``M``; the remaining slots stay empty, ``Selection.valid``); once every agent has been
+  observed, ``M`` without replacement ∝ ``P``, with ``P ← (1-ζ) P + ζ exp(-κ L)``
+  (NaN = never observed).
 
 Ties in ``P`` (all of round 0) are broken by a random permutation, so round 0 picks
 uniformly at random, as the reference code does. Random numbers are drawn with the
@@ -39,16 +41,18 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
-           "draw_epsilon_greedy", "draw_prob_sampling", "epsilon_schedule", "init_likelihood", "update_likelihood",
+           "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "epsilon_schedule", "init_likelihood", "update_likelihood",
            "init_prob_likelihood", "update_prob_likelihood"]
 
 
 class Selection(NamedTuple):
-    """One round's downloads: ``idx`` ``(rows, M)``, which were random picks, and ε."""
+    """One round's downloads: ``idx`` ``(rows, M)``, which were random picks, ε, and which
+    slots hold a download (``valid``; ``None``: all ``M`` of them)."""
 
     idx: jax.Array
     is_random: jax.Array
     eps: jax.Array
+    valid: jax.Array | None = None
 
 
 class SelectionRule(NamedTuple):
@@ -71,7 +75,10 @@ def epsilon_greedy(M: int, eps0: float = 0.5, eps_decay: float = 0.01, eps_min: 
         idx, is_random = draw_epsilon_greedy(key, P, M, eps)
         return Selection(idx, is_random, jnp.asarray(eps, jnp.float32))
 
-    return SelectionRule(_init_ones, select, update_likelihood, M, "epsilon_greedy")
+    def update(P, idx, loss, own_loss, active=None, valid=None):
+        return update_likelihood(P, idx, loss, own_loss, active)
+
+    return SelectionRule(_init_ones, select, update, M, "epsilon_greedy")
 
 
 def uniform(M: int) -> SelectionRule:
@@ -83,10 +90,11 @@ def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRul
     """FedCB²O's ProbSampling (Algorithm 2) with ``P ← (1-ζ) P + ζ exp(-κ L)``."""
     def select(key, P, n):
         idx = draw_prob_sampling(key, P, M)
-        return Selection(idx, jnp.take_along_axis(jnp.isnan(P), idx, axis=1), jnp.zeros((), jnp.float32))
+        return Selection(idx, jnp.take_along_axis(jnp.isnan(P), idx, axis=1), jnp.zeros((), jnp.float32),
+                         prob_sampling_valid(P, M))
 
-    def update(P, idx, loss, own_loss=None, active=None):
-        return update_prob_likelihood(P, idx, loss, kappa, zeta, active)
+    def update(P, idx, loss, own_loss=None, active=None, valid=None):
+        return update_prob_likelihood(P, idx, loss, kappa, zeta, active, valid)
 
     return SelectionRule(lambda rows, cols: init_prob_likelihood(rows, cols), select, update, M, "prob_sampling")
 
@@ -134,7 +142,9 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
     rows, n = P.shape
     _check_m(n, m)
     order = _random_order(key, rows, n)  # random permutation, self last
-    n_rand = jnp.round(eps * m).astype(jnp.int32)
+    # ⌊εM⌋ as the reference code's int(ε·M); the 1e-6 absorbs float32's rounding of ε
+    # (0.7 is stored as 0.69999999, and ⌊0.69999999 · 10⌋ would be 6, not 7).
+    n_rand = jnp.floor(eps * m + 1e-6).astype(jnp.int32)
     slot = jnp.arange(m)
     is_random = jnp.broadcast_to(slot[None, :] < n_rand, (rows, m))
     rand_part = order[:, :m]
@@ -209,13 +219,25 @@ def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
     return order[:, :m].astype(jnp.int32)
 
 
+def prob_sampling_valid(P: jax.Array, m: int) -> jax.Array:
+    """``(rows, M)``: the slots :func:`draw_prob_sampling` fills in the paper's Algorithm 2.
+
+    While ``0 < k <= M`` others were never observed, only the first ``k`` slots (those
+    agents) hold a download; otherwise all ``M`` do.
+    """
+    rows, n = P.shape
+    unexplored = jnp.sum(jnp.isnan(P) & ~jnp.eye(rows, n, dtype=bool), axis=1, keepdims=True)
+    slot = jnp.arange(m)[None, :]
+    return (unexplored == 0) | (slot < unexplored)
+
+
 def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa: float, zeta: float,
-                           active=None) -> jax.Array:
+                           active=None, valid=None) -> jax.Array:
     """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O §2.2).
 
     The first observation of an entry sets it to ``exp(-κ L_j^i)``. A non-finite loss
     gives reward 0. ``idx`` must hold distinct agents per row (as :func:`draw_prob_sampling`
-    returns); rows with ``active`` False are left unchanged.
+    returns); rows with ``active`` False, and slots with ``valid`` False, are left unchanged.
     """
     reward = jnp.where(jnp.isfinite(loss), jnp.exp(-kappa * jnp.where(jnp.isfinite(loss), loss, 0.0)), 0.0)
     rows = jnp.broadcast_to(jnp.arange(P.shape[0])[:, None], idx.shape)
@@ -223,4 +245,6 @@ def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa:
     new = jnp.where(jnp.isnan(old), reward, (1.0 - zeta) * old + zeta * reward).astype(P.dtype)
     if active is not None:
         new = jnp.where(active[:, None], new, old)
+    if valid is not None:
+        new = jnp.where(valid, new, old)
     return P.at[rows, idx].set(new)

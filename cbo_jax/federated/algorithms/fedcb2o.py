@@ -8,7 +8,8 @@ federated learning through consensus-based bi-level optimization" (REFERENCE_NOT
    (the benign agents on their training split, the attackers on their flipped data).
 2. For every benign agent ``j`` (synchronously, from the models after step 1):
 
-   a. ``A_n ← ProbSampling(P^j, M)``: never-observed agents first, then ``∝ P^{j,i}``;
+   a. ``A_n ← ProbSampling(P^j, M)`` (Algorithm 2): never-observed agents first (only
+      those, when at most ``M`` are left), then ``∝ P^{j,i}``;
    b. download ``θ_i, i ∈ A_n``; evaluate them on ``j``'s VALIDATION split: the mean
       loss ``L_j^i`` and the class-wise losses ``L_{j,c}(θ_i)``;
    c. ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)`` (the first observation sets it);
@@ -22,17 +23,11 @@ federated learning through consensus-based bi-level optimization" (REFERENCE_NOT
       mean anything.
 3. The attackers follow their own strategy (:mod:`cbo_jax.federated.attacks`).
 
-``criterion="loss"`` uses the mean validation loss in every round: FedCBO with
-ProbSampling, the attacked baseline of the paper (the same attackers, the same
-selection, only the energy differs). Steps a and c are the ProbSampling rule of
-:mod:`cbo_jax.federated.selection`, step e the consensus kernel of
-:mod:`cbo_jax.federated.aggregation` (log-space weights; a download with a NaN/inf
-model or energy gets weight zero; an agent with no usable download keeps its own model).
-
-Paper versus reference code (REFERENCE_NOTES §2.2): the paper averages the downloads
-only and steps by ``λ1 γ``; the reference code always includes the agent's own model
-(``include_self=True``, energy ``G = 0`` / its own mean loss) and replaces the model by
-the average (``λ1 γ = 1``, the default here: ``λ1 = 10``, ``γ = 0.1``).
+``criterion="loss"``: FedCBO with ProbSampling, the paper's attacked baseline. Steps a, c:
+:mod:`cbo_jax.federated.selection`; step e: :mod:`cbo_jax.federated.aggregation` (a NaN/inf
+download weighs nothing; no usable download: the agent keeps its model). Default: the
+paper's form; :meth:`FedCB2OConfig.reference_code`: the reference code's (own model
+averaged in with the largest weight after T_G, one shared initial model, α = 2).
 """
 
 from __future__ import annotations
@@ -73,6 +68,10 @@ class FedCB2OConfig:
       T_G: rounds before which the mean validation loss replaces ``G``.
       criterion: ``"G"`` (FedCB²O) or ``"loss"`` (FedCBO with ProbSampling).
       include_self: put the agent's own model into its average (reference code).
+      self_largest: with ``include_self``, from round T_G on give the own model the largest
+        weight (its energy is at most the downloads' lowest G), as the reference code does.
+      shared_init: every agent starts from one and the same model (the reference code
+        deep-copies one model; the paper, and the default, initialise agents independently).
       eval_chunk: benign agents per chunk when evaluating downloads.
       local: local SGD (paper: τ = 5 epochs, batch 64, lr 0.004, momentum 0.9).
     """
@@ -86,6 +85,8 @@ class FedCB2OConfig:
     T_G: int = 0
     criterion: str = "G"
     include_self: bool = False
+    self_largest: bool = False
+    shared_init: bool = False
     eval_chunk: int = 8
     local: LocalSGDConfig = LocalSGDConfig(epochs=5, batch_size=64, lr=0.004, momentum=0.9)
 
@@ -98,19 +99,25 @@ class FedCB2OConfig:
         _checks.non_negative("alpha", self.alpha, f32=True)
         _checks.non_negative("kappa", self.kappa, f32=True)
         _checks.fraction("zeta", self.zeta)
-        if isinstance(self.T_G, bool) or not isinstance(self.T_G, (int, np.integer)) or self.T_G < 0:
-            raise ValueError(f"T_G must be an integer >= 0, got {self.T_G!r}")
+        if self.T_G < 0:
+            raise ValueError(f"T_G must be >= 0, got {self.T_G!r}")
         _checks.one_of("criterion", self.criterion, CRITERIA)
-        if not isinstance(self.include_self, bool):
-            raise ValueError(f"include_self must be a bool, got {self.include_self!r}")
+        if self.self_largest and not self.include_self:
+            raise ValueError("self_largest needs include_self=True (it weighs the agent's own model)")
         _checks.positive_int("eval_chunk", self.eval_chunk)
-        if not isinstance(self.local, LocalSGDConfig):
-            raise ValueError(f"local must be a LocalSGDConfig, got {self.local!r}")
 
     @property
     def step(self) -> float:
         """The aggregation step ``λ1 γ``."""
         return self.lambda1 * self.gamma
+
+    @classmethod
+    def reference_code(cls, **overrides) -> "FedCB2OConfig":
+        """The FedCB²O reference script's form: own model in the average with the largest
+        weight after T_G, replaced by the average (λ1 γ = 1), one shared initial model, α = 2."""
+        kw = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0, gamma=0.1)
+        kw.update(overrides)
+        return cls(**kw)
 
 
 class FedCB2OState(NamedTuple):
@@ -132,6 +139,7 @@ class FedCB2OInfo(NamedTuple):
     loss: jax.Array  # (R, M) mean validation loss of the downloads (inf for broken models)
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (R,) no usable download: the agent kept its own model
+    valid: jax.Array  # (R, M) slots that hold a download (ProbSampling may fill fewer than M)
 
     agent_fields = ("train_loss",)
 
@@ -210,6 +218,8 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
     def init(key: jax.Array) -> FedCB2OState:
         k_model, k_state = jax.random.split(key)
         params = init_population(model, k_model, n)
+        if cfg.shared_init:  # agent 0's initial model for everyone
+            params = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a[:1], a.shape), params)
         return FedCB2OState(params, jax.vmap(make_optimizer(cfg.local).init)(params), rule.init(nb, n),
                             jnp.zeros((), jnp.int32), k_state)
 
@@ -222,9 +232,10 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
         own = jax.tree_util.tree_map(lambda a: a[:nb], params)
         val = data.val
         agg = consensus_downloads(g_energy(model, num_classes, use_G), params, sel.idx, own, (val.x, val.y, val.counts),
-                                  alpha=cfg.alpha, include_self=cfg.include_self, chunk=cfg.eval_chunk)
+                                  alpha=cfg.alpha, include_self=cfg.include_self, chunk=cfg.eval_chunk,
+                                  valid=sel.valid, self_largest=use_G & cfg.self_largest)
         benign = jax.tree_util.tree_map(lambda t, mj: t - cfg.step * (t - mj), own, agg.consensus)
-        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss)
+        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, None, sel.valid)
         parts = [benign]
         if attackers.size:
             a_idx, a_valid = attacker_selection(k_att, cluster, malicious, cfg.M)
@@ -232,7 +243,7 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: i
             parts.append(attacker_average(params, jnp.asarray(attackers), a_idx, a_valid, sizes))
         # Agents after the N real ones (padding) keep their models.
         new = jax.tree_util.tree_map(lambda t, *ps: jnp.concatenate(ps + (t[n:],), axis=0), params, *parts)
-        info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback)
+        info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid)
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
     default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"

@@ -7,10 +7,10 @@ splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
 2. LocalUpdate: τ epochs of mini-batch SGD (step ``λ2 γ``) on each agent's data.
 3. LocalAggregation, for every ``j`` in ``G_n`` synchronously (from the models after 2):
 
-   a. ``A_n``: ``M`` other agents by ε-greedy sampling on ``P^j`` (Remark 3);
+   a. ``A_n``: ``M`` other agents by ε-greedy sampling on ``P^j`` (Remark 3; ``⌊εM⌋`` random picks);
    b. ``L_j^i``: loss of each downloaded ``θ_i`` on ``j``'s own training data;
    c. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α L_j^i)``              (19)
-   d. ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` [+ Appendix E noise
+   d. ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` [+ Appendix E noise, JMLR eq. (70),
       ``σ1 √γ |θ_j - m_j| z`` (isotropic) or ``σ1 √γ (θ_j - m_j) ∘ z`` (anisotropic),
       ``z`` drawn from agent ``j``'s own stream ``fold_in(key, j)``]                (20)
    e. ``P^{j,i} ← P^{j,i} + (L_j^j - L_j^i)`` for ``i ∈ A_n``                 (21)
@@ -65,6 +65,10 @@ class FedCBOConfig:
       eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
       noise: Appendix E aggregation noise, ``"none"``, ``"isotropic"`` or ``"anisotropic"``.
       sigma1: its strength σ1.
+      noise_gamma: the noise's time step γ_noise in ``σ1 √γ_noise ...`` (none: ``gamma``,
+        eq. (70) as written). The isotropic noise multiplies the spread about m by
+        ``(1 - λ1γ)² + σ1² γ_noise d`` per round (``d`` parameters), so as written it is
+        stable only for ``σ1 < 1/√(γ d)``; the reference script's ``--Gamma`` is 0.01.
       loss_reduction: ``"mean"`` (paper) or ``"sum_of_batch_means"`` (reference code)
         for the losses in (19) and (21).
       participation: share of agents in ``G_n`` each round (1 = all, as the paper).
@@ -83,6 +87,7 @@ class FedCBOConfig:
     eps_min: float = 0.1
     noise: str = "none"
     sigma1: float = 0.0
+    noise_gamma: float | None = None
     loss_reduction: str = "mean"
     participation: float = 1.0
     eval_chunk: int = 4
@@ -105,6 +110,8 @@ class FedCBOConfig:
         _checks.unit_interval("eps_min", self.eps_min)
         _checks.one_of("noise", self.noise, ("none", "isotropic", "anisotropic"))
         _checks.non_negative("sigma1", self.sigma1, f32=True)
+        if self.noise_gamma is not None:
+            _checks.positive("noise_gamma", self.noise_gamma, f32=True)
         _checks.one_of("loss_reduction", self.loss_reduction, LOSS_REDUCTIONS)
         _checks.fraction("participation", self.participation)
         _checks.positive_int("eval_chunk", self.eval_chunk)
@@ -142,8 +149,9 @@ class FedCBOInfo(NamedTuple):
     eps: jax.Array  # ε of the round
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (N,) no usable download: the agent kept its own model
+    valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling; None: all)
 
-    agent_fields = ("active", "idx", "is_random", "train_loss", "fallback")
+    agent_fields = ("active", "idx", "is_random", "train_loss", "fallback", "valid")
 
 
 def loss_energy(model: Model, cfg: FedCBOConfig):
@@ -187,16 +195,16 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
         sel = rule.select(k_sel, state.P, state.round)
         agg = consensus_downloads(energy, params, sel.idx, params, (data.x, data.y, data.counts), alpha=cfg.alpha,
-                                  chunk=cfg.eval_chunk, downloads=downloads)
+                                  chunk=cfg.eval_chunk, downloads=downloads, valid=sel.valid)
         diff = pop.tree_sub(params, agg.consensus)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
         if cfg.noise != "none" and cfg.sigma1 > 0:
             z = per_particle_normal(k_noise, diff, jnp.arange(data.counts.shape[0]))
-            scale = cfg.sigma1 * jnp.sqrt(cfg.gamma)
+            scale = cfg.sigma1 * jnp.sqrt(cfg.gamma if cfg.noise_gamma is None else cfg.noise_gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
-        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, active)
-        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active)
+        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, active, sel.valid)
+        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, sel.valid)
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
     return Algorithm("fedcbo", init, round_fn, lambda s: ("agent", s.params), cfg)
