@@ -324,7 +324,12 @@ def _mirror_case(name, kwargs=None, x_range=(-3.0, 3.0), noise="anisotropic", la
     return build
 
 
-def _drift_constrained_case(noise, sigma_indep=0.0):
+def _plain_sphere(x):
+    """``|x|² - 1`` as a plain function: the general (automatic differentiation, dense solve) path."""
+    return jnp.sum(x * x) - 1.0
+
+
+def _drift_constrained_case(noise, sigma_indep=0.0, plain=False):
     def build(n, d, dtype="float64"):
         from cbx.dynamics import DriftConstrainedCBO
         from cbx import objectives as co
@@ -332,7 +337,8 @@ def _drift_constrained_case(noise, sigma_indep=0.0):
         x0 = _x0(n, d, low=-1.5, high=1.5)
         c = [{"name": "sphere", "r": 1.0}]
         dyn = cj.drift_constrained_cbo(objectives.Ackley(shift=0.3), lambda1=1.0, sigma1=0.5, dt=0.05,
-                                       alpha=_mult(2.0), noise=noise, constraints=c, eps=0.5, eps_indep=0.3,
+                                       alpha=_mult(2.0), noise=noise, constraints=[_plain_sphere] if plain else c,
+                                       eps=0.5, eps_indep=0.3,
                                        sigma_indep=sigma_indep, dtype=dtype)
         return dyn, lambda s: DriftConstrainedCBO(co.Ackley(minimum=0.3), constraints=c, eps=0.5, eps_indep=0.3,
                                                   sigma_indep=sigma_indep,
@@ -341,7 +347,7 @@ def _drift_constrained_case(noise, sigma_indep=0.0):
     return build
 
 
-def _hypersurface_case(noise, sdf=None):
+def _hypersurface_case(noise, sdf=None, plain=False):
     def build(n, d, dtype="float64"):
         from cbx.dynamics import HyperSurfaceCBO
         from cbx import objectives as co
@@ -355,15 +361,16 @@ def _hypersurface_case(noise, sdf=None):
         else:
             a = np.asarray(sdf["a"], float)
             x0 = x0 - ((x0 @ a - sdf["b"]) / (a @ a))[:, None] * a
+        surface = (lambda v: jnp.linalg.norm(v) - 1.0) if plain else sdf
         dyn = cj.hypersurface_cbo(objectives.Ackley(shift=0.4), lambda1=1.0, sigma1=0.4, dt=0.02, alpha=_mult(2.0),
-                                  noise=noise, surface=sdf, dtype=dtype)
+                                  noise=noise, surface=surface, dtype=dtype)
         return dyn, lambda s: HyperSurfaceCBO(co.Ackley(minimum=0.4), sdf=sdf,
                                               **_common(s, x0, 0.02, 0.4, 1.0, 2.0, noise)), _cbx_mult, x0
 
     return build
 
 
-def _reg_combination_case(constraint, noise="anisotropic"):
+def _reg_combination_case(constraint, noise="anisotropic", plain=False):
     def build(n, d, dtype="float64"):
         from cbx.dynamics import RegCombinationCBO
         from cbx import objectives as co
@@ -376,7 +383,8 @@ def _reg_combination_case(constraint, noise="anisotropic"):
         elif c["name"] == "plane":
             c.update(a=np.linspace(1.0, 2.0, d), b=0.5)
         dyn = cj.reg_combination_cbo(objectives.Ackley(shift=0.3), lambda1=1.0, sigma1=0.5, dt=0.02,
-                                     alpha=_mult(2.0), noise=noise, constraints=[c], eps=0.2, nu=0.5, dtype=dtype)
+                                     alpha=_mult(2.0), noise=noise, constraints=[_plain_sphere] if plain else [c],
+                                     eps=0.2, nu=0.5, dtype=dtype)
         return dyn, lambda s: RegCombinationCBO(co.Ackley(minimum=0.3), constraints=[dict(c)], eps=0.2, nu=0.5,
                                                 **_common(s, x0, 0.02, 0.5, 1.0, 2.0, noise)), _cbx_mult, x0
 
@@ -510,13 +518,17 @@ CASES = [
     Case("drift_constrained_cbo-isotropic", "drift_constrained_cbo", _drift_constrained_case("isotropic")),
     Case("drift_constrained_cbo-indep-noise", "drift_constrained_cbo",
          _drift_constrained_case("anisotropic", sigma_indep=0.4)),
+    Case("drift_constrained_cbo-function", "drift_constrained_cbo", _drift_constrained_case("isotropic", plain=True)),
     Case("hypersurface_cbo-sphere-isotropic", "hypersurface_cbo", _hypersurface_case("isotropic")),
     Case("hypersurface_cbo-sphere-anisotropic", "hypersurface_cbo", _hypersurface_case("anisotropic")),
+    Case("hypersurface_cbo-sphere-function", "hypersurface_cbo", _hypersurface_case("isotropic", plain=True)),
     Case("hypersurface_cbo-stiefel", "hypersurface_cbo", _hypersurface_case("isotropic", {"name": "Stiefel",
                                                                                          "nk": (3, 2)}), d=6),
     Case("reg_combination_cbo-sphere", "reg_combination_cbo", _reg_combination_case({"name": "sphere", "r": 1.0})),
     Case("reg_combination_cbo-plane", "reg_combination_cbo", _reg_combination_case({"name": "plane"})),
     Case("reg_combination_cbo-quadric", "reg_combination_cbo", _reg_combination_case({"name": "quadric"})),
+    Case("reg_combination_cbo-function", "reg_combination_cbo",
+         _reg_combination_case({"name": "sphere", "r": 1.0}, plain=True)),
 ]
 
 

@@ -3,7 +3,11 @@
 A **constraint** is a function ``g(x) -> scalar`` of one particle ``x ∈ R^d``; the
 admissible set is ``{g_1 = ... = g_K = 0}``. Gradients and Hessians come from JAX's
 automatic differentiation, so any differentiable function works. The constructors
-below are CBXpy's (``cbx.constraints``) as functions:
+below are CBXpy's (``cbx.constraints``), as :class:`Constraint` objects: callables like
+any other constraint that also carry their gradient and the structure of their Hessian,
+which the dynamics use for closed-form solves (a sphere's Hessian is ``2I``, so the
+implicit steps are a Sherman–Morrison update or a division instead of a ``d × d`` solve
+per particle):
 
 * :func:`sphere` ``|x|² - r²``; :func:`plane` ``(a·x - b)/|a|``;
   :func:`quadric` ``xᵀAx + b·x + c``.
@@ -26,27 +30,80 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["sphere", "plane", "quadric", "as_constraints", "penalty", "Surface", "surface", "sphere_surface",
+__all__ = ["Constraint", "sphere", "plane", "quadric", "as_constraints", "penalty", "Surface", "surface", "sphere_surface",
            "plane_surface", "stiefel_surface", "get_surface"]
 
 
-def sphere(r: float = 1.0) -> Callable:
-    """``g(x) = |x|² - r²`` (CBXpy's ``sphereConstraint``)."""
-    return lambda x: jnp.sum(x * x) - r ** 2
+class Constraint:
+    """A constraint function ``g(x)`` of one particle with what is known of its derivatives.
+
+    Attributes:
+      fn: ``g(x) -> scalar``.
+      grad: ``∇g`` of a population, ``(N, d) -> (N, d)``, or ``None`` (automatic differentiation).
+      hess_scale: ``c`` when the Hessian is ``c I`` everywhere, else ``None``.
+      hess: the constant Hessian matrix (a NumPy array), or ``None``.
+    """
+
+    def __init__(self, fn: Callable, *, grad: Callable | None = None, hess_scale: float | None = None,
+                 hess=None, name: str = "g"):
+        self.fn, self.grad, self.hess_scale, self.hess, self.__name__ = fn, grad, hess_scale, hess, name
+
+    def __call__(self, x):
+        return self.fn(x)
+
+    def __repr__(self):
+        return f"Constraint({self.__name__})"
 
 
-def plane(a, b: float = 1.0) -> Callable:
-    """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``)."""
+def sphere(r: float = 1.0) -> Constraint:
+    """``g(x) = |x|² - r²`` (CBXpy's ``sphereConstraint``); ``∇g = 2x``, Hessian ``2I``."""
+    return Constraint(lambda x: jnp.sum(x * x) - r ** 2, grad=lambda x: 2 * x, hess_scale=2.0, name="sphere")
+
+
+def plane(a, b: float = 1.0) -> Constraint:
+    """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``."""
     a = np.asarray(a, np.float64)
     norm = float(np.linalg.norm(a))
-    return lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm
+    return Constraint(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm,
+                      grad=lambda x: jnp.broadcast_to(jnp.asarray(a / norm, x.dtype), x.shape), hess_scale=0.0,
+                      name="plane")
 
 
-def quadric(A, b=None, c: float = 0.0) -> Callable:
-    """``g(x) = xᵀAx + b·x + c`` (CBXpy's ``quadricConstraint``)."""
+def quadric(A, b=None, c: float = 0.0) -> Constraint:
+    """``g(x) = xᵀAx + b·x + c`` (CBXpy's ``quadricConstraint``); Hessian ``A + Aᵀ``."""
     A = np.asarray(A, np.float64)
     b = np.zeros(A.shape[0]) if b is None else np.asarray(b, np.float64)
-    return lambda x: x @ (x @ jnp.asarray(A, x.dtype)) + jnp.sum(jnp.asarray(b, x.dtype) * x) + c
+    return Constraint(lambda x: x @ (x @ jnp.asarray(A, x.dtype)) + jnp.sum(jnp.asarray(b, x.dtype) * x) + c,
+                      grad=lambda x: x @ jnp.asarray(A + A.T, x.dtype) + jnp.asarray(b, x.dtype),
+                      hess=A + A.T, name="quadric")
+
+
+def values(cs, x):
+    """``(K, N)``: every constraint at every particle of ``x`` (``(N, d)``)."""
+    return jnp.stack([jax.vmap(g)(x) for g in cs])
+
+
+def gradients(cs, x):
+    """``(K, N, d)``: ``∇g_k`` at every particle (closed forms where known)."""
+    return jnp.stack([g.grad(x) if getattr(g, "grad", None) is not None else jax.vmap(jax.grad(g))(x) for g in cs])
+
+
+def hessians(cs, x):
+    """``(K, N, d, d)`` Hessians (constant ones broadcast, the rest by automatic differentiation)."""
+    out = []
+    for g in cs:
+        if getattr(g, "hess_scale", None) is not None:
+            out.append(jnp.broadcast_to(g.hess_scale * jnp.eye(x.shape[1], dtype=x.dtype), x.shape + (x.shape[1],)))
+        elif getattr(g, "hess", None) is not None:
+            out.append(jnp.broadcast_to(jnp.asarray(g.hess, x.dtype), x.shape + (x.shape[1],)))
+        else:
+            out.append(jax.vmap(jax.hessian(g))(x))
+    return jnp.stack(out)
+
+
+def scaled_identity(cs) -> bool:
+    """Whether every constraint's Hessian is a multiple of the identity (closed-form solves)."""
+    return all(getattr(g, "hess_scale", None) is not None for g in cs)
 
 
 _NAMED = {"sphere": sphere, "plane": plane, "quadric": quadric}
@@ -67,7 +124,7 @@ def as_constraints(constraints) -> tuple:
             c = _NAMED[name](**{k: v for k, v in c.items() if k != "name"})
         if not callable(c):
             raise ValueError(f"a constraint must be a function g(x) -> scalar of one particle, got {c!r}")
-        out.append(c)
+        out.append(c if isinstance(c, Constraint) else Constraint(c, name=getattr(c, "__name__", "g")))
     return tuple(out)
 
 
@@ -84,13 +141,14 @@ def penalty(objective: Callable, constraints, weight: float = 1.0) -> Callable:
 
 
 class Surface(NamedTuple):
-    """A hypersurface ``{d(x) = 0}`` for hypersurface CBO (functions of one particle ``(D,)``).
+    """A hypersurface ``{d(x) = 0}`` for hypersurface CBO; every function acts on a population ``(N, D)``.
 
     Attributes:
       name: a label (``"sphere"`` enables the anisotropic noise's Itô correction).
-      distance: the signed distance ``d(x)``.
-      grad: ``∇d(x)``; laplacian: ``Δd(x)``; proj: the projection onto the surface;
-      tangent: ``tangent(x, z)``, the projection of ``z`` onto the tangent space at ``x``.
+      distance: the signed distance of one particle ``d(x)`` (or ``None``).
+      grad: ``∇d`` per particle ``(N, D)``; laplacian: ``Δd`` per particle ``(N,)``;
+      proj: the projection onto the surface; tangent: ``tangent(x, z)``, the projection
+      of ``z`` onto the tangent space at ``x``.
     """
 
     name: str
@@ -102,34 +160,61 @@ class Surface(NamedTuple):
 
 
 def surface(distance: Callable, *, proj: Callable | None = None, name: str = "custom") -> Surface:
-    """A :class:`Surface` from a signed distance function (``∇d``, ``Δd`` by autodiff)."""
+    """A :class:`Surface` from a signed distance function of one particle (``∇d``, ``Δd`` by autodiff;
+    projection ``x - d(x) ∇d(x)`` unless ``proj``, a function of one particle, is given)."""
     if not callable(distance):
         raise ValueError("surface needs a signed distance function d(x) -> scalar")
-    grad = jax.grad(distance)
+    grad1 = jax.grad(distance)
 
-    def laplacian(x):
+    def laplacian1(x):
         return jnp.trace(jax.hessian(distance)(x))
 
-    def default_proj(x):
-        return x - distance(x) * grad(x)
+    def proj1(x):
+        return x - distance(x) * grad1(x)
 
-    def tangent(x, z):
-        g = grad(x)
+    def tangent1(x, z):
+        g = grad1(x)
         return z - g * jnp.sum(g * z)
 
-    return Surface(name, distance, grad, laplacian, proj or default_proj, tangent)
+    return Surface(name, distance, jax.vmap(grad1), jax.vmap(laplacian1), jax.vmap(proj or proj1),
+                   jax.vmap(tangent1))
+
+
+def _unit(x):
+    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
 
 
 def sphere_surface() -> Surface:
-    """The unit sphere, ``d(x) = |x| - 1`` (CBXpy's ``sphereDistance``)."""
-    return surface(lambda x: jnp.linalg.norm(x) - 1.0, proj=lambda x: x / jnp.linalg.norm(x), name="sphere")
+    """The unit sphere, ``d(x) = |x| - 1`` (CBXpy's ``sphereDistance``): ``∇d = x/|x|``,
+    ``Δd = (D - 1)/|x|``, projection ``x/|x|``."""
+
+    def tangent(x, z):
+        g = _unit(x)
+        return z - g * jnp.sum(g * z, axis=-1, keepdims=True)
+
+    return Surface("sphere", lambda x: jnp.linalg.norm(x) - 1.0, _unit,
+                   lambda x: (x.shape[-1] - 1) / jnp.linalg.norm(x, axis=-1), _unit, tangent)
 
 
 def plane_surface(a, b: float = 1.0) -> Surface:
     """The hyperplane ``a·x = b``, ``d(x) = (a·x - b)/|a|`` (CBXpy's ``planeDistance``)."""
     a = np.asarray(a, np.float64)
     norm = float(np.linalg.norm(a))
-    return surface(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm, name="plane")
+    ahat = a / norm
+
+    def grad(x):
+        return jnp.broadcast_to(jnp.asarray(ahat, x.dtype), x.shape)
+
+    def tangent(x, z):
+        g = jnp.asarray(ahat, x.dtype)
+        return z - g * jnp.sum(g * z, axis=-1, keepdims=True)
+
+    def proj(x):
+        return x - ((jnp.sum(jnp.asarray(a, x.dtype) * x, axis=-1, keepdims=True) - b) / norm ** 2) * jnp.asarray(
+            a, x.dtype)
+
+    return Surface("plane", lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm, grad,
+                   lambda x: jnp.zeros(x.shape[:-1], x.dtype), proj, tangent)
 
 
 def stiefel_surface(n: int, k: int) -> Surface:
@@ -137,14 +222,16 @@ def stiefel_surface(n: int, k: int) -> Surface:
     ``StiefelDistance``: normal ``X``, constant ``Δ = (2n - k - 1)/2``, polar projection)."""
 
     def proj(x):
-        u, _, vh = jnp.linalg.svd(x.reshape(n, k), full_matrices=False)
+        u, _, vh = jnp.linalg.svd(x.reshape(-1, n, k), full_matrices=False)
         return (u @ vh).reshape(x.shape)
 
     def tangent(x, z):
-        X, Z = x.reshape(n, k), z.reshape(n, k)
-        return (Z - 0.5 * X @ (Z.T @ X + X.T @ Z)).reshape(x.shape)
+        X, Z = x.reshape(-1, n, k), z.reshape(-1, n, k)
+        sym = jnp.swapaxes(Z, -1, -2) @ X + jnp.swapaxes(X, -1, -2) @ Z
+        return (Z - 0.5 * X @ sym).reshape(x.shape)
 
-    return Surface("stiefel", None, lambda x: x, lambda x: jnp.asarray((2 * n - k - 1) / 2, x.dtype), proj, tangent)
+    return Surface("stiefel", None, lambda x: x, lambda x: jnp.full(x.shape[:-1], (2 * n - k - 1) / 2, x.dtype),
+                   proj, tangent)
 
 
 def get_surface(spec) -> Surface:

@@ -313,9 +313,11 @@ class CrossInTray(_Planar):
     _X = 1.3494066171539107
 
     def _f(self, z):
+        # (|s| e^a + 1)^{0.1} = exp(0.1 logaddexp(log|s| + a, 0)): e^a reaches e^100, past float32's range.
         x, y = z[..., 0], z[..., 1]
         r = jnp.sqrt(x * x + y * y)
-        return -0.0001 * (jnp.abs(jnp.sin(x) * jnp.sin(y) * jnp.exp(jnp.abs(100 - r / jnp.pi))) + 1) ** 0.1
+        a = jnp.abs(100 - r / jnp.pi)
+        return -0.0001 * jnp.exp(0.1 * jnp.logaddexp(jnp.log(jnp.abs(jnp.sin(x) * jnp.sin(y))) + a, 0.0))
 
     def _argmins(self, d):
         a = self._X

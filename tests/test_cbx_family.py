@@ -390,3 +390,25 @@ def test_new_objectives_values_and_minimisers(name):
     if obj.dim is not None:
         with pytest.raises(ValueError, match=f"R\\^{obj.dim}"):
             obj(jnp.zeros((4, 3)))
+
+
+@pytest.mark.slow
+def test_every_dynamic_sharded_over_eight_devices_equals_one_device():
+    """N = 44 padded to 48 over 8 simulated devices, per-particle noise (tests/_family_sharded.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_family_sharded.py"))], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 8
+    for name in cj.dynamics.family.DYNAMICS:
+        if name == "cbo":  # tests/test_sharding.py
+            continue
+        assert out[name] < 1e-4 and out[name + "_best"] < 1e-4, (name, out)
+        assert "agents" in out[name + "_spec"]

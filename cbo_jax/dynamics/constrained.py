@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import constraints as cons
@@ -112,9 +113,8 @@ def drift_constrained_cbo(objective, config: DriftConstrainedConfig | None = Non
                            [f.name for f in dataclasses.fields(DriftConstrainedConfig)])
     config = (dataclasses.replace(config, **overrides) if config is not None
               else DriftConstrainedConfig(**overrides))
-    G = cons.squared_sum(config.constraints)
-    grad_G = jax.vmap(jax.grad(G))
-    hess_G = jax.vmap(jax.hessian(G))
+    cs = config.constraints
+    structured = cons.scaled_identity(cs)
     quiet = config.noise_kind == "none"
 
     def move(ctx: core.Move):
@@ -122,12 +122,25 @@ def drift_constrained_cbo(objective, config: DriftConstrainedConfig | None = Non
         x = st.x
         u = x - ctx.m
         f = prm.dt / prm.extra.eps
-        x_tilde = (prm.lambda1 * prm.dt) * u + f * grad_G(x)
+        g, dg = cons.values(cs, x), cons.gradients(cs, x)             # (K, N), (K, N, d)
+        x_tilde = (prm.lambda1 * prm.dt) * u + f * jnp.sum(2 * g[..., None] * dg, axis=0)   # ∇G = 2 Σ g_k ∇g_k
         if not quiet:
             scale, d = ctx.noise(ctx.key, u)
             x_tilde = x_tilde + (prm.sigma1 * scale) * d
-        A = jnp.eye(x.shape[1], dtype=x.dtype) + f * hess_G(x)
-        return x - jnp.linalg.solve(A, x_tilde[..., None])[..., 0], st.aux
+        # A = I + f ∇²G,  ∇²G = 2 Σ_k (∇g_k ∇g_kᵀ + g_k H_k)
+        if structured:  # H_k = c_k I: A = s I + U Uᵀ with U = √(2f) [∇g_k]; Woodbury with a K × K system
+            s = 1 + 2 * f * sum(c.hess_scale * g[k] for k, c in enumerate(cs))              # (N,)
+            U = jnp.sqrt(2 * f) * jnp.moveaxis(dg, 0, -1)                                     # (N, d, K)
+            Ut_b = jnp.einsum("ndk,nd->nk", U, x_tilde)
+            small = s[:, None, None] * jnp.eye(len(cs), dtype=x.dtype) + jnp.einsum("ndk,ndl->nkl", U, U)
+            w = jnp.linalg.solve(small, Ut_b[..., None])[..., 0]
+            delta = (x_tilde - jnp.einsum("ndk,nk->nd", U, w)) / s[:, None]
+        else:
+            H = cons.hessians(cs, x)
+            A = jnp.eye(x.shape[1], dtype=x.dtype) + 2 * f * jnp.sum(
+                dg[..., :, None] * dg[..., None, :] + g[..., None, None] * H, axis=0)
+            delta = jnp.linalg.solve(A, x_tilde[..., None])[..., 0]
+        return x - delta, st.aux
 
     def prestep(state, key):
         prm = state.params
@@ -190,8 +203,7 @@ def hypersurface_cbo(objective, config: HypersurfaceConfig | None = None, **over
     _checks.known_keywords("hypersurface_cbo", overrides, [f.name for f in dataclasses.fields(HypersurfaceConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else HypersurfaceConfig(**overrides)
     s = config.surface
-    tangent, proj = jax.vmap(s.tangent), jax.vmap(s.proj)
-    grad, lap = jax.vmap(s.grad), jax.vmap(s.laplacian)
+    tangent, proj, grad, lap = s.tangent, s.proj, s.grad, s.laplacian
     aniso = config.noise_kind == "anisotropic"
     quiet = config.noise_kind == "none"
 
@@ -258,9 +270,10 @@ def reg_combination_cbo(objective, config: RegCombinationConfig | None = None, *
     config = dataclasses.replace(config, **overrides) if config is not None else RegCombinationConfig(**overrides)
     cs = config.constraints
     penalised = cons.penalty(objective, cs, 1.0 / config.nu)
-    gs = [jax.vmap(g) for g in cs]
-    grads = [jax.vmap(jax.grad(g)) for g in cs]
-    hessians = [jax.vmap(jax.hessian(g)) for g in cs]
+    structured = cons.scaled_identity(cs)
+    one_constant = len(cs) == 1 and getattr(cs[0], "hess", None) is not None
+    if one_constant:  # a single quadric: A_i = I + t_i H = Q (1 + t_i Λ) Qᵀ, one eigendecomposition
+        lam_h, q_h = np.linalg.eigh(np.asarray(cs[0].hess, np.float64))
     implicit = config.eps < 1e15
     quiet = config.noise_kind == "none"
 
@@ -275,12 +288,18 @@ def reg_combination_cbo(objective, config: RegCombinationConfig | None = None, *
         if not implicit:
             return x_tilde, st.aux
         f = prm.dt / prm.extra.eps
-        A = jnp.broadcast_to(jnp.eye(x.shape[1], dtype=x.dtype), x.shape + (x.shape[1],))
-        rhs = x_tilde
-        for g, dg, hg in zip(gs, grads, hessians):
-            gv, H = g(x)[:, None], hg(x)
-            A = A + (2 * f) * gv[..., None] * H
-            rhs = rhs - (2 * f) * gv * (dg(x) - jnp.einsum("nab,nb->na", H, x))
+        g, dg = cons.values(cs, x), cons.gradients(cs, x)
+        if structured:  # H_k = c_k I: (1 + 2f Σ g_k c_k) x_new = x̃ - 2f Σ g_k (∇g_k - c_k x)
+            s = 1 + 2 * f * sum(c.hess_scale * g[k] for k, c in enumerate(cs))
+            rhs = x_tilde - 2 * f * sum(g[k][:, None] * (dg[k] - c.hess_scale * x) for k, c in enumerate(cs))
+            return rhs / s[:, None], st.aux
+        H = cons.hessians(cs, x)
+        rhs = x_tilde - 2 * f * jnp.sum(g[..., None] * (dg - jnp.einsum("knab,nb->kna", H, x)), axis=0)
+        if one_constant:
+            q = jnp.asarray(q_h, x.dtype)
+            t = (2 * f) * g[0]
+            return ((rhs @ q) / (1 + t[:, None] * jnp.asarray(lam_h, x.dtype))) @ q.T, st.aux
+        A = jnp.eye(x.shape[1], dtype=x.dtype) + 2 * f * jnp.sum(g[..., None, None] * H, axis=0)
         return jnp.linalg.solve(A, rhs[..., None])[..., 0], st.aux
 
     def check(x0, n, cfg):
