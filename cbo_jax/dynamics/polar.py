@@ -19,9 +19,10 @@ particles.
 
 Memory: the weights are formed for a block of ``chunk`` rows at a time (``lax.map``), so
 a step holds a ``(chunk, N)`` matrix and never the ``(N, N)`` one (CBXpy forms
-``(N, N, d)`` arrays); ``chunk=None`` picks ``min(N, max(1, 2^22 // N))``. The Gaussian
-kernel uses ``|a_i|² + |a_j|² - 2 a_i·a_j`` on centred particles (a matrix product);
-the others form the ``(chunk, N, d)`` differences.
+``(N, N, d)`` arrays); ``chunk=None`` picks ``min(N, max(1, 2^22 // (N d)))``. The
+distances come from the ``(chunk, N, d)`` differences of centred particles (the matrix
+product form ``|a_i|² + |a_j|² - 2 a_i·a_j`` would be faster, but its rounding error,
+multiplied by α in the weights, is of order 1 in float32 at α = 1e5).
 
 Covariance noise (``noise="covariance"``) is particle-local too: ``σ1 √(2 dt (1+α))
 C_i^{1/2} ξ_i`` with ``covariance="local"`` (default; the paper's
@@ -109,8 +110,8 @@ def _neg_log(kernel, r2, kappa, dmax):
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
-def _blocks(n: int, chunk: int | None):
-    b = chunk if chunk is not None else min(n, max(1, (1 << 22) // max(n, 1)))
+def _blocks(n: int, chunk: int | None, d: int = 1):
+    b = chunk if chunk is not None else min(n, max(1, (1 << 22) // max(n * d, 1)))
     return b, -(-n // b)
 
 
@@ -135,15 +136,14 @@ def _max_distance(x, valid, b, nb):
     return jnp.sqrt(jnp.max(jax.lax.map(one, (xs, vs))))
 
 
-def _logits(kernel, xi, x, ai, a, sq_a, kappa, kf, ebias, dmax):
+def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax):
     """``(B, N)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where excluded)."""
     if callable(kernel):
         nl = jax.vmap(lambda p: jax.vmap(lambda q: kernel(p, q))(x))(xi)
-    elif kernel == "gaussian":
-        r2 = jnp.maximum(jnp.sum(ai * ai, axis=1)[:, None] + sq_a[None] - 2 * (ai @ a.T), 0)
-        nl = _neg_log(kernel, r2, kappa, dmax)
     else:
-        r2 = jnp.sum((xi[:, None, :] - x[None]) ** 2, axis=-1)
+        # Differences, not |a_i|² + |a_j|² - 2 a_i·a_j: that form's rounding, ε (|a_i|² + |a_j|²),
+        # is multiplied by α in the weights (float32, α = 1e5: errors of order 1 in the logits).
+        r2 = jnp.sum((ai[:, None, :] - a[None]) ** 2, axis=-1)
         nl = _neg_log(kernel, r2, kappa, dmax)
     return jnp.where(jnp.isfinite(ebias)[None], -kf * nl + ebias[None], -jnp.inf)
 
@@ -163,10 +163,9 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     xz = jnp.where(ok[:, None], x, 0)
     center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1)
     a = jnp.where(ok[:, None], x - center, 0)
-    sq_a = jnp.sum(a * a, axis=1)
     ebias = jnp.where(ok, -alpha * jnp.where(ok, energy, 0), -jnp.inf)
     kf = alpha if kernel_factor == "alpha" else 1.0
-    b, nb = _blocks(n, chunk)
+    b, nb = _blocks(n, chunk, x.shape[1])
     dmax = _max_distance(xz, ok, b, nb) if kernel == "taz" else None
     if with_cov == "cbxpy":
         uz = jnp.where(ok[:, None], drift_for_cov, 0)
@@ -177,7 +176,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     def one(args):
         xi = args
         ai = xi - center
-        lg = _logits(kernel, xi, xz, ai, a, sq_a, kappa, kf, ebias, dmax)
+        lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax)
         w = jnp.exp(lg - jax.nn.logsumexp(lg, axis=1, keepdims=True))
         w = jnp.where(jnp.isfinite(w), w, 0)
         m_i = w @ xz
