@@ -9,10 +9,12 @@ one vectorised kernel; time is a ``lax.scan``.
 >>> res = cj.minimize(cj.objectives.Rastrigin(), x0, jax.random.key(1), 500, cfg)
 """
 
-from cbo_jax import (batching, checkpoint, consensus, meanfield, objectives, params, plot, population, schedules, sde,
-                     sharding)
+from cbo_jax import (batching, checkpoint, consensus, constraints, meanfield, mirror_maps, objectives, params, plot,
+                     population, resampling, schedules, sde, sharding)
 from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
 from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
+from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constrained_cbo, hypersurface_cbo, mirror_cbo,
+                                     polar_cbo, pso, reg_combination_cbo)
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
 from cbo_jax.simulate import SimulationResult, minimize, simulate
 
@@ -27,22 +29,34 @@ __all__ = [
     "Malicious",
     "Particles",
     "SimulationResult",
+    "adam_cbo",
     "batching",
     "cb2o",
     "cbo",
+    "cbo_memory",
+    "cbs",
     "checkpoint",
     "clustered",
     "consensus",
     "consensus_point",
     "consensus_weights",
+    "constraints",
+    "drift_constrained_cbo",
+    "hypersurface_cbo",
     "meanfield",
     "minimize",
+    "mirror_cbo",
+    "mirror_maps",
     "objectives",
     "params",
     "particles",
     "plot",
+    "polar_cbo",
     "population",
+    "pso",
     "quantile_mask",
+    "reg_combination_cbo",
+    "resampling",
     "schedules",
     "sde",
     "sharding",

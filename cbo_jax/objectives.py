@@ -12,6 +12,19 @@ Two Rastrigin forms are provided and named apart, because libraries disagree:
   (used by its reference success check, REFERENCE_NOTES §4);
 * :class:`RastriginNormalized` -- the ``1/d``-normalised form
   ``(1/d) Σ_i (x_i² - 10 cos 2π x_i + 10)`` common in the CBO literature.
+
+The rest of CBXpy's test functions (``cbx.objectives``) are here too, each with its
+known minimisers (``minimisers(d)``: all of them, ``minimiser(d)``: the first):
+Himmelblau, three-hump camel, McCormick, Easom, Bukin N.6, cross-in-tray, drop wave,
+Hölder table, snowflake, eggholder, Michalewicz, the multiplicative multimodal
+Rastrigin and Ackley, accelerated sinus, n-d sinus, the 4th-order polynomial, banana,
+bimodal, unimodal and Gaussian-mixture ``-log`` densities. The 2-D ones have ``dim = 2``
+(another dimension is an error when the objective is traced); ``domain`` is the box a
+minimiser is known on (eggholder's lies on its boundary). Two of CBXpy's ``minima``
+attributes are wrong and corrected here: Bukin N.6's minimiser is ``(-10, 1)`` (CBXpy
+lists ``(0, 0)``, where ``f = 0.1``), and CBXpy's ``drop_wave`` is not the textbook drop
+wave but ``-(1 + cos 12r) exp(-r²/(2(1 + r²/1000)))``, minimum ``-2`` at ``0``, which is
+what :class:`DropWave` computes.
 """
 
 from __future__ import annotations
@@ -33,6 +46,26 @@ __all__ = [
     "Rosenbrock",
     "Griewank",
     "StyblinskiTang",
+    "Himmelblau",
+    "ThreeHumpCamel",
+    "McCormick",
+    "Easom",
+    "Bukin6",
+    "CrossInTray",
+    "DropWave",
+    "HolderTable",
+    "Snowflake",
+    "Eggholder",
+    "Michalewicz",
+    "RastriginMultimodal",
+    "AckleyMultimodal",
+    "AcceleratedSinus",
+    "NdSinus",
+    "P4thOrder",
+    "Banana",
+    "Bimodal",
+    "Unimodal",
+    "GaussianMixture",
     "OBJECTIVES",
     "get_objective",
     "cos_2pi",
@@ -76,6 +109,9 @@ class Objective:
     shift: Any = 0.0
     name = "objective"
     min_value = 0.0
+    dim = None          # a fixed dimension (2 for the planar test functions), or None
+    domain = None       # (low, high): the box the minimisers are known on, or None (all of R^d)
+    isolated = True     # False: the minimisers form a continuum (NdSinus: a sphere)
 
     def __post_init__(self):
         try:
@@ -91,16 +127,32 @@ class Objective:
     def _argmin(self, d: int) -> np.ndarray:
         return np.zeros(d)
 
+    def _argmins(self, d: int) -> np.ndarray:
+        return self._argmin(d)[None]
+
     def __call__(self, x):
         x = jnp.asarray(x)
+        if self.dim is not None and x.shape[-1] != self.dim:
+            raise ValueError(f"{type(self).__name__} is a function of R^{self.dim}; got particles of dimension "
+                             f"{x.shape[-1]}")
         return self._f(x - jnp.asarray(self.shift, x.dtype))
 
+    def _check_dim(self, d: int) -> None:
+        if self.dim is not None and d != self.dim:
+            raise ValueError(f"{type(self).__name__} is a function of R^{self.dim}, not R^{d}")
+
     def minimiser(self, d: int) -> np.ndarray:
-        """The global minimiser in dimension ``d`` (float64 NumPy array)."""
-        return self._argmin(d) + np.broadcast_to(np.asarray(self.shift, np.float64), (d,))
+        """The global minimiser in dimension ``d`` (float64 NumPy array); the first of several."""
+        return self.minimisers(d)[0]
+
+    def minimisers(self, d: int) -> np.ndarray:
+        """Every known global minimiser in dimension ``d``, shape ``(K, d)``."""
+        self._check_dim(d)
+        return np.asarray(self._argmins(d), np.float64) + np.broadcast_to(np.asarray(self.shift, np.float64), (d,))
 
     def minimum(self, d: int) -> float:
         """The global minimum value in dimension ``d``."""
+        self._check_dim(d)
         return float(self.min_value)
 
 
@@ -191,9 +243,371 @@ class StyblinskiTang(Objective):
         return float(0.5 * d * (z**4 - 16 * z * z + 5 * z))
 
 
+class _Planar(Objective):
+    dim = 2
+
+
+class Himmelblau(_Planar):
+    """Himmelblau: ``(x² + y - 11)² + (x + y² - 7)²``; min 0 at four points."""
+
+    name = "himmelblau"
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return (x * x + y - 11) ** 2 + (x + y * y - 7) ** 2
+
+    def _argmins(self, d):
+        return [[3.0, 2.0], [-2.805118086952745, 3.131312518250573], [-3.779310253377747, -3.2831859912861696],
+                [3.5844283403304917, -1.8481265269644034]]
+
+
+class ThreeHumpCamel(_Planar):
+    """Three-hump camel: ``2x² - 1.05x⁴ + x⁶/6 + xy + y²``; min 0 at 0."""
+
+    name = "three-hump-camel"
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return 2 * x * x - 1.05 * x ** 4 + x ** 6 / 6 + x * y + y * y
+
+
+class McCormick(_Planar):
+    """McCormick: ``sin(x + y) + (x - y)² - 1.5x + 2.5y + 1``; min ``-1.9132229549810362``."""
+
+    name = "mccormick"
+    min_value = -1.9132229549810362
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return jnp.sin(x + y) + (x - y) ** 2 - 1.5 * x + 2.5 * y + 1
+
+    def _argmins(self, d):
+        return [[-0.5471975511965976, -1.5471975511965976]]
+
+
+class Easom(_Planar):
+    """Easom: ``-cos x cos y exp(-((x - π)² + (y - π)²))``; min -1 at ``(π, π)``."""
+
+    name = "easom"
+    min_value = -1.0
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return -jnp.cos(x) * jnp.cos(y) * jnp.exp(-((x - jnp.pi) ** 2 + (y - jnp.pi) ** 2))
+
+    def _argmins(self, d):
+        return [[math.pi, math.pi]]
+
+
+class Bukin6(_Planar):
+    """Bukin N.6: ``100 √|y - 0.01 x²| + 0.01 |x + 10|``; min 0 at ``(-10, 1)`` (on ``[-15, 5] × [-3, 3]``)."""
+
+    name = "bukin6"
+    domain = ((-15.0, -3.0), (5.0, 3.0))
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return 100 * jnp.sqrt(jnp.abs(y - 0.01 * x * x)) + 0.01 * jnp.abs(x + 10)
+
+    def _argmins(self, d):
+        return [[-10.0, 1.0]]
+
+
+class CrossInTray(_Planar):
+    """Cross-in-tray: ``-1e-4 (|sin x sin y e^{|100 - r/π|}| + 1)^{0.1}``; min ``-2.062611870822738`` at four points."""
+
+    name = "cross-in-tray"
+    min_value = -2.062611870822738
+    _X = 1.3494066171539107
+
+    def _f(self, z):
+        # (|s| e^a + 1)^{0.1} = exp(0.1 logaddexp(log|s| + a, 0)): e^a reaches e^100, past float32's range.
+        x, y = z[..., 0], z[..., 1]
+        r = jnp.sqrt(x * x + y * y)
+        a = jnp.abs(100 - r / jnp.pi)
+        return -0.0001 * jnp.exp(0.1 * jnp.logaddexp(jnp.log(jnp.abs(jnp.sin(x) * jnp.sin(y))) + a, 0.0))
+
+    def _argmins(self, d):
+        a = self._X
+        return [[a, a], [-a, a], [a, -a], [-a, -a]]
+
+
+class DropWave(_Planar):
+    """CBXpy's drop wave: ``-(1 + cos 12r) exp(-r²/(2(1 + r²/1000)))``; min -2 at 0."""
+
+    name = "drop-wave"
+    min_value = -2.0
+
+    def _f(self, z):
+        r2 = jnp.sum(z * z, axis=-1)
+        return -(1 + jnp.cos(12 * jnp.sqrt(r2))) * jnp.exp(-0.5 * r2 / (1 + 0.001 * r2))
+
+
+class HolderTable(_Planar):
+    """Hölder table: ``-|sin x cos y e^{|1 - r/π|}|``; min ``-19.208502567886732`` at four points (on ``[-10, 10]²``)."""
+
+    name = "holder-table"
+    min_value = -19.208502567886732
+    domain = (-10.0, 10.0)
+    _XY = (8.055023475736563, 9.664590019241272)
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return -jnp.abs(jnp.sin(x) * jnp.cos(y) * jnp.exp(jnp.abs(1 - jnp.sqrt(x * x + y * y) / jnp.pi)))
+
+    def _argmins(self, d):
+        a, b = self._XY
+        return [[a, b], [-a, b], [a, -b], [-a, -b]]
+
+
+class Snowflake(_Planar):
+    """CBXpy's snowflake (Bungert, Roith, Wacker 2022): six minima of value ``-1/4``.
+
+    With ``u = a x`` in polar coordinates ``(r, φ)``:
+    ``min(0.8, min_{ψ ∈ {0, π/3, 2π/3}} r⁸ - r⁴ + |cos(φ + ψ)|^{1/2} r^{0.3})``.
+    """
+
+    name = "snowflake"
+    min_value = -0.25
+    a: float = 0.5
+
+    def _f(self, z):
+        u = self.a * z
+        r = jnp.sqrt(jnp.sum(u * u, axis=-1))
+        phi = jnp.arctan2(u[..., 1], u[..., 0])
+        g = [r ** 8 - r ** 4 + jnp.abs(jnp.cos(phi + psi)) ** 0.5 * r ** 0.3 for psi in (0.0, math.pi / 3,
+                                                                                          2 * math.pi / 3)]
+        return jnp.minimum(jnp.minimum(jnp.minimum(g[0], g[1]), g[2]), 0.8)
+
+    def _argmins(self, d):
+        rad = 0.5 ** 0.25 / self.a
+        return [[s * rad * math.cos(t), s * rad * math.sin(t)] for t in (math.pi / 2, math.pi / 6, -math.pi / 6)
+                for s in (1, -1)]
+
+
+class Eggholder(_Planar):
+    """Eggholder on ``[-512, 512]²``: min ``-959.6406627208507`` at ``(512, 404.2318051137578)``, on the
+    boundary (unbounded below outside the box: keep particles inside, e.g. with ``max_abs=512``)."""
+
+    name = "eggholder"
+    min_value = -959.6406627208507
+    domain = (-512.0, 512.0)
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return (-(y + 47) * jnp.sin(jnp.sqrt(jnp.abs(y + x / 2 + 47)))
+                - x * jnp.sin(jnp.sqrt(jnp.abs(x - (y + 47)))))
+
+    def _argmins(self, d):
+        return [[512.0, 404.2318051137578]]
+
+
+class Michalewicz(Objective):
+    """Michalewicz (``m = 10``) on ``[0, π]^d``: ``-Σ_i sin(x_i) sin(i x_i²/π)^{2m}``.
+
+    Known minimiser for ``d = 2`` (``(2.2029055201726093, π/2)``, ``-1.8013034100985528``);
+    known minimum values for ``d = 5`` (-4.687658) and ``d = 10`` (-9.66015).
+    """
+
+    name = "michalewicz"
+    domain = (0.0, math.pi)
+    m: int = 10
+    _MINIMA = {2: -1.8013034100985528, 5: -4.687658, 10: -9.66015}
+
+    def _f(self, z):
+        i = jnp.arange(1, z.shape[-1] + 1, dtype=z.dtype)
+        return -jnp.sum(jnp.sin(z) * jnp.sin(i * z * z / jnp.pi) ** (2 * self.m), axis=-1)
+
+    def _argmins(self, d):
+        if d != 2:
+            raise ValueError("Michalewicz's minimiser is known here for d = 2 only")
+        return [[2.2029055201726093, math.pi / 2]]
+
+    def minimum(self, d):
+        if d not in self._MINIMA:
+            raise ValueError(f"Michalewicz's minimum is known for d in {sorted(self._MINIMA)}, not {d}")
+        return self._MINIMA[d]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RastriginMultimodal(Objective):
+    """``Π_k V(α_k (x - z_k))`` with ``V`` the Rastrigin function: min 0 at every ``z_k``."""
+
+    name = "rastrigin-multimodal"
+    alpha: Any = (1.0,)
+    z: Any = None
+    _base = None
+
+    def _terms(self, d):
+        z = np.zeros((len(self.alpha), d)) if self.z is None else np.broadcast_to(np.asarray(self.z, np.float64),
+                                                                                  (len(self.alpha), d))
+        return z
+
+    def _f(self, x):
+        base = Rastrigin() if self._base is None else self._base
+        z = jnp.asarray(self._terms(x.shape[-1]), x.dtype)
+        out = 1.0
+        for k, a in enumerate(self.alpha):
+            out = out * base(a * (x - z[k]))
+        return out
+
+    def _argmins(self, d):
+        return np.unique(self._terms(d), axis=0)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AckleyMultimodal(RastriginMultimodal):
+    """``Π_k A(α_k (x - z_k))`` with ``A`` the Ackley function: min 0 at every ``z_k``."""
+
+    name = "ackley-multimodal"
+
+    def _f(self, x):
+        z = jnp.asarray(self._terms(x.shape[-1]), x.dtype)
+        out = 1.0
+        for k, a in enumerate(self.alpha):
+            out = out * Ackley()(a * (x - z[k]))
+        return out
+
+
+class AcceleratedSinus(Objective):
+    """``sin(a r/(1 + r²)) + 1``, ``r = |x|`` (``a = 1``): min 1 at 0."""
+
+    name = "accelerated-sinus"
+    min_value = 1.0
+    a: float = 1.0
+
+    def _f(self, z):
+        r = jnp.sqrt(jnp.sum(z * z, axis=-1))
+        return jnp.sin(self.a * r / (1 + r * r)) + 1
+
+
+class NdSinus(Objective):
+    """``(sin(|0.3x|²/d) + 1)(u_1⁴ - u_1² + 1)``, ``u = 0.3x``: min 0 on the sphere ``|0.3x|² = 3πd/2``."""
+
+    name = "nd-sinus"
+    isolated = False
+
+    def _f(self, z):
+        u = 0.3 * z
+        s = jnp.sum(u * u, axis=-1) / z.shape[-1]
+        return (jnp.sin(s) + 1) * (u[..., 0] ** 4 - u[..., 0] ** 2 + 1)
+
+    def _argmins(self, d):
+        x = np.zeros(d)
+        x[-1 if d > 1 else 0] = math.sqrt(1.5 * math.pi * d) / 0.3
+        if d == 1:
+            raise ValueError("nd-sinus needs d >= 2 (its minimiser has u_1 = 0)")
+        return x[None]
+
+
+class P4thOrder(Objective):
+    """``Σ x_i⁴ - Σ x_i² + 1``: min ``1 - d/4`` at the ``2^d`` points ``x_i = ±1/√2``."""
+
+    name = "p-4th-order"
+
+    def _f(self, z):
+        return jnp.sum(z ** 4, axis=-1) - jnp.sum(z * z, axis=-1) + 1
+
+    def _argmins(self, d):
+        grid = np.array(np.meshgrid(*[[1, -1]] * d, indexing="ij")).reshape(d, -1).T if d <= 10 else np.ones((1, d))
+        return grid / math.sqrt(2)
+
+    def minimum(self, d):
+        return 1 - d / 4
+
+
+class Banana(_Planar):
+    """CBXpy's banana (a posterior): ``(G - m)²/(2σ²) + |x|²/(2σ_p²)``, ``G = (x_2 - 1)² - (x_1 - 2.5) - 1``."""
+
+    name = "banana"
+    min_value = 0.3575302971912591
+    m: float = 0.0
+    sigma: float = 0.5
+    sigma_prior: float = 2.0
+
+    def _f(self, z):
+        g = (z[..., 1] - 1) ** 2 - (z[..., 0] - 2.5) - 1
+        return 0.5 / self.sigma ** 2 * (g - self.m) ** 2 + 0.5 / self.sigma_prior ** 2 * jnp.sum(z * z, axis=-1)
+
+    def _argmins(self, d):
+        return [[1.4722549005654677, 0.7464830738376442]]
+
+
+class Bimodal(_Planar):
+    """CBXpy's bimodal ``-log(e^{-((x-1)² + (y-1.5)²/0.2)} + e^{-(x+1.2)²/8 - (y+0.7)²/0.5}/2)``."""
+
+    name = "bimodal"
+    min_value = -1.7071701960514817e-05
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return -jnp.log(jnp.exp(-((x - 1.0) ** 2 + (y - 1.5) ** 2 / 0.2))
+                        + 0.5 * jnp.exp(-(x + 1.2) ** 2 / 8 - (y + 0.7) ** 2 / 0.5))
+
+    def _argmins(self, d):
+        return [[0.9999953049354683, 1.4999849758640378]]
+
+
+class Unimodal(_Planar):
+    """CBXpy's unimodal ``-log(e^{-(x+1.2)²/8 - (y+0.7)²/0.5}/2)``: min ``log 2`` at ``(-1.2, -0.7)``."""
+
+    name = "unimodal"
+    min_value = math.log(2.0)
+
+    def _f(self, z):
+        x, y = z[..., 0], z[..., 1]
+        return math.log(2.0) + (x + 1.2) ** 2 / 8 + (y + 0.7) ** 2 / 0.5
+
+    def _argmins(self, d):
+        return [[-1.2, -0.7]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GaussianMixture(Objective):
+    """CBXpy's ``Multimodal``: ``-log Σ_k N(x; μ_k, Σ_k)``; default one standard Gaussian in ``R^2``
+    (min ``log 2π`` at 0). Minimisers are given for well-separated components (their means)."""
+
+    name = "gaussian-mixture"
+    means: Any = ((0.0, 0.0),)
+    covs: Any = None
+
+    def _parts(self):
+        means = np.asarray(self.means, np.float64)
+        k, d = means.shape
+        covs = np.broadcast_to(np.eye(d), (k, d, d)) if self.covs is None else np.asarray(self.covs, np.float64)
+        prec = np.linalg.inv(covs)
+        logdet = np.linalg.slogdet(covs)[1]
+        return means, prec, -0.5 * (d * math.log(2 * math.pi) + logdet)
+
+    def _f(self, z):
+        means, prec, lognorm = self._parts()
+        diff = z[..., None, :] - jnp.asarray(means, z.dtype)
+        quad = jnp.einsum("...ka,kab,...kb->...k", diff, jnp.asarray(prec, z.dtype), diff)
+        return -jax_logsumexp(jnp.asarray(lognorm, z.dtype) - 0.5 * quad)
+
+    def _argmins(self, d):
+        means, _, _ = self._parts()
+        if means.shape[1] != d:
+            raise ValueError(f"this mixture lives in R^{means.shape[1]}, not R^{d}")
+        vals = np.asarray(self._f(jnp.asarray(means)))
+        return means[np.isclose(vals, vals.min())]
+
+    def minimum(self, d):
+        return float(np.min(np.asarray(self._f(jnp.asarray(self.minimisers(d))))))
+
+
+def jax_logsumexp(a):
+    import jax
+
+    return jax.nn.logsumexp(a, axis=-1)
+
+
 OBJECTIVES: dict[str, Callable[..., Objective]] = {
     cls.name: cls
-    for cls in (Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang)
+    for cls in (Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang,
+                Himmelblau, ThreeHumpCamel, McCormick, Easom, Bukin6, CrossInTray, DropWave, HolderTable, Snowflake,
+                Eggholder, Michalewicz, RastriginMultimodal, AckleyMultimodal, AcceleratedSinus, NdSinus, P4thOrder,
+                Banana, Bimodal, Unimodal, GaussianMixture)
 }
 
 

@@ -21,6 +21,12 @@ host before anything is traced, naming the parameter and the grid index.
 A term whose strength is ``0`` in the dynamics' config (``sigma1``, ``lambda2``,
 ``sigma2``, or ``noise="none"``) is left out of the compiled step; a sweep cannot switch
 it on (build the dynamics with a non-zero value to sweep it, zeros included).
+
+The other dynamics of the CBX family (:mod:`cbo_jax.dynamics.family`) carry their own
+numbers in ``Params.extra``, a named tuple given by their config's ``extra_params()``
+(PSO's inertia ``m`` and friction ``gamma``, PolarCBO's kernel width ``kappa``, ...);
+:func:`grid` sweeps them by their plain names and :func:`validate` checks them with the
+config's ``EXTRA_RULES``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ __all__ = ["Params", "defaults", "grid", "validate", "as_params", "grid_shape", 
 SDE_FIELDS = ("lambda1", "sigma1", "lambda2", "sigma2", "dt")
 _RULES = {"lambda1": "non_negative", "sigma1": "non_negative", "lambda2": "non_negative",
           "sigma2": "non_negative", "dt": "positive"}
-_WORDS = {"non_negative": ">= 0", "positive": "> 0", "fraction": "in (0, 1]"}
+_WORDS = {"non_negative": ">= 0", "positive": "> 0", "fraction": "in (0, 1]", "unit": "in [0, 1)"}
 
 
 class Params(NamedTuple):
@@ -54,6 +60,8 @@ class Params(NamedTuple):
       alpha: the α schedule's numbers (``schedule.params()``, e.g.
         :class:`cbo_jax.schedules.MultiplicativeParams`), or ``None`` for a user schedule
         without numbers of its own.
+      extra: a dynamic's own numbers (a named tuple from its config's
+        ``extra_params()``, e.g. PSO's ``m`` and ``gamma``), or ``None``.
     """
 
     lambda1: Any
@@ -62,6 +70,7 @@ class Params(NamedTuple):
     sigma2: Any
     dt: Any
     alpha: Any
+    extra: Any = None
 
 
 def _config_of(obj):
@@ -77,27 +86,38 @@ def _schedule_params(schedule):
     return schedule.params() if hasattr(schedule, "params") else None
 
 
+def _extra_params(cfg):
+    return cfg.extra_params() if hasattr(cfg, "extra_params") else None
+
+
 def defaults(dynamics_or_config) -> Params:
     """The numbers a dynamics (or a :class:`~cbo_jax.CBOConfig` / ``ClusteredConfig``) was built with."""
     cfg = _config_of(dynamics_or_config)
-    return Params(*(float(getattr(cfg, f)) for f in SDE_FIELDS), alpha=_schedule_params(cfg.alpha))
+    return Params(*(float(getattr(cfg, f)) for f in SDE_FIELDS), alpha=_schedule_params(cfg.alpha),
+                  extra=_extra_params(cfg))
 
 
 def names(params: Params) -> list[str]:
-    """Dotted names of the leaves, in ``jax.tree_util`` order (``alpha.alpha0``, ...)."""
+    """Dotted names of the leaves, in ``jax.tree_util`` order (``alpha.alpha0``, ..., ``extra.kappa``)."""
     out = list(SDE_FIELDS)
     if params.alpha is not None:
         out += [f"alpha.{f}" for f in params.alpha._fields]
+    if params.extra is not None:
+        out += [f"extra.{f}" for f in params.extra._fields]
     return out
 
 
 def _leaves(params: Params) -> list:
-    return [getattr(params, f) for f in SDE_FIELDS] + ([] if params.alpha is None else list(params.alpha))
+    return ([getattr(params, f) for f in SDE_FIELDS] + ([] if params.alpha is None else list(params.alpha))
+            + ([] if params.extra is None else list(params.extra)))
 
 
 def _rebuild(params: Params, leaves: list) -> Params:
-    alpha = None if params.alpha is None else type(params.alpha)(*leaves[len(SDE_FIELDS):])
-    return Params(*leaves[:len(SDE_FIELDS)], alpha=alpha)
+    k = len(SDE_FIELDS)
+    n_alpha = 0 if params.alpha is None else len(params.alpha)
+    alpha = None if params.alpha is None else type(params.alpha)(*leaves[k:k + n_alpha])
+    extra = None if params.extra is None else type(params.extra)(*leaves[k + n_alpha:])
+    return Params(*leaves[:k], alpha=alpha, extra=extra)
 
 
 def grid(dynamics_or_config, **axes) -> Params:
@@ -113,7 +133,9 @@ def grid(dynamics_or_config, **axes) -> Params:
     cfg = _config_of(dynamics_or_config)
     base = defaults(cfg)
     alpha_fields = () if base.alpha is None else base.alpha._fields
-    valid = list(SDE_FIELDS) + [f for f in alpha_fields if f not in SDE_FIELDS]
+    extra_fields = () if base.extra is None else base.extra._fields
+    valid = list(SDE_FIELDS) + [f for f in alpha_fields if f not in SDE_FIELDS] + [
+        f for f in extra_fields if f not in SDE_FIELDS and f not in alpha_fields]
     shape = []
     for name, values in axes.items():
         if name not in valid:
@@ -128,7 +150,7 @@ def grid(dynamics_or_config, **axes) -> Params:
     for axis, (name, values) in enumerate(axes.items()):
         arr = np.asarray(values, dtype=np.float64)
         view = arr.reshape((1,) * axis + (arr.size,) + (1,) * (len(shape) - axis - 1))
-        key = name if name in SDE_FIELDS else f"alpha.{name}"
+        key = name if name in SDE_FIELDS else (f"alpha.{name}" if name in alpha_fields else f"extra.{name}")
         leaves[key] = np.broadcast_to(view, shape).copy()
     return _rebuild(base, [leaves[n] for n in names(base)])
 
@@ -137,6 +159,8 @@ def as_params(params, dynamics_or_config) -> Params:
     """Accept :class:`Params` or the clustered system's 4-field ``SDEParams`` (the rest from the config)."""
     cfg = _config_of(dynamics_or_config)
     if isinstance(params, Params):
+        if params.extra is None and _extra_params(cfg) is not None:  # the dynamic's own numbers from its config
+            return params._replace(extra=_extra_params(cfg))
         return params
     fields = getattr(params, "_fields", None)
     if fields == ("lambda1", "sigma1", "lambda2", "sigma2"):
@@ -183,8 +207,14 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
         swept = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if a.ndim)
         raise ValueError(f"params: the sweep axes do not match ({swept}); give every swept parameter the grid's "
                          "shape, or shapes that broadcast to it (cbo_jax.params.grid builds an outer product)") from None
+    expected_extra = _extra_params(cfg)
+    if (expected_extra is None) != (params.extra is None) or (
+            expected_extra is not None and type(params.extra) is not type(expected_extra)):
+        raise ValueError(f"params.extra must be {type(expected_extra).__name__ if expected_extra is not None else 'None'}"
+                         f" (the numbers of a {type(cfg).__name__}), got {type(params.extra).__name__}")
     rules = dict(_RULES)
     rules.update({f"alpha.{k}": v for k, v in getattr(schedule, "PARAM_RULES", {}).items()})
+    rules.update({f"extra.{k}": v for k, v in getattr(cfg, "EXTRA_RULES", {}).items()})
     full = {n: np.broadcast_to(a, shape) for n, a in zip(leaf_names, arrays)}
     for name, arr in full.items():
         bad = ~np.isfinite(arr)
@@ -200,7 +230,8 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
         rule = rules.get(name)
         if rule is None:
             continue
-        bad = {"non_negative": arr < 0, "positive": arr <= 0, "fraction": (arr <= 0) | (arr > 1)}[rule]
+        bad = {"non_negative": arr < 0, "positive": arr <= 0, "fraction": (arr <= 0) | (arr > 1),
+               "unit": (arr < 0) | (arr >= 1)}[rule]
         if bad.any():
             idx = np.argwhere(bad)[0] if arr.ndim else ()
             raise ValueError(f"{_where(name, idx, shape)} = {float(arr[tuple(idx)])!r}: {name.split('.')[-1]} must "

@@ -13,6 +13,15 @@ params=params)`` use those (possibly traced, vmapped) numbers instead of the sch
 own fields. That is how the α numbers join a parameter sweep (:mod:`cbo_jax.params`).
 ``PARAM_RULES`` names the constraint each number must meet (checked on the host for
 every point of a sweep).
+
+Any other number of a dynamics (σ1, λ1, dt, or a dynamic's own number such as PolarCBO's
+``kappa``) follows a *rule* given in the config's ``schedule`` mapping, e.g.
+``schedule={"sigma1": Multiply(0.99, minimum=0.1)}`` (CBXpy's ``multiply(name='sigma',
+...)``). A rule has the α schedules' ``update(value, energy, mask=None, params=None)``;
+:class:`Multiply` scales, :class:`Chain` composes rules (applied in order, as CBXpy's
+``scheduler([...])``). The rules' own numbers are static; the scheduled value lives in
+the state's :class:`~cbo_jax.params.Params`, so it starts from the (possibly swept)
+value and the history records it.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from typing import NamedTuple
 from cbo_jax import _checks
 from cbo_jax.consensus import effective_sample_size
 
-__all__ = ["Constant", "Multiplicative", "EffectiveSampleSize", "as_schedule", "ConstantParams",
+__all__ = ["Constant", "Multiplicative", "EffectiveSampleSize", "Multiply", "Chain", "as_schedule", "ConstantParams",
            "MultiplicativeParams", "EffectiveSampleSizeParams"]
 
 
@@ -162,6 +171,71 @@ class EffectiveSampleSize:
 
         lo, hi = jax.lax.fori_loop(0, self.iterations, body, (lo, hi))
         return jnp.exp(0.5 * (lo + hi)).astype(jnp.result_type(alpha))
+
+
+@dataclasses.dataclass(frozen=True)
+class Multiply:
+    """``v_{k+1} = clip(factor · v_k, minimum, maximum)`` for any number ``v`` (CBXpy's ``multiply``).
+
+    As a rule of a config's ``schedule`` mapping it updates that number after every step
+    (``factor < 1`` anneals σ, for example); as an α schedule inside a :class:`Chain` it
+    does the same to α. CBXpy's ``multiply`` caps at ``maximum`` only (its default
+    ``1e5``); here both bounds are optional.
+    """
+
+    factor: float = 1.05
+    maximum: float = math.inf
+    minimum: float = 0.0
+
+    def __post_init__(self):
+        _checks.positive("factor", self.factor)
+        if not (isinstance(self.maximum, (int, float)) and self.maximum > 0):
+            raise ValueError(f"maximum must be a number > 0, got {self.maximum!r}")
+        _checks.non_negative("minimum", self.minimum)
+        if self.minimum > self.maximum:
+            raise ValueError(f"minimum ({self.minimum}) must be <= maximum ({self.maximum})")
+
+    def update(self, value, energy=None, mask=None, params=None):
+        new = value * self.factor
+        if math.isfinite(self.maximum):
+            new = jnp.minimum(new, self.maximum)
+        if self.minimum > 0:
+            new = jnp.maximum(new, self.minimum)
+        return new
+
+
+class Chain:
+    """Rules applied one after the other each step (CBXpy's ``scheduler([r1, r2, ...])``).
+
+    As an α schedule, ``init`` comes from the first element, which must be an α schedule
+    (:class:`Constant`, :class:`Multiplicative`, :class:`EffectiveSampleSize`); each
+    element then updates the value in turn, e.g.
+    ``Chain(EffectiveSampleSize(eta=0.5), Multiply(1.0, maximum=1e3))`` caps an adaptive α.
+    A chain's numbers are static (it has no ``params()``; sweep the elements' own
+    numbers by building one chain per grid point instead).
+    """
+
+    def __init__(self, *rules):
+        if not rules:
+            raise ValueError("Chain needs at least one rule")
+        for r in rules:
+            if not hasattr(r, "update"):
+                raise ValueError(f"Chain: {r!r} is not a schedule rule (it has no update(value, energy))")
+        self.rules = tuple(rules)
+
+    def __repr__(self):
+        return f"Chain{self.rules!r}"
+
+    def init(self):
+        first = self.rules[0]
+        if not hasattr(first, "init"):
+            raise ValueError("a Chain used as an α schedule needs an α schedule first (it gives α_0)")
+        return first.init()
+
+    def update(self, value, energy=None, mask=None, params=None):
+        for r in self.rules:
+            value = r.update(value, energy, mask)
+        return value
 
 
 def as_schedule(alpha):

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((ROOT / "examples" / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
-def test_the_five_notebooks_exist():
+def test_the_six_notebooks_exist():
     names = [s.stem for s in SCRIPTS]
     assert names == ["01_cbo_basics", "02_fedcbo_rotated_mnist", "03_meanfield", "04_fedcb2o_attack",
-                     "05_fedsgld_synthetic"]
+                     "05_fedsgld_synthetic", "06_cbx_family"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)

@@ -26,22 +26,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax import batching
-from cbo_jax import params as params_lib
 from cbo_jax import population as pop
-from cbo_jax.consensus import consensus_point, streaming_consensus_point
-from cbo_jax.schedules import as_schedule
-from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
+from cbo_jax.consensus import streaming_consensus_point
+from cbo_jax.dynamics import core
+from cbo_jax.dynamics.core import FamilyConfig
 
 PyTree = Any
 
-__all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo"]
+__all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo", "cbo_kernel"]
 
-RNG_MODES = ("fast", "partitionable", "per-particle")
+RNG_MODES = core.RNG_MODES
 
 
 @dataclasses.dataclass(frozen=True)
-class CBOConfig:
+class CBOConfig(FamilyConfig):
     """Parameters of the CBO dynamics, validated on construction.
 
     Attributes:
@@ -50,8 +48,10 @@ class CBOConfig:
       dt: time step ``γ > 0``.
       alpha: inverse temperature: a number ``>= 0`` (constant) or a schedule from
         :mod:`cbo_jax.schedules`.
-      noise: ``"anisotropic"`` (``σ1 (θ - m) ∘ dB``), ``"isotropic"`` (``σ1 |θ - m| dB``) or
-        ``"none"``.
+      noise: ``"anisotropic"`` (``σ1 (θ - m) ∘ dB``), ``"isotropic"`` (``σ1 |θ - m| dB``),
+        ``"constant"`` (``σ1 dB``), ``"covariance"`` / ``"sampling"`` (``σ1 √(2(1+α))
+        C^{1/2} dB``, CBXpy's covariance noise), ``"none"``, or a callable
+        ``noise(key, drift, dt)`` (see :class:`cbo_jax.dynamics.core.FamilyConfig`).
       lambda2: gradient drift ``λ2 >= 0`` (``-λ2 ∇L dt``); needs a differentiable objective.
       sigma2: gradient noise ``σ2 >= 0`` (``σ2 |∇L| dB~``).
       energy_tol: stop a run once its best energy is ``<= energy_tol``.
@@ -73,6 +73,10 @@ class CBOConfig:
       batch_partial: with ``batch_size``, ``True`` moves only the batch's particles
         (CBXpy's default, "partial" update), ``False`` moves every particle toward the
         batch's consensus ("full" update).
+      correction, correction_eps, schedule, resampling, max_evals, stagnation_patience,
+        stagnation_tol: CBXpy's drift correction, schedules of other numbers,
+        resampling and termination rules, shared by the whole CBX family
+        (:class:`cbo_jax.dynamics.core.FamilyConfig`).
       particle_chunk: large ``N``: process the particles in chunks of this many (``N``
         must be a multiple): the consensus is a streaming reduction
         (:func:`cbo_jax.consensus.streaming_consensus_point`) and the move, noise draw and
@@ -80,70 +84,29 @@ class CBOConfig:
         is about that of the particles themselves (``benchmarks/large_n.py``). With
         ``rng="per-particle"`` the result equals the unchunked run up to rounding; the
         other layouts draw chunk ``c``'s noise from ``fold_in(step_key, c)`` (another
-        stream, the same distribution).
+        stream, the same distribution). Only with the anisotropic, isotropic or no noise,
+        without correction or resampling.
     """
 
-    lambda1: float = 1.0
-    sigma1: float = 1.0
-    dt: float = 0.01
-    alpha: Any = 1.0
-    noise: str = "anisotropic"
-    lambda2: float = 0.0
-    sigma2: float = 0.0
-    energy_tol: float | None = None
-    diff_tol: float | None = None
-    max_abs: float | None = None
-    dtype: str = "float32"
-    rng: str = "fast"
-    batch_size: int | None = None
-    batch_partial: bool = True
     particle_chunk: int | None = None
 
     def __post_init__(self):
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
-        _check_batch(self)
+        super().__post_init__()
         if self.particle_chunk is not None:
-            set_("particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
-        set_("lambda1", _checks.non_negative("lambda1", self.lambda1))
-        set_("sigma1", _checks.non_negative("sigma1", self.sigma1))
-        set_("dt", _checks.positive("dt", self.dt))
-        set_("lambda2", _checks.non_negative("lambda2", self.lambda2))
-        set_("sigma2", _checks.non_negative("sigma2", self.sigma2))
-        set_("alpha", as_schedule(self.alpha))
-        _checks.one_of("noise", self.noise, NOISE_KINDS)
-        _checks.one_of("dtype", self.dtype, ("float32", "float64"))
-        _checks.one_of("rng", self.rng, RNG_MODES)
-        for name in ("energy_tol", "diff_tol"):
-            if getattr(self, name) is not None:
-                set_(name, _checks.finite_number(name, getattr(self, name)))
-        if self.diff_tol is not None and self.diff_tol < 0:
-            raise ValueError(f"diff_tol must be >= 0, got {self.diff_tol}")
-        if self.max_abs is not None:
-            set_("max_abs", _checks.positive("max_abs", self.max_abs))
-        _checks.fits_dtype(self)
-
-    @property
-    def uses_gradient(self) -> bool:
-        return self.lambda2 > 0 or self.sigma2 > 0
-
-    @property
-    def early_stop(self) -> bool:
-        return self.energy_tol is not None or self.diff_tol is not None
-
-
-def _check_batch(config) -> None:
-    if config.batch_size is not None:
-        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
-    if not isinstance(config.batch_partial, (bool, np.bool_)):
-        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
+            object.__setattr__(self, "particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
+            if self.noise_kind not in ("anisotropic", "isotropic", "none") or self.correction != "none" or (
+                    self.resampling is not None):
+                raise ValueError("particle_chunk works with the anisotropic, isotropic or no noise, without a "
+                                 "correction or resampling (they need the whole population at once)")
 
 
 class CBOState(NamedTuple):
-    """State of one CBO run (vmapped runs carry a leading run axis on every field).
+    """State of one run of any CBX-family dynamic (vmapped runs carry a leading run axis on every field).
 
     Attributes:
       x: particles, a population with ``N`` agents.
-      energy: ``(N,)`` energies ``L(x_i)`` of the current particles.
+      energy: ``(N,)`` energies ``L(x_i)`` of the current particles (CBOMemory and PSO:
+        of their memory points).
       grad: ``∇L(x_i)`` (same structure as ``x``) when gradient terms are on, else ``None``.
       consensus: the consensus point used by the last step (at ``init``: that of ``x0``).
       alpha: α for the next step.
@@ -157,6 +120,11 @@ class CBOState(NamedTuple):
       batch: the random batch method's :class:`cbo_jax.batching.BatchState`, or ``None``.
       in_batch: ``(N,)`` mask of the batch the last step used (all ``True`` at ``init``),
         or ``None`` without batches.
+      aux: what a dynamic keeps besides the particles (CBOMemory's memory points, PSO's
+        velocities, AdamCBO's moments, MirrorCBO's dual variable), or ``None``.
+      evals: int32 number of objective evaluations so far (see
+        :mod:`cbo_jax.dynamics.core` for how it relates to CBXpy's ``num_f_eval``).
+      ctrl: the control machinery's counters (:class:`cbo_jax.dynamics.core.Ctrl`).
     """
 
     x: PyTree
@@ -172,6 +140,9 @@ class CBOState(NamedTuple):
     params: Any = None
     batch: Any = None
     in_batch: Any = None
+    aux: Any = None
+    evals: Any = None
+    ctrl: Any = None
 
 
 class Dynamics(NamedTuple):
@@ -198,10 +169,6 @@ class Dynamics(NamedTuple):
     drive: Callable[[Any, PyTree], Any] | None = None
 
 
-def _best_row(energy):
-    return jnp.argmin(jnp.where(jnp.isnan(energy), jnp.inf, energy))
-
-
 def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides) -> Dynamics:
     """Build the CBO dynamics for ``objective``.
 
@@ -217,12 +184,25 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
     (:mod:`cbo_jax.params`), so ``init(x0, key, params)`` with other numbers, or a whole
     grid of them through ``simulate(..., params=P)``, reuses the compiled step. A term
     whose config strength is ``0`` (``sigma1``, ``lambda2``, ``sigma2``) is left out.
+
+    The step (Euler–Maruyama, FedCBO eq. (15); CBXpy's ``CBO``) is the kernel of
+    :mod:`cbo_jax.dynamics.core`, which owns batches, clipping, best tracking, schedules,
+    resampling and termination for the whole CBX family.
     """
     _checks.known_keywords("cbo", overrides, [f.name for f in dataclasses.fields(CBOConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else CBOConfig(**overrides)
-    dtype = jnp.dtype(config.dtype)
-    schedule = config.alpha
-    default_params = params_lib.defaults(config)
+    return core.build(objective, config, cbo_kernel(objective, config))
+
+
+def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
+    """The CBO update as a :class:`~cbo_jax.dynamics.core.Kernel` (also CBS's)::
+
+        x ← x - λ1 dt u + σ1 · noise(u) - λ2 dt ∇L + σ2 √dt |∇L| ξ~,   u = correction(x - m).
+    """
+    chunk = getattr(config, "particle_chunk", None)
+    noise_off = config.noise_kind == "none"
+    # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
+    strength = lambda prm, name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
 
     if config.uses_gradient:
 
@@ -239,33 +219,30 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
         def evaluate(x):
             return objective(x), None
 
-    def init(x0: PyTree, key: jax.Array, params: params_lib.Params | None = None) -> CBOState:
-        key = jax.random.key(key) if isinstance(key, (int, np.integer)) else key  # an integer seed
-        x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
-        prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
-        energy, grad = evaluate(x0)
-        alpha = jnp.asarray(params_lib.alpha_init(schedule, prm.alpha), dtype)
-        best = _best_row(energy)
-        return CBOState(
-            x=x0,
-            energy=energy,
-            grad=grad,
-            consensus=(consensus_point(x0, energy, alpha) if config.particle_chunk is None else
-                       streaming_consensus_point(x0, energy, alpha, chunk=config.particle_chunk)),
-            alpha=alpha,
-            key=key,
-            step=jnp.zeros((), jnp.int32),
-            best_x=jax.tree_util.tree_map(lambda leaf: leaf[best], x0),
-            best_energy=energy[best],
-            active=jnp.ones((), bool),
-            params=prm,
-            batch=None if config.batch_size is None else batching.init(energy.shape[0]),
-            in_batch=None if config.batch_size is None else jnp.ones(energy.shape, bool),
-        )
+    def update(x, grad, u, prm, key, noise, normal):
+        """FedCBO eq. (15) for the rows ``x`` with the drift ``u``."""
+        lambda1, sigma1, dt = prm.lambda1, strength(prm, "sigma1"), prm.dt
+        key_c, key_g = jax.random.split(key)
+        if noise_off or (isinstance(sigma1, float) and sigma1 == 0):
+            new = jax.tree_util.tree_map(lambda xi, ui: xi - (lambda1 * dt) * ui, x, u)
+        else:
+            scale, dz = noise(key_c, u)
+            new = jax.tree_util.tree_map(lambda xi, ui, di: xi - (lambda1 * dt) * ui + (sigma1 * scale) * di, x, u, dz)
+        if grad is not None:
+            lambda2, sigma2 = strength(prm, "lambda2"), strength(prm, "sigma2")
+            sqdt = jnp.sqrt(jnp.asarray(dt))
+            new = jax.tree_util.tree_map(lambda ni, gi: ni - (lambda2 * dt) * gi, new, grad)
+            if not (isinstance(sigma2, float) and sigma2 == 0):
+                # σ2 |∇L| dB~ is isotropic by definition in eq. (4).
+                z_g = normal(key_g, x)
+                new = jax.tree_util.tree_map(lambda ni, di: ni + (sigma2 * sqdt) * di, new,
+                                             pop.tree_scale_rows(z_g, pop.norms(grad)))
+        return new
 
-    chunk = config.particle_chunk
-    # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
-    strength = lambda prm, name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
+    def move(ctx: core.Move):
+        state = ctx.state
+        u = ctx.correct(pop.tree_sub(state.x, ctx.m))
+        return update(state.x, state.grad, u, ctx.prm, ctx.key, ctx.noise, ctx.normal), state.aux
 
     def clip(x):
         if config.max_abs is None:
@@ -273,28 +250,12 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
         c = config.max_abs
         return jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
 
-    def move(x, grad, m, prm, sub, in_batch, ids):
-        """Euler–Maruyama (eq. (15)) for the rows ``x`` (all of them, or one chunk whose
-        particle ids are ``ids``), then clipping and the partial batch update."""
-        if config.rng == "per-particle":
-            normal = lambda k, tree: per_particle_normal(k, tree, ids)  # noqa: E731
-        else:
-            normal = normal_like
-        new = euler_maruyama(
-            sub, x, m, dt=prm.dt, lambda1=prm.lambda1, sigma1=strength(prm, "sigma1"), noise=config.noise,
-            grad=grad, lambda2=strength(prm, "lambda2"), sigma2=strength(prm, "sigma2"), normal=normal,
-        )
-        new = clip(new)
-        if in_batch is not None and config.batch_partial:  # only the batch's particles move
-            new = pop.tree_where_rows(in_batch, new, x)
-        return new
+    def consensus(state, in_batch):
+        return streaming_consensus_point(state.x, state.energy, state.alpha, in_batch, chunk=chunk)
 
-    def advance(state: CBOState, m, sub, in_batch):
-        """New positions, energies and gradients of every particle."""
+    def advance(state, m, sub, in_batch):
+        """Large N: move, clip and evaluate chunk by chunk on buffers updated in place."""
         n = state.energy.shape[0]
-        if chunk is None:
-            x = move(state.x, state.grad, m, state.params, sub, in_batch, jnp.arange(n, dtype=jnp.int32))
-            return (x,) + tuple(evaluate(x))
         if n % chunk:
             raise ValueError(f"particle_chunk={chunk} must divide N={n}")
 
@@ -306,86 +267,41 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
             ids = start + jnp.arange(chunk, dtype=jnp.int32)
             # Fast layouts: chunk c draws from fold_in(sub, c); per-particle: from the ids.
             key_c = sub if config.rng == "per-particle" else jax.random.fold_in(sub, c)
-            mask_c = None if in_batch is None else jax.lax.dynamic_slice_in_dim(in_batch, start, chunk)
-            x_c = move(rows(x_buf), None if g_buf is None else rows(g_buf), m, state.params, key_c, mask_c, ids)
-            e_c, g_c = evaluate(x_c)
-            put = lambda buf, new: jax.tree_util.tree_map(  # noqa: E731
-                lambda b, v: jax.lax.dynamic_update_slice_in_dim(b, v, start, axis=0), buf, new)
-            return put(x_buf, x_c), jax.lax.dynamic_update_slice_in_dim(e_buf, e_c, start, 0), (
+            normal = lambda k, t: core.draw_normal(k, t, ids, config.rng)  # noqa: E731
+            noise = lambda k, u: core.noise_term(config.noise_kind, k, u, dt=state.params.dt,  # noqa: E731
+                                                 alpha=state.alpha, normal=normal)
+            x_c = rows(x_buf)
+            new = clip(update(x_c, None if g_buf is None else rows(g_buf), pop.tree_sub(x_c, m), state.params,
+                              key_c, noise, normal))
+            if in_batch is not None and config.batch_partial:  # only the batch's particles move
+                new = pop.tree_where_rows(jax.lax.dynamic_slice_in_dim(in_batch, start, chunk), new, x_c)
+            e_c, g_c = evaluate(new)
+            put = lambda buf, v: jax.tree_util.tree_map(  # noqa: E731
+                lambda b, w: jax.lax.dynamic_update_slice_in_dim(b, w, start, axis=0), buf, v)
+            return put(x_buf, new), jax.lax.dynamic_update_slice_in_dim(e_buf, e_c, start, 0), (
                 None if g_buf is None else put(g_buf, g_c))
 
         # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
         return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.energy, state.grad))
 
-    def consensus_of(state: CBOState, in_batch):
-        if chunk is None:
-            return consensus_point(state.x, state.energy, state.alpha, in_batch)
-        return streaming_consensus_point(state.x, state.energy, state.alpha, in_batch, chunk=chunk)
-
-    def finish(state: CBOState, x, energy, grad, m, key, batch, in_batch) -> CBOState:
-        prm = state.params
-        row = _best_row(energy)
-        # Row `row` selected by a one-hot reduction rather than an index: on a sharded
-        # agent axis that is an all-reduce of one row, where `x[row]` makes XLA gather
-        # the whole population onto every device.
-        onehot = jnp.arange(energy.shape[0]) == row
-        pick = lambda leaf: jnp.sum(jnp.where(onehot.reshape((-1,) + (1,) * (leaf.ndim - 1)), leaf, 0), axis=0)  # noqa: E731
-        e_row = jnp.sum(jnp.where(onehot, energy, 0))
-        improved = e_row < state.best_energy
-        best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, pick(new), old), x, state.best_x)
-        best_energy = jnp.where(improved, e_row, state.best_energy)
-        new = CBOState(
-            x=x,
-            energy=energy,
-            grad=grad,
-            consensus=m,
-            alpha=params_lib.alpha_update(schedule, state.alpha, state.energy, prm.alpha, in_batch).astype(dtype),
-            key=key,
-            step=state.step + 1,
-            best_x=best_x,
-            best_energy=best_energy,
-            active=state.active,
-            params=prm,
-            batch=batch,
-            in_batch=in_batch,
-        )
-        if not config.early_stop:
-            return new
-        stop = jnp.zeros((), bool)
-        if config.energy_tol is not None:
-            stop = stop | (best_energy <= config.energy_tol)
-        if config.diff_tol is not None:
-            moved = pop.norms(jax.tree_util.tree_map(lambda a, b: (a - b)[None], m, state.consensus))[0]
-            stop = stop | ((state.step > 0) & (moved < config.diff_tol))
-        new = new._replace(active=~stop)
-        # A stopped run keeps its state exactly (including its key and step count).
-        return jax.tree_util.tree_map(lambda n, o: jnp.where(state.active, n, o), new, state)
-
-    def _step(state: CBOState, m_given) -> CBOState:
-        batch, in_batch = state.batch, None
-        if config.batch_size is not None:
-            in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
-        m = consensus_of(state, in_batch) if m_given is None else m_given
-        key, sub = jax.random.split(state.key)
-        x, energy, grad = advance(state, m, sub, in_batch)
-        return finish(state, x, energy, grad, m, key, batch, in_batch)
-
-    def step(state: CBOState) -> CBOState:
-        return _step(state, None)
-
-    def drive(state: CBOState, m: PyTree) -> CBOState:
-        """One step toward the given consensus point ``m`` instead of the particles' own,
-        with exactly the noise (and random batch) :func:`step` would use."""
-        return _step(state, jax.tree_util.tree_map(lambda v, x: jnp.asarray(v, x.dtype), m, state.consensus))
-
-    return Dynamics(init=init, step=step, config=config, objective=objective, drive=drive)
+    return core.Kernel(name=name, move=move, consensus=None if chunk is None else consensus,
+                       advance=None if chunk is None else advance)
 
 
-def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None) -> int:
+def _check_batch(config) -> None:
+    if config.batch_size is not None:
+        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
+    if not isinstance(config.batch_partial, (bool, np.bool_)):
+        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
+
+
+def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None, extra=None) -> int:
     """Host-side checks before compilation; returns ``N``.
 
     ``x0`` must have a leading agent axis (after the run axis when ``num_runs`` is
     given), hold only finite values, and ``objective`` must map it to ``(N,)``.
+    ``extra(single_run_x0, N)``, if given, runs after the checks of ``x0`` and before the
+    objective is traced (a dynamic's own checks: mirror maps, constraints, ...).
     """
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
@@ -403,6 +319,8 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     if n < 1:
         raise ValueError(f"{name} needs at least one particle (N >= 1), got N={n}")
     _checks.all_finite(name, x0)
+    if extra is not None:
+        extra(single, n)
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
     except Exception as err:  # noqa: BLE001 - re-raised with context

@@ -1,0 +1,229 @@
+"""Polarized CBO: one kernel-weighted consensus point per particle (CBXpy's ``PolarCBO``).
+
+Bungert, Roith and Wacker (*Polarized consensus-based dynamics for optimization and
+sampling*, Math. Program. 2024, eq. (2.1)–(2.2)): particle ``i`` is pulled toward its own
+consensus point, a Gibbs mean localised by a kernel ``k``::
+
+    m_i = Σ_j x_j k(x_i, x_j) e^{-α E(x_j)} / Σ_j k(x_i, x_j) e^{-α E(x_j)},
+    dx_i = -λ1 (x_i - m_i) dt + σ1 D(x_i - m_i) dB_i.
+
+Particles near different minimisers follow different consensus points, so one run finds
+several minima at once. With ``kernel_factor="alpha"`` (CBXpy's default) the kernel is
+raised to the power α, ``k^α``, i.e. the weights are ``exp(-α (κ-scaled distance + E))``.
+
+Kernels (``-log k`` of the distance ``r = |x_i - x_j|``, width ``κ > 0``), as CBXpy's:
+``"gaussian"`` ``r²/(2κ²)``, ``"laplace"`` ``r/κ``, ``"constant"`` ``0`` within ``κ``
+and ``∞`` outside, ``"inverse_quadratic"`` ``log(1 + (r/κ)²)``, ``"taz"``
+``(r / (κ max_{jl} r_{jl}))²``; or a callable ``neg_log(x_i, x_j) -> scalar`` on two
+particles.
+
+Memory: the weights are formed for a block of ``chunk`` rows at a time (``lax.map``), so
+a step holds a ``(chunk, N)`` matrix and never the ``(N, N)`` one (CBXpy forms
+``(N, N, d)`` arrays); ``chunk=None`` picks ``min(N, max(1, 2^22 // (N d)))``. The
+distances come from the ``(chunk, N, d)`` differences of centred particles (the matrix
+product form ``|a_i|² + |a_j|² - 2 a_i·a_j`` would be faster, but its rounding error,
+multiplied by α in the weights, is of order 1 in float32 at α = 1e5).
+
+Covariance noise (``noise="covariance"``) is particle-local too: ``σ1 √(2 dt (1+α))
+C_i^{1/2} ξ_i`` with ``covariance="local"`` (default; the paper's
+``C_i = Σ_j w_ij (x_j - m_i)(x_j - m_i)ᵀ``) or ``covariance="cbxpy"`` (CBXpy 1.0.4's
+``PolarCBO.update_covariance``, ``Σ_j w_ij (x_j - m_j)(x_j - m_j)ᵀ``, which is defined
+for one run only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
+from cbo_jax import population as pop
+from cbo_jax.dynamics import core
+from cbo_jax.dynamics.memory import _no_gradient
+
+__all__ = ["PolarCBOConfig", "PolarParams", "polar_cbo", "polar_consensus", "KERNELS"]
+
+KERNELS = ("gaussian", "laplace", "constant", "inverse_quadratic", "taz")
+
+
+class PolarParams(NamedTuple):
+    """PolarCBO's own number (``Params.extra``): the kernel width ``kappa``."""
+
+    kappa: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class PolarCBOConfig(core.FamilyConfig):
+    """:class:`~cbo_jax.dynamics.core.FamilyConfig` plus the kernel.
+
+    Attributes:
+      kernel: one of ``KERNELS`` or a callable ``neg_log(x_i, x_j)``.
+      kappa: kernel width ``κ > 0`` (CBXpy's ``kappa``, default 1).
+      kernel_factor: ``"alpha"`` (weights ``k^α``, CBXpy's default) or ``"const"`` (``k``).
+      chunk: rows per block of the weight matrix (``None``: automatic).
+      covariance: ``"local"`` or ``"cbxpy"`` (see the module docstring).
+    """
+
+    kernel: Any = "gaussian"
+    kappa: float = 1.0
+    kernel_factor: str = "alpha"
+    chunk: int | None = None
+    covariance: str = "local"
+
+    EXTRA_RULES = {"kappa": "positive"}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not callable(self.kernel):
+            _checks.one_of("kernel", self.kernel, KERNELS)
+        v = _checks.finite_number("kappa", self.kappa)
+        if v <= 0:
+            raise ValueError(f"kappa (the kernel width) must be > 0, got {self.kappa!r}")
+        _checks.one_of("kernel_factor", self.kernel_factor, ("alpha", "const"))
+        if self.chunk is not None:
+            _checks.positive_int("chunk", self.chunk)
+        _checks.one_of("covariance", self.covariance, ("local", "cbxpy"))
+        _no_gradient(self, "polar_cbo")
+
+    def extra_params(self) -> PolarParams:
+        return PolarParams(float(self.kappa))
+
+
+def _neg_log(kernel, r2, kappa, dmax):
+    """``-log k`` from squared distances ``r2`` (built-in kernels)."""
+    if kernel == "gaussian":
+        return r2 / (2 * kappa ** 2)
+    r = jnp.sqrt(r2)
+    if kernel == "laplace":
+        return r / kappa
+    if kernel == "constant":
+        q = r / kappa
+        return jnp.where(q < 1, 0.0, jnp.where(q > 1, jnp.inf, 1.0)).astype(r.dtype)
+    if kernel == "inverse_quadratic":
+        return jnp.log1p((r / kappa) ** 2)
+    if kernel == "taz":
+        return (r / (kappa * dmax)) ** 2
+    raise ValueError(f"unknown kernel {kernel!r}")
+
+
+def _blocks(n: int, chunk: int | None, d: int = 1):
+    b = chunk if chunk is not None else min(n, max(1, (1 << 22) // max(n * d, 1)))
+    return b, -(-n // b)
+
+
+def _row_blocks(a, b, nb):
+    """``a``'s rows padded to ``nb · b`` and split into ``nb`` blocks of ``b``."""
+    pad = nb * b - a.shape[0]
+    if pad:
+        a = jnp.concatenate([a, jnp.zeros((pad,) + a.shape[1:], a.dtype)])
+    return a.reshape((nb, b) + a.shape[1:])
+
+
+def _max_distance(x, valid, b, nb):
+    """``max_{i,j} |x_i - x_j|`` over the valid particles, block by block (the Taz kernel's scale)."""
+    xs = _row_blocks(x, b, nb)
+    vs = _row_blocks(valid, b, nb)
+
+    def one(args):
+        xi, vi = args
+        r2 = jnp.sum((xi[:, None, :] - x[None]) ** 2, axis=-1)
+        return jnp.max(jnp.where(vi[:, None] & valid[None], r2, 0))
+
+    return jnp.sqrt(jnp.max(jax.lax.map(one, (xs, vs))))
+
+
+def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax):
+    """``(B, N)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where excluded)."""
+    if callable(kernel):
+        nl = jax.vmap(lambda p: jax.vmap(lambda q: kernel(p, q))(x))(xi)
+    else:
+        # Differences, not |a_i|² + |a_j|² - 2 a_i·a_j: that form's rounding, ε (|a_i|² + |a_j|²),
+        # is multiplied by α in the weights (float32, α = 1e5: errors of order 1 in the logits).
+        r2 = jnp.sum((ai[:, None, :] - a[None]) ** 2, axis=-1)
+        nl = _neg_log(kernel, r2, kappa, dmax)
+    return jnp.where(jnp.isfinite(ebias)[None], -kf * nl + ebias[None], -jnp.inf)
+
+
+def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor="alpha", mask=None, chunk=None,
+                    with_cov: str | None = None, drift_for_cov=None):
+    """Per-particle consensus points ``m_i`` (``(N, d)``), formed ``chunk`` rows at a time.
+
+    With ``with_cov="local"`` also ``C_i = Σ_j w_ij (x_j - m_i)(x_j - m_i)ᵀ``; with
+    ``with_cov="cbxpy"`` ``C_i = Σ_j w_ij u_j u_jᵀ`` for the given ``drift_for_cov`` ``u``.
+    Returns ``m`` or ``(m, C)``.
+    """
+    n = x.shape[0]
+    ok = jnp.all(jnp.isfinite(x), axis=1) & jnp.isfinite(energy)
+    if mask is not None:
+        ok = ok & mask
+    xz = jnp.where(ok[:, None], x, 0)
+    center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1)
+    a = jnp.where(ok[:, None], x - center, 0)
+    ebias = jnp.where(ok, -alpha * jnp.where(ok, energy, 0), -jnp.inf)
+    kf = alpha if kernel_factor == "alpha" else 1.0
+    b, nb = _blocks(n, chunk, x.shape[1])
+    dmax = _max_distance(xz, ok, b, nb) if kernel == "taz" else None
+    if with_cov == "cbxpy":
+        uz = jnp.where(ok[:, None], drift_for_cov, 0)
+        outer = (uz[:, :, None] * uz[:, None, :]).reshape(n, -1)
+    elif with_cov == "local":
+        outer = (a[:, :, None] * a[:, None, :]).reshape(n, -1)
+
+    def one(args):
+        xi = args
+        ai = xi - center
+        lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax)
+        w = jnp.exp(lg - jax.nn.logsumexp(lg, axis=1, keepdims=True))
+        w = jnp.where(jnp.isfinite(w), w, 0)
+        m_i = w @ xz
+        if with_cov is None:
+            return m_i
+        c = (w @ outer).reshape(xi.shape[0], x.shape[1], x.shape[1])
+        if with_cov == "local":
+            am = m_i - center
+            c = c - am[:, :, None] * am[:, None, :]
+        return m_i, c
+
+    out = jax.lax.map(one, _row_blocks(x, b, nb))
+    unblock = lambda t: t.reshape((nb * b,) + t.shape[2:])[:n]  # noqa: E731
+    return jax.tree_util.tree_map(unblock, out)
+
+
+def polar_cbo(objective, config: PolarCBOConfig | None = None, **overrides):
+    """Polarized CBO (see the module docstring). Needs an ``(N, d)`` array population."""
+    _checks.known_keywords("polar_cbo", overrides, [f.name for f in dataclasses.fields(PolarCBOConfig)])
+    config = dataclasses.replace(config, **overrides) if config is not None else PolarCBOConfig(**overrides)
+    quiet = config.noise_kind == "none"
+    cov = config.noise_kind == "covariance"
+
+    def consensus(state, in_batch):
+        return polar_consensus(state.x, state.energy, state.alpha, kappa=state.params.extra.kappa,
+                               kernel=config.kernel, kernel_factor=config.kernel_factor, mask=in_batch,
+                               chunk=config.chunk)
+
+    def move(ctx: core.Move):
+        st, prm = ctx.state, ctx.prm
+        u = ctx.correct(st.x - ctx.m)
+        x = st.x - (prm.lambda1 * prm.dt) * u
+        if quiet:
+            return x, st.aux
+        if cov:
+            _, c = polar_consensus(st.x, st.energy, st.alpha, kappa=prm.extra.kappa, kernel=config.kernel,
+                                   kernel_factor=config.kernel_factor, mask=ctx.in_batch, chunk=config.chunk,
+                                   with_cov=config.covariance, drift_for_cov=u)
+            z = ctx.normal(ctx.key, u)
+            direction = jnp.einsum("nab,nb->na", core.cov_sqrt(c), z)
+            scale = jnp.sqrt(2.0 * prm.dt * (1.0 + st.alpha))
+        else:
+            scale, direction = ctx.noise(ctx.key, u)
+        return x + (prm.sigma1 * scale) * direction, st.aux
+
+    def check(x0, n, cfg):
+        core.require_array("x0", x0, "polar_cbo")
+
+    kernel = core.Kernel(name="polar_cbo", move=move, consensus=consensus, per_particle_consensus=True, check=check)
+    return core.build(objective, config, kernel)

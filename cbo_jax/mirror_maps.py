@@ -1,0 +1,190 @@
+"""Mirror maps for MirrorCBO: a convex ``φ`` through its gradient ``∇φ`` and ``∇φ*``.
+
+A mirror map acts row by row on ``(..., d)`` arrays (one particle per row): ``grad``
+maps a particle ``x`` to the dual variable ``y = ∇φ(x)``, ``grad_conj`` maps a dual
+variable back, ``x = ∇φ*(y)``. MirrorCBO (:mod:`cbo_jax.dynamics.mirror`) moves ``y`` by
+the CBO update and reads the particles off through ``∇φ*``; a projection map
+(``∇φ = id``, ``∇φ*`` a projection) turns it into projected CBO.
+
+Every mirror map CBXpy 1.0.4 ships (``cbx.dynamics.mirrorcbo.mirror_dict``), under the
+same names, plus :func:`mirror_map` for your own pair of functions:
+
+=======================  ==================================================================
+name                     ``∇φ(x)`` ; ``∇φ*(y)``
+=======================  ==================================================================
+``L2`` (``None``)        ``λ x`` ; ``y / λ``
+``ElasticNet``           ``x/δ + λ sign(x)`` ; ``δ sign(y) max(|y| - λ, 0)``
+``ProjectionBall``       ``x`` ; projection onto the ball ``|x - c| <= r``
+``ProjectionHyperplane`` ``x`` ; projection onto ``a·x = b``
+``ProjectionSphere``     ``x`` ; ``r y / |y|``
+``ProjectionSquare``     ``x`` ; CBXpy's map onto the square's boundary (clip to ``[-r, r]``,
+                         then the largest coordinate becomes ``±1``)
+``ProjectionStiefel``    ``x`` ; ``U Vᵀ`` of the SVD of ``y`` reshaped to ``(n, k)``
+``LogBarrierBox``        ``1/(1-x) - 1/(1+x)`` ; ``y / (1 + √(1 + y²))`` (the box ``(-1, 1)^d``)
+``NonsmoothBarrier``     ``sign(x)/(1 - |x|)²`` ; ``sign(y) max(1 - |y|^{-1/2}, 0)``
+``weighted_L2``          ``Ā x`` ; ``Ā⁻¹ y`` with ``Ā = (A + Aᵀ)/2``
+``Entropy``              ``log(1/(x + ε)) - 1`` ; ``exp(-(y + 1))``
+``EntropySimplex``       ``log(max(x, 1e-32)) + 1`` ; ``softmax(y)`` (the simplex)
+=======================  ==================================================================
+
+Two deviations from CBXpy, both fixes: ``LogBarrierBox``'s ``∇φ*`` is written as
+``y / (1 + √(1 + y²))`` (CBXpy's ``(√(1 + y²) - 1)/y`` is the same number but NaN at
+``y = 0`` and loses digits near it), and ``weighted_L2``'s ``∇φ*`` solves with ``Ā``
+(CBXpy returns ``y`` with a warning that it is not implemented).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["MirrorMap", "mirror_map", "get_mirror_map", "MIRROR_MAPS", "L2", "ElasticNet", "ProjectionBall",
+           "ProjectionHyperplane", "ProjectionSphere", "ProjectionSquare", "ProjectionStiefel", "LogBarrierBox",
+           "NonsmoothBarrier", "weighted_L2", "Entropy", "EntropySimplex"]
+
+
+class MirrorMap(NamedTuple):
+    """``grad(x) = ∇φ(x)`` and ``grad_conj(y) = ∇φ*(y)``, both ``(..., d) -> (..., d)``."""
+
+    name: str
+    grad: Callable
+    grad_conj: Callable
+
+
+def mirror_map(grad: Callable, grad_conj: Callable, name: str = "custom") -> MirrorMap:
+    """A mirror map from your own ``∇φ`` and ``∇φ*`` (row-wise functions of ``(N, d)`` arrays)."""
+    if not (callable(grad) and callable(grad_conj)):
+        raise ValueError("mirror_map needs two callables, grad and grad_conj")
+    return MirrorMap(name, grad, grad_conj)
+
+
+def _identity(x):
+    return x
+
+
+def L2(lamda: float = 1.0) -> MirrorMap:
+    """``φ(x) = λ |x|²/2`` (MirrorCBO is then plain CBO for ``λ = 1``)."""
+    return MirrorMap("L2", lambda x: lamda * x, lambda y: (1 / lamda) * y)
+
+
+def ElasticNet(delta: float = 1.0, lamda: float = 1.0) -> MirrorMap:
+    """``φ(x) = |x|²/(2δ) + λ |x|_1``: sparse particles."""
+    return MirrorMap("ElasticNet", lambda x: (1 / delta) * x + lamda * jnp.sign(x),
+                     lambda y: delta * jnp.sign(y) * jnp.maximum(jnp.abs(y) - lamda, 0))
+
+
+def ProjectionBall(radius: float = 1.0, center=0.0) -> MirrorMap:
+    """Projection onto the ball ``|x - c| <= r``."""
+    c = jnp.asarray(center)
+
+    def conj(y):
+        ny = jnp.linalg.norm(y - c, axis=-1, keepdims=True)
+        return c + (y - c) / jnp.maximum(1, ny / radius)
+
+    return MirrorMap("ProjectionBall", _identity, conj)
+
+
+def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
+    """Projection onto the hyperplane ``a·x = b`` (CBXpy's default ``a = (1, ..., 1)``)."""
+    a = np.ones((1,)) if a is None else np.asarray(a, np.float64)
+    norm_a = float(np.sum(a * a))
+
+    def conj(y):
+        av = jnp.asarray(a, y.dtype)
+        return y - ((jnp.sum(av * y, axis=-1, keepdims=True) - b) / norm_a) * av
+
+    return MirrorMap("ProjectionHyperplane", _identity, conj)
+
+
+def ProjectionSphere(r: float = 1.0) -> MirrorMap:
+    """Projection onto the sphere ``|x| = r``."""
+    return MirrorMap("ProjectionSphere", _identity, lambda y: r * y / jnp.linalg.norm(y, axis=-1, keepdims=True))
+
+
+def ProjectionSquare(r: float = 1.0) -> MirrorMap:
+    """CBXpy's ``ProjectionSquare``: clip to ``[-r, r]``, then set the coordinate of largest
+    modulus to its sign (``±1``, as CBXpy does, whatever ``r``)."""
+
+    def conj(y):
+        c = jnp.clip(y, -r, r)
+        top = jnp.argmax(jnp.abs(c), axis=-1)
+        hot = jnp.arange(c.shape[-1]) == top[..., None]
+        return jnp.where(hot, jnp.sign(c), c)
+
+    return MirrorMap("ProjectionSquare", _identity, conj)
+
+
+def ProjectionStiefel(nk=None) -> MirrorMap:
+    """Projection onto the Stiefel manifold ``{X ∈ R^{n×k}: XᵀX = I}`` (particles of ``d = n k``)."""
+    nk = (1, 1) if nk is None else tuple(nk)
+
+    def conj(y):
+        u, _, vh = jnp.linalg.svd(y.reshape(y.shape[:-1] + nk), full_matrices=False)
+        return (u @ vh).reshape(y.shape)
+
+    return MirrorMap("ProjectionStiefel", _identity, conj)
+
+
+def LogBarrierBox() -> MirrorMap:
+    """``φ(x) = Σ -log(1 - x_k) - log(1 + x_k)``: particles stay in the open box ``(-1, 1)^d``."""
+    return MirrorMap("LogBarrierBox", lambda x: 1 / (1 - x) - 1 / (1 + x),
+                     lambda y: y / (1 + jnp.sqrt(1 + y * y)))
+
+
+def NonsmoothBarrier() -> MirrorMap:
+    """``φ(x) = Σ |x_k| / (1 - |x_k|)``."""
+    return MirrorMap("NonsmoothBarrier", lambda x: jnp.sign(x) / (1 + jnp.abs(x) ** 2 - 2 * jnp.abs(x)),
+                     lambda y: jnp.sign(y) * jnp.maximum(1 - jnp.sqrt(1 / jnp.abs(y)), 0))
+
+
+def weighted_L2(A=None) -> MirrorMap:
+    """``φ(x) = xᵀ A x / 2``: ``∇φ(x) = Ā x``, ``∇φ*(y) = Ā⁻¹ y``, ``Ā = (A + Aᵀ)/2``."""
+    A = np.eye(1) if A is None else np.asarray(A, np.float64)
+    sym = 0.5 * (A + A.T)
+    inv = np.linalg.inv(sym)
+    return MirrorMap("weighted_L2", lambda x: x @ jnp.asarray(sym, x.dtype).T,
+                     lambda y: y @ jnp.asarray(inv, y.dtype).T)
+
+
+def Entropy(scale: float = 1.0) -> MirrorMap:
+    """``φ(x) = Σ x_k log x_k`` (CBXpy's ``Entropy``; positive particles)."""
+    eps = float(np.finfo(np.float32).eps)
+    return MirrorMap("Entropy", lambda x: jnp.log(1 / (x + eps)) - 1, lambda y: jnp.exp(-(y + 1)))
+
+
+def EntropySimplex() -> MirrorMap:
+    """Negative entropy on the simplex: particles are probability vectors (``∇φ*`` is a softmax)."""
+    return MirrorMap("EntropySimplex", lambda x: jnp.log(jnp.maximum(x, 1e-32)) + 1,
+                     lambda y: jax.nn.softmax(y, axis=-1))
+
+
+MIRROR_MAPS = {
+    "L2": L2, "None": L2, "ElasticNet": ElasticNet, "ProjectionBall": ProjectionBall,
+    "ProjectionHyperplane": ProjectionHyperplane, "ProjectionSphere": ProjectionSphere,
+    "ProjectionSquare": ProjectionSquare, "ProjectionStiefel": ProjectionStiefel, "LogBarrierBox": LogBarrierBox,
+    "NonsmoothBarrier": NonsmoothBarrier, "weighted_L2": weighted_L2, "Entropy": Entropy,
+    "EntropySimplex": EntropySimplex,
+}
+
+
+def get_mirror_map(spec) -> MirrorMap:
+    """A :class:`MirrorMap` from a name, ``None`` (``L2``), a dict ``{"name": ..., **kwargs}``
+    (CBXpy's forms) or a :class:`MirrorMap` / object with ``grad`` and ``grad_conj``."""
+    if spec is None:
+        return L2()
+    if isinstance(spec, str):
+        spec = {"name": spec}
+    if isinstance(spec, dict):
+        name = spec.get("name")
+        if name not in MIRROR_MAPS:
+            raise ValueError(f"unknown mirror map {name!r}; choose from {sorted(MIRROR_MAPS)} or pass "
+                             "cbo_jax.mirror_maps.mirror_map(grad, grad_conj)")
+        return MIRROR_MAPS[name](**{k: v for k, v in spec.items() if k != "name"})
+    if isinstance(spec, MirrorMap):
+        return spec
+    if callable(getattr(spec, "grad", None)) and callable(getattr(spec, "grad_conj", None)):
+        return MirrorMap(type(spec).__name__, spec.grad, spec.grad_conj)
+    raise ValueError(f"mirror_map must be a name, a dict, or have grad and grad_conj; got {spec!r}")

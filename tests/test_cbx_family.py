@@ -1,0 +1,414 @@
+"""The CBX family against CBXpy 1.0.4, step by step, and what each dynamic must do on its own.
+
+Step-by-step: the same initial particles and the same normal draws (cbo_jax's draws are
+recorded and fed to CBXpy's ``sampler``, NumPy's global ``normal`` and ``batch_rng``; see
+``cbo_jax/_cbx_compare.py``) give the same particles after 1 and after 100 steps to
+1e-10 in float64, for every dynamic and noise model CBXpy has. A representative case per
+dynamic runs by default; the whole table with ``pytest -m slow``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax as cj
+from cbo_jax import objectives, schedules
+
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
+
+cbx = pytest.importorskip("cbx")
+from cbo_jax import _cbx_compare as C  # noqa: E402
+
+TOL = 1e-10
+# By default: CBO with a Heaviside correction and CBOMemory (both also serve the convention
+# tests below), PolarCBO and DriftConstrainedCBO with its global-NumPy noise; all the rest slow.
+DEFAULT = ["cbo-heaviside", "cbo_memory-anisotropic", "polar_cbo-gaussian", "drift_constrained_cbo-indep-noise"]
+_RUNS = {}
+
+
+def _compare(name, **kw):
+    if not kw and name in _RUNS:
+        return _RUNS[name]
+    with enable_x64(True):
+        out = C.compare(C.get_case(name), **kw)
+    if not kw:
+        _RUNS[name] = out
+    return out
+
+
+def _check(r):
+    assert r["draws"] >= 100
+    assert r["diff_step1"] <= TOL, r["diff_step1"]
+    assert r["max_diff"] <= TOL, r["max_diff"]  # every step up to 100, the 100th included
+
+
+@pytest.mark.parametrize("name", DEFAULT)
+def test_same_particles_as_cbxpy(name):
+    _check(_compare(name))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [c.name for c in C.CASES if c.name not in DEFAULT])
+def test_same_particles_as_cbxpy_every_case(name):
+    _check(_compare(name))
+
+
+def test_every_cbxpy_dynamic_and_noise_is_compared():
+    import cbx.dynamics as cd
+
+    dynamics = {c.dynamic for c in C.CASES}
+    assert dynamics == set(cj.dynamics.family.DYNAMICS)
+    assert len(cd.__all__) - 2 == len(dynamics)  # CBXpy's ParticleDynamic and CBXDynamic are bases
+    names = " ".join(c.name for c in C.CASES)
+    for noise in ("anisotropic", "isotropic", "constant", "covariance", "callable"):
+        assert f"cbo-{noise}" in names
+    for kernel in ("gaussian", "laplace", "constant", "inverse-quadratic", "taz"):
+        assert f"polar_cbo-{kernel}" in names
+    from cbx.dynamics.mirrorcbo import mirror_dict
+
+    shipped = set(mirror_dict) - {"None", "weighted_L2"}  # CBXpy's weighted_L2 has no inverse map (see below)
+    assert shipped | {"ProjectionStiefel"} <= {c.name.split("-", 1)[1] for c in C.CASES if c.dynamic == "mirror_cbo"}
+
+
+@pytest.fixture(scope="module")
+def cbo_run():
+    return _compare("cbo-heaviside")
+
+
+@pytest.fixture(scope="module")
+def memory_run():
+    return _compare("cbo_memory-anisotropic")
+
+
+def test_convention_best_particle_is_one_step_ahead(cbo_run):
+    """CBXpy folds a step's start-of-step energies into its best particle at the end of that
+    step; cbo_jax evaluates right after the move. After k steps cbo_jax's best is CBXpy's
+    after k + 1 steps."""
+    ours = cbo_run["jax"].history["best_energy"]
+    theirs = np.asarray(cbo_run["cbx"]["best_energy"])
+    np.testing.assert_allclose(ours[:-1], theirs[1:], rtol=1e-9, atol=1e-12)
+    assert np.any(ours[:-1] != theirs[:-1])  # the lag is real, not a coincidence
+
+
+def test_convention_evaluation_counts(cbo_run, memory_run):
+    """CBO with a Heaviside correction: N per step and 1 for E(consensus); CBXpy's count
+    includes its check_f_dims probe (N) where cbo_jax counts the initial evaluation, so
+    CBO's counts agree and CBOMemory's (which CBXpy also evaluates at construction) differ by N."""
+    np.testing.assert_array_equal(cbo_run["jax"].history["evals"], cbo_run["cbx"]["evals"])
+    n = memory_run["n"]
+    np.testing.assert_array_equal(memory_run["jax"].history["evals"] + n, memory_run["cbx"]["evals"])
+    assert memory_run["jax"].history["evals"][0] == 2 * n
+
+
+def test_convention_hypersurface_plane_drift():
+    """On a plane, CBXpy's drift ``dt P_x m`` is not ``-dt P_x(x - m)`` (they agree where
+    ``P_x x = 0``, on the sphere): one step differs by exactly ``-λ1 dt P_x(x)``."""
+    from cbx.dynamics import HyperSurfaceCBO
+    from cbx import objectives as co
+
+    a, b, dt = np.array([1.0, 0.5, -1.0]), 0.7, 0.02
+    x0 = np.random.default_rng(0).uniform(-2, 2, (12, 3))
+    x0 = x0 - ((x0 @ a - b) / (a @ a))[:, None] * a
+    sdf = {"name": "plane", "a": a, "b": b}
+    with enable_x64(True):
+        dyn = cj.hypersurface_cbo(objectives.Ackley(shift=0.4), sigma1=0.4, dt=dt, alpha=2.0, surface=sdf,
+                                  dtype="float64")
+        rec = C.record(dyn, x0, jax.random.key(0), 1)
+    theirs = C.cbx_run(lambda s: HyperSurfaceCBO(co.Ackley(minimum=0.4), sdf=sdf,
+                                                 **C._common(s, x0, dt, 0.4, 1.0, 2.0, "isotropic")), rec, 1, None,
+                       x0=x0)
+    ahat = a / np.linalg.norm(a)
+    tangent_x = x0 - np.outer(x0 @ ahat, ahat)
+    np.testing.assert_allclose(rec.xs[0] - theirs["xs"][0], -dt * tangent_x, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_pso_paper_formulation_converges_where_cbxpy_spreads():
+    f = objectives.Sphere(shift=1.0)
+    x0 = np.random.default_rng(0).uniform(-3, 3, (50, 3)).astype(np.float32)
+    kw = dict(sigma1=0.3, dt=0.02, alpha=50.0, m=0.05)
+    paper = cj.simulate(cj.pso(f, **kw), x0, 0, 300)
+    cbxpy = cj.simulate(cj.pso(f, formulation="cbxpy", **kw), x0, 0, 300)
+    assert np.max(np.abs(np.asarray(paper.state.best_x) - 1.0)) < 0.1
+    assert np.mean(np.abs(np.asarray(paper.state.x) - 1.0)) < 0.1
+    assert np.mean(np.abs(np.asarray(cbxpy.state.x))) > 5 * np.mean(np.abs(x0))
+
+
+def test_cbs_sampling_mode_samples_a_gaussian():
+    """Sampling mode (λ = 1/(1+α)), dt = 0.01: the time- and run-averaged ensemble mean and
+    covariance match the Gaussian target's within statistical error (4 run-to-run standard errors)."""
+    mu = np.array([1.0, -0.5])
+    cov = np.array([[1.0, 0.6], [0.6, 0.8]])
+    prec = np.linalg.inv(cov)
+    f = lambda x: 0.5 * jnp.einsum("...a,ab,...b->...", x - mu, jnp.asarray(prec, x.dtype), x - mu)  # noqa: E731
+    runs, n, steps, burn = 5, 150, 1500, 500
+    x0 = 2.0 * np.random.default_rng(0).normal(size=(runs, n, 2)).astype(np.float32)
+    obs = lambda s: {"mean": jnp.mean(s.x, 0), "cov": jnp.cov(s.x.T)}  # noqa: E731
+    res = cj.simulate(cj.cbs(f, alpha=1.0, dt=0.01, mode="sampling"), x0, 0, steps, num_runs=runs, observe=obs)
+    means = res.history["mean"][burn:].mean(axis=0)   # (runs, 2)
+    covs = res.history["cov"][burn:].mean(axis=0)     # (runs, 2, 2)
+    for est, truth in ((means, mu), (covs, cov)):
+        err = np.abs(est.mean(axis=0) - truth)
+        se = est.std(axis=0, ddof=1) / np.sqrt(runs)
+        assert np.all(err <= 4 * se + 0.02), (err, se)
+
+
+@pytest.mark.slow
+def test_cbs_optimization_mode_contracts():
+    f = objectives.Quadratic(shift=1.0)
+    x0 = 2.0 * np.random.default_rng(0).normal(size=(2, 100, 2)).astype(np.float32)
+    opt = cj.simulate(cj.cbs(f, alpha=100.0, dt=0.01, mode="optimization"), x0, 0, 2000, num_runs=2)
+    assert np.all(np.asarray(jnp.std(opt.state.x, axis=1)) < 0.05)
+    assert np.max(np.abs(np.asarray(opt.state.best_x) - 1.0)) < 0.05
+
+
+def test_polar_finds_several_minima_at_once():
+    f = objectives.Himmelblau()
+    x0 = np.random.default_rng(0).uniform(-5, 5, (200, 2)).astype(np.float32)
+    res = cj.simulate(cj.polar_cbo(f, kappa=0.5, alpha=1.0, kernel_factor="const", sigma1=0.5, dt=0.05, chunk=64),
+                      x0, 0, 600)
+    dist = np.linalg.norm(np.asarray(res.state.x)[:, None] - f.minimisers(2)[None], axis=-1)
+    found = (dist < 0.1).sum(axis=0)
+    assert np.sum(found >= 10) >= 3, found  # at least three of Himmelblau's four minima
+
+
+def test_polar_consensus_is_chunked_without_an_n_by_n_matrix():
+    n = 2048
+    x0 = np.random.default_rng(0).uniform(-3, 3, (n, 2)).astype(np.float32)
+    dyn = cj.polar_cbo(objectives.Himmelblau(), chunk=128)
+    state = jax.eval_shape(dyn.init, x0, jax.random.key(0))
+    temp = jax.jit(dyn.step).lower(state).compile().memory_analysis().temp_size_in_bytes
+    assert temp < n * n * 4 / 4  # a quarter of one float32 (N, N) matrix
+    # the chunked consensus equals the dense one (chunks that do not divide N included)
+    xs = jnp.asarray(x0[:300])
+    e = objectives.Himmelblau()(xs)
+    pc = jax.jit(cj.dynamics.polar.polar_consensus, static_argnames=("chunk",))
+    np.testing.assert_allclose(np.asarray(pc(xs, e, 2.0, kappa=1.0, chunk=7)),
+                               np.asarray(pc(xs, e, 2.0, kappa=1.0, chunk=300)), rtol=2e-5, atol=2e-5)
+
+
+def test_polar_local_covariance_against_numpy():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(30, 3))
+    e = rng.uniform(size=30)
+    with enable_x64(True):
+        m, c = cj.dynamics.polar.polar_consensus(jnp.asarray(x), jnp.asarray(e), 1.5, kappa=0.8, chunk=7,
+                                                 with_cov="local")
+    logw = -1.5 * (np.sum((x[:, None] - x[None]) ** 2, -1) / (2 * 0.8 ** 2) + e[None])
+    w = np.exp(logw - logw.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    m_ref = w @ x
+    c_ref = np.einsum("ij,ija,ijb->iab", w, x[None] - m_ref[:, None], x[None] - m_ref[:, None])
+    np.testing.assert_allclose(np.asarray(m), m_ref, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(c), c_ref, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+def _never_traced(tracker):
+    def f(x):
+        tracker.append(1)
+        return objectives.Sphere()(x)
+
+    return f
+
+
+def test_bad_mirror_map_is_caught_before_compilation():
+    calls = []
+    x0 = np.random.default_rng(0).uniform(-0.5, 0.5, (10, 3)).astype(np.float32)
+    wrong_shape = cj.mirror_maps.mirror_map(lambda x: x[:, :2], lambda y: y)
+    with pytest.raises(ValueError, match=r"mirror map 'custom'.*shape \(10, 2\)"):
+        cj.simulate(cj.mirror_cbo(_never_traced(calls), mirror_map=wrong_shape), x0, 0, 5)
+    nan_map = cj.mirror_maps.mirror_map(lambda x: jnp.log(x), lambda y: jnp.exp(y))
+    with pytest.raises(ValueError, match="mirror map 'custom'.*non-finite"):
+        cj.simulate(cj.mirror_cbo(_never_traced(calls), mirror_map=nan_map), x0, 0, 5)
+    edge = x0.copy()
+    edge[3, 1] = 1.0  # on the box's wall: the log barrier's gradient is infinite
+    with pytest.raises(ValueError, match="LogBarrierBox.*non-finite.*particle 3"):
+        cj.simulate(cj.mirror_cbo(_never_traced(calls), mirror_map="LogBarrierBox"), edge, 0, 5)
+    with pytest.raises(ValueError, match="unknown mirror map"):
+        cj.mirror_cbo(objectives.Sphere(), mirror_map="Hyperbolic")
+    assert not calls
+
+
+def test_bad_constraint_is_caught_before_compilation():
+    calls = []
+    x0 = np.random.default_rng(0).uniform(-1, 1, (10, 3)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"constraint 0.*shape \(10, 3\)"):
+        cj.simulate(cj.drift_constrained_cbo(_never_traced(calls), constraints=lambda x: x - 1.0), x0, 0, 5)
+    with pytest.raises(ValueError, match="constraint 0.*non-finite"):
+        cj.simulate(cj.reg_combination_cbo(_never_traced(calls), constraints=lambda x: jnp.log(x[0])), x0, 0, 5)
+    with pytest.raises(ValueError, match="at least one constraint"):
+        cj.drift_constrained_cbo(objectives.Sphere())
+    assert not calls
+
+
+def test_bad_kernel_width_and_singular_cbs_are_caught():
+    calls = []
+    for kappa in (0.0, -1.0):
+        with pytest.raises(ValueError, match="kappa.*kernel width.*> 0"):
+            cj.polar_cbo(objectives.Sphere(), kappa=kappa)
+    dyn = cj.polar_cbo(_never_traced(calls), kappa=1.0)
+    grid = cj.params.grid(dyn, kappa=[0.5, 0.0])
+    with pytest.raises(ValueError, match=r"extra.kappa\[1\] = 0.0.*> 0"):
+        cj.simulate(dyn, np.zeros((8, 2), np.float32), 0, 5, params=grid)
+    x0 = np.random.default_rng(0).normal(size=(5, 6)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"d \+ 1 = 7 particles.*N = 5"):
+        cj.simulate(cj.cbs(_never_traced(calls)), x0, 0, 5)
+    cj.simulate(cj.cbs(objectives.Sphere(), mode="sampling"), np.concatenate([x0, x0 + 1]), 0, 2)  # N = 10 is fine
+    with pytest.raises(ValueError, match="needs an \\(N, d\\) array"):
+        cj.simulate(cj.polar_cbo(lambda t: objectives.Sphere()(t["a"])), {"a": x0}, 0, 2)
+    assert not calls
+
+
+def test_bad_family_config_values():
+    with pytest.raises(ValueError, match="noise"):
+        cj.cbo_memory(objectives.Sphere(), noise="pink")
+    with pytest.raises(ValueError, match="formulation"):
+        cj.pso(objectives.Sphere(), formulation="classic")
+    with pytest.raises(ValueError, match="beta1"):
+        cj.adam_cbo(objectives.Sphere(), beta1=1.0)
+    with pytest.raises(ValueError, match="schedule: unknown number 'sigma'"):
+        cj.cbo(objectives.Sphere(), schedule={"sigma": schedules.Multiply(0.9)})
+    with pytest.raises(ValueError, match="correction='heaviside' is not available"):
+        cj.adam_cbo(objectives.Sphere(), correction="heaviside")
+    with pytest.raises(ValueError, match="anisotropic noise correction is the sphere"):
+        cj.hypersurface_cbo(objectives.Sphere(), noise="anisotropic", surface={"name": "plane", "a": [1, 1], "b": 0})
+    with pytest.raises(ValueError, match="gradient terms"):
+        cj.pso(objectives.Sphere(), lambda2=0.1)
+
+
+# ---------------------------------------------------------------------- what JAX adds
+
+
+def _x0(shape, seed=0):
+    return np.random.default_rng(seed).uniform(-2, 2, shape).astype(np.float32)
+
+
+def test_runs_and_sweeps_of_a_dynamic_own_numbers():
+    """``num_runs`` vmaps runs; ``params=`` sweeps PolarCBO's kernel width (Params.extra) in one
+    program; a grid point equals the separate run with that number."""
+    dyn = cj.polar_cbo(objectives.Ackley(), sigma1=0.5, alpha=5.0, kappa=1.0)
+    x0 = _x0((2, 24, 3))
+    grid = cj.params.grid(dyn, kappa=[0.3, 2.0])
+    swept = cj.simulate(dyn, x0, 3, 40, num_runs=2, params=grid)
+    assert swept.state.x.shape == (2, 2, 24, 3)
+    assert not np.allclose(np.asarray(swept.state.x[0]), np.asarray(swept.state.x[1]))
+    single = cj.simulate(cj.polar_cbo(objectives.Ackley(), sigma1=0.5, alpha=5.0, kappa=2.0), x0[1],
+                         jax.random.split(jax.random.key(3), 2)[1], 40)
+    np.testing.assert_allclose(np.asarray(swept.state.x[1, 1]), np.asarray(single.state.x), atol=2e-5)
+
+
+@pytest.mark.parametrize("build", [cj.pso, pytest.param(cj.cbo_memory, marks=pytest.mark.slow),
+                                   pytest.param(cj.adam_cbo, marks=pytest.mark.slow)])
+def test_pytree_population_moves_as_the_array(build):
+    """Elementwise dynamics (CBOMemory, PSO, AdamCBO) treat a dict population like the same
+    numbers in an (N, d) array (no noise, so the comparison is exact up to rounding)."""
+    x0 = _x0((16, 4))
+    tree0 = {"a": x0[:, :3], "b": x0[:, 3:]}
+    f = objectives.Rastrigin()
+    ft = lambda t: f(jnp.concatenate([t["a"], t["b"]], axis=1))  # noqa: E731
+    if True:
+        a = cj.simulate(build(f, noise="none", alpha=10.0), x0, 0, 30)
+        t = cj.simulate(build(ft, noise="none", alpha=10.0), tree0, 0, 30)
+        flat = np.concatenate([np.asarray(t.state.x["a"]), np.asarray(t.state.x["b"])], axis=1)
+        np.testing.assert_allclose(flat, np.asarray(a.state.x), atol=1e-5)
+
+
+def test_termination_schedules_and_history():
+    """Evaluation budget, energy stagnation and a chained σ schedule, on one CBOMemory run."""
+    f = objectives.Sphere()
+    x0 = _x0((20, 2))
+    sched = {"sigma1": schedules.Chain(schedules.Multiply(0.9), schedules.Multiply(1.0, minimum=0.5))}
+    res = cj.simulate(cj.cbo_memory(f, max_evals=20 * 11, alpha=5.0, schedule=sched), x0, 0, 100, chunk_size=25)
+    assert int(res.state.step) == 10 and int(res.state.evals) == 220 and not bool(res.state.active)
+    assert res.history["evals"][9] == 220 and float(res.state.params.sigma1) == pytest.approx(0.5)
+    res = cj.simulate(cj.cbo_memory(f, noise="none", alpha=30.0, stagnation_patience=5, stagnation_tol=1e-6), x0, 0,
+                      3000, chunk_size=100)
+    assert res.steps < 3000 and not bool(res.state.active)
+    k = int(res.state.step)
+    assert int(res.state.evals) == 20 * (k + 1) + k  # N per step and E(m) once
+
+
+@pytest.mark.slow
+def test_noise_models_on_plain_cbo():
+    f = objectives.Ackley()
+    for noise in ("constant", "covariance", "sampling", C._noise_callable):
+        res = cj.simulate(cj.cbo(f, noise=noise, sigma1=0.5, alpha=30.0), _x0((2, 30, 3)), 0, 200, num_runs=2)
+        assert np.all(np.isfinite(np.asarray(res.state.x)))
+        assert np.all(np.asarray(res.state.best_energy) < 1.0)
+
+
+# --------------------------------------------------------------------------- objectives
+
+NEW = [n for n in sorted(objectives.OBJECTIVES) if n not in (
+    "rastrigin", "rastrigin-normalized", "ackley", "sphere", "quadratic", "rosenbrock", "griewank", "styblinski-tang")]
+
+CBX_NAMES = {"himmelblau": "Himmelblau", "three-hump-camel": "three_hump_camel", "mccormick": "McCormick",
+             "easom": "Easom", "bukin6": "Bukin6", "cross-in-tray": "cross_in_tray", "drop-wave": "drop_wave",
+             "holder-table": "Holder_table", "snowflake": "snowflake", "eggholder": "eggholder",
+             "michalewicz": "Michalewicz", "rastrigin-multimodal": "Rastrigin_multimodal",
+             "ackley-multimodal": "Ackley_multimodal", "accelerated-sinus": "accelerated_sinus",
+             "nd-sinus": "nd_sinus", "p-4th-order": "p_4th_order", "banana": "Banana", "bimodal": "Bimodal",
+             "unimodal": "Unimodal", "gaussian-mixture": "Multimodal"}
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_new_objectives_values_and_minimisers(name):
+    import cbx.objectives as co
+
+    obj = objectives.OBJECTIVES[name]()
+    d = obj.dim or 2
+    rng = np.random.default_rng(0)
+    lo, hi = (-3.0, 3.0) if obj.domain is None else np.asarray(obj.domain, float)
+    x = rng.uniform(lo, hi, (50, d))
+    with enable_x64(True):
+        f = jax.jit(obj)
+        ours = np.asarray(f(jnp.asarray(x)))
+        theirs = np.asarray(getattr(co, CBX_NAMES[name])()(x))
+        np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)  # CBXpy's formula
+        ms = obj.minimisers(d)
+        vals = np.asarray(obj(jnp.asarray(ms)))
+        np.testing.assert_allclose(vals, obj.minimum(d), atol=1e-7)
+        assert np.all(ours >= obj.minimum(d) - 1e-9)
+        if obj.isolated:
+            for m in ms:  # a strict local minimum: nearby points (inside the domain) are worse
+                pert = m[None] + 0.01 * rng.normal(size=(64, d))
+                if obj.domain is not None:
+                    pert = np.clip(pert, *np.asarray(obj.domain, float))
+                    pert = pert[np.any(pert != m, axis=1)]
+                assert np.all(np.asarray(f(jnp.asarray(pert))) > obj.minimum(d) - 1e-12)
+    if obj.dim is not None:
+        with pytest.raises(ValueError, match=f"R\\^{obj.dim}"):
+            obj(jnp.zeros((4, 3)))
+
+
+@pytest.mark.slow
+def test_every_dynamic_sharded_over_eight_devices_equals_one_device():
+    """N = 44 padded to 48 over 8 simulated devices, per-particle noise (tests/_family_sharded.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_family_sharded.py"))], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 8
+    for name in cj.dynamics.family.DYNAMICS:
+        if name == "cbo":  # tests/test_sharding.py
+            continue
+        assert out[name] < 1e-4 and out[name + "_best"] < 1e-4, (name, out)
+        assert "agents" in out[name + "_spec"]
