@@ -75,8 +75,10 @@ RECORDED: dict[str, Recorded] = {
         "CB²O 1.8e-3 from θ*_good; plain CBO 4.47", "cbo-jax reproduce cb2o-malicious",
         "benchmarks/RESULTS_particles.md", _D),
     "fedsgld-synthetic": Recorded(
-        "final training loss, low noise: FedSGLD 0.523, FedPD 0.517; high noise: FedSGLD 0.617, noisy FedPD 0.693",
-        "cbo-jax reproduce fedsgld-synthetic", "benchmarks/RESULTS_fedsgld.md", _D),
+        "final training loss (chain at x0, batch clip), low noise: FedSGLD 0.516, FedPD 0.517; high noise: "
+        "FedSGLD 0.615, noisy FedPD 0.693; per-sample clip C=5: ε 6.08 (δ = 1e-5), high-noise loss 0.761 "
+        "(batch clip at the same ε diverges)",
+        "cbo-jax reproduce fedsgld-synthetic", "benchmarks/RESULTS_fedsgld.md", "2026-11-23"),
     "fedcb2o-attack": Recorded(
         "small scale (T=30, 3 seeds), ASR: FedCB²O 1.63, FedCBO 3.49 (ratio 0.47); source acc.: FedCB²O 89.77, "
         "Oracle Min 89.82",
@@ -98,7 +100,9 @@ HEADLINE_KEYS: dict[str, Sequence[tuple[str, ...]]] = {
     "meanfield-coupling": [("slope",), ("reference_size",)],
     "cb2o-malicious": [("cb2o_distance",), ("cbo_distance",)],
     "fedsgld-synthetic": [("low_noise", "fedsgld", "train_loss"), ("low_noise", "fedpd", "train_loss"),
-                          ("high_noise", "fedsgld", "train_loss"), ("high_noise", "noisy_fedpd", "train_loss")],
+                          ("high_noise", "fedsgld", "train_loss"), ("high_noise", "noisy_fedpd", "train_loss"),
+                          ("high_noise", "variants", "paper_start_per_sample_clip", "epsilon"),
+                          ("high_noise", "variants", "paper_start_per_sample_clip", "train_loss")],
     "fedcb2o-attack": [("fedcb2o", "asr"), ("fedcbo", "asr"), ("asr_ratio_fedcb2o_over_fedcbo",),
                        ("fedcb2o", "source_acc"), ("oracle_min", "source_acc")],
     "fedcb2o-tg": [(f"T_G={t}", m) for m in ("overall_acc", "asr") for t in (0, 20, 30, 40)],

@@ -10,6 +10,20 @@ temperature ``T = ε² / 2``: ``Q`` steps
 post-burn-in iterates (or the last iterate). Its iterates sample ``exp(-L / T)`` as
 ``η → 0``. Clipping is optax's global-norm clipping.
 
+**Two clipping modes** (``SGLDConfig.clipping``):
+
+* ``"batch"`` (the paper's Algorithm 2, the default): ``clip`` acts on the whole
+  mini-batch gradient ``h`` of the augmented Lagrangian ``L_i`` (eq. (19)), including the
+  dual term ``λ_i`` and the proximal pull ``γ (x - x0_i)``.
+* ``"per_sample"`` (beyond the paper, as in DP-SGD, Abadi et al. 2016): only the data
+  term is clipped, sample by sample (:func:`poisson_clipped_grad`),
+
+      h = (1 / (q n_i)) Σ_{j ∈ B} clip(∇f_j(x)) + λ_i + γ (x - x0_i),
+
+  and the oracle does not clip ``h`` again. ``λ_i``, ``x`` and ``x0_i`` are functions of
+  earlier releases, so the unclipped terms cost no privacy; the accounting is in
+  :mod:`cbo_jax.federated.privacy`.
+
 **Poisson subsampling with fixed shapes** (:func:`poisson_grad`). A node's padded data
 has ``n_max`` rows of which ``n_i`` are real. Each step draws an independent
 Bernoulli(``q``) mask over the ``n_max`` rows (padding rows always off), so every real
@@ -17,7 +31,9 @@ sample is in the batch with probability ``q`` independently of the others: exact
 Poisson subsampling, as the privacy accounting assumes. The gradient is the masked
 *sum* of per-sample gradients divided by the *expected* batch size ``q n_i``: an
 unbiased estimate of ``∇F_i``, whose shape never depends on the draw; an empty batch
-gives ``g = 0``.
+gives ``g = 0``. :func:`poisson_clipped_grad` draws the same mask and clips each sampled
+per-sample gradient before the sum (its estimate of ``∇F_i`` is biased where clipping
+is active).
 """
 
 from __future__ import annotations
@@ -38,7 +54,8 @@ PyTree = Any
 # optax >= 0.2.5 names it optax.tree.norm (optax.global_norm is deprecated there).
 _global_norm = optax.tree.norm if hasattr(getattr(optax, "tree", None), "norm") else optax.global_norm
 
-__all__ = ["SGLDConfig", "OracleSpec", "OracleResult", "step_sizes", "sgld_oracle", "poisson_grad", "temperature"]
+__all__ = ["SGLDConfig", "OracleSpec", "OracleResult", "CLIPPING", "step_sizes", "sgld_oracle", "poisson_grad",
+           "poisson_clipped_grad", "temperature"]
 
 
 class OracleSpec(NamedTuple):
@@ -53,9 +70,11 @@ class OracleSpec(NamedTuple):
     decay: bool  # η (q - Q0)^(-1/3) after the burn-in
     average: str  # "uniform" | "ema" | "last"
     avg_decay: float  # σ of the exponential moving average
+    clipping: str = "batch"  # "batch" (Algorithm 2: clip h) | "per_sample" (clip each ∇f_j, not λ, γ(x - x0))
 
 
 AVERAGES = ("uniform", "ema", "last")
+CLIPPING = ("batch", "per_sample")
 
 
 def check_clip_norm(name: str, value) -> float | None:
@@ -84,6 +103,12 @@ class SGLDConfig:
       noise: ``ε``, the noise is ``sqrt(η_q) ε ξ`` (temperature ``T = ε²/2``).
       clip_norm: ``C`` for ``h / max(1, ||h|| / C)`` (global norm over all parameters);
         ``None`` disables clipping (and any privacy guarantee).
+      clipping: what ``C`` clips. ``"batch"`` (Algorithm 2, the default): the whole
+        mini-batch gradient of the augmented Lagrangian. ``"per_sample"`` (beyond the
+        paper, DP-SGD style): each sampled per-sample gradient of the data loss ``F_i``,
+        summed and divided by the expected batch size ``q n_i``; ``λ_i + γ (x - x0_i)``
+        is added unclipped (module docstring; needs a ``clip_norm``). It materialises
+        one gradient per padded sample and step (memory ``n_max ×`` the parameters).
       sampling_rate: Poisson sampling probability ``q`` of each sample per step.
       decay: use ``η (q - Q0)^(-1/3)`` after the burn-in (``False``: fixed ``η``).
       average: ``"uniform"``: the plain mean of the post-burn-in iterates
@@ -101,6 +126,7 @@ class SGLDConfig:
     decay: bool = True
     average: str = "uniform"
     avg_decay: float = 0.9
+    clipping: str = "batch"
 
     def __post_init__(self):
         check_types(self)
@@ -119,17 +145,21 @@ class SGLDConfig:
         s = _checks.non_negative("avg_decay", self.avg_decay)
         if s >= 1:
             raise ValueError(f"avg_decay must lie in [0, 1), got {self.avg_decay!r}")
+        _checks.one_of("clipping", self.clipping, CLIPPING)
+        if self.clipping == "per_sample" and self.clip_norm is None:
+            raise ValueError("clipping='per_sample' needs a clip_norm (C); got clip_norm=None")
 
     def spec(self) -> OracleSpec:
         return OracleSpec(self.steps, self.burn_in, float(self.lr), float(self.noise),
                           None if self.clip_norm is None else float(self.clip_norm), float(self.sampling_rate),
-                          bool(self.decay), self.average, float(self.avg_decay))
+                          bool(self.decay), self.average, float(self.avg_decay), self.clipping)
 
 
 class OracleResult(NamedTuple):
     last: PyTree  # the last iterate x_Q (where the next chain continues)
     average: PyTree  # the returned iterate (the running average, or x_Q for "last")
-    clipped: jax.Array  # share of the Q steps whose gradient was clipped
+    clipped: jax.Array  # "batch": share of the Q steps whose h was clipped; "per_sample": mean over the
+    # Q steps of the share of sampled per-sample gradients that were clipped (the grad_fn's aux)
 
 
 def temperature(noise: float) -> float:
@@ -153,26 +183,40 @@ def _normal_tree(key: jax.Array, tree: PyTree) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, [jax.random.normal(k, l.shape, l.dtype) for k, l in zip(keys, leaves)])
 
 
-def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: jax.Array, spec) -> OracleResult:
-    """The SGLD oracle (module docstring) for one node; vmap it over nodes.
+def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: jax.Array, spec,
+                has_aux: bool = False) -> OracleResult:
+    """The SGLD oracle (Algorithm 2; module docstring) for one node; vmap it over nodes.
 
     ``grad_fn(x, key_q)`` is a stochastic gradient of the local objective; ``spec`` an
     :class:`OracleSpec` or a config with a ``spec()`` method. A ``lax.scan`` over ``q``.
+    The chain starts at ``x`` (Algorithm 2: the broadcast point ``x0_i``).
+
+    With ``spec.clipping == "batch"`` the oracle clips ``h = grad_fn(...)`` to
+    ``spec.clip_norm``. With ``"per_sample"`` the clipping is ``grad_fn``'s job (e.g.
+    :func:`poisson_clipped_grad`) and ``h`` is used as it is. ``has_aux``: ``grad_fn``
+    returns ``(h, share)``, ``share`` a scalar in ``[0, 1]`` (the share of clipped
+    per-sample gradients) that ``OracleResult.clipped`` averages over the steps.
     """
     if hasattr(spec, "spec"):
         spec = spec.spec()
     etas = step_sizes(spec)
     q0 = spec.burn_in
-    clip = None if spec.clip_norm is None else optax.clip_by_global_norm(spec.clip_norm)
+    batch_clip = spec.clip_norm is not None and spec.clipping == "batch"
+    clip = optax.clip_by_global_norm(spec.clip_norm) if batch_clip else None
 
     def step(carry, inp):
         x, avg = carry
         q, eta, k = inp
         k_grad, k_noise = jax.random.split(k)
-        h = grad_fn(x, k_grad)
-        clipped = jnp.zeros((), bool)
+        if has_aux:
+            h, clipped = grad_fn(x, k_grad)
+            clipped = jnp.asarray(clipped, jnp.float32)
+        else:
+            h = grad_fn(x, k_grad)
+            clipped = jnp.zeros((), bool)
         if clip is not None:
-            clipped = _global_norm(h) > spec.clip_norm
+            batch_clipped = _global_norm(h) > spec.clip_norm
+            clipped = jnp.maximum(clipped, batch_clipped.astype(jnp.float32)) if has_aux else batch_clipped
             h, _ = clip.update(h, optax.EmptyState())
         x = jax.tree_util.tree_map(lambda a, g: a - eta.astype(a.dtype) * g, x, h)
         if spec.noise > 0:
@@ -204,3 +248,54 @@ def poisson_grad(model: Model, params: PyTree, x, y, count, key, q: float) -> Py
         return jnp.sum(jnp.where(mask, per, 0.0)) / denom
 
     return jax.grad(loss)(params)
+
+
+def _per_sample_norms(per: PyTree) -> jax.Array:
+    """``(n,)`` Euclidean norms of the per-sample gradients (leaves ``(n, ...)``), global over
+    all parameters as in optax's global-norm clipping."""
+    sq = [jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)).astype(jnp.float32) ** 2, axis=1)
+          for leaf in jax.tree_util.tree_leaves(per)]
+    return jnp.sqrt(sum(sq))
+
+
+def poisson_clipped_grad(model: Model, params: PyTree, x, y, count, key, q: float,
+                         clip_norm: float) -> tuple[PyTree, jax.Array]:
+    """Per-sample clipped Poisson-subsampled gradient of one node's data loss (DP-SGD style).
+
+    The same Bernoulli(``q``) mask as :func:`poisson_grad` (same key, same draw), then
+
+        g = (1 / (q n_i)) Σ_{j sampled} ∇f_j / max(1, ||∇f_j|| / C),
+
+    ``∇f_j`` the gradient of sample ``j``'s loss (one ``vmap``-ed ``grad`` per padded row;
+    padding rows are never sampled), ``||·||`` the global norm over all parameters, and
+    ``q n_i`` the *expected* batch size, a constant of the mechanism. The terms of the
+    augmented Lagrangian that carry no data (``λ_i + γ (x - x0_i)``) are not part of it.
+
+    Returns ``(g, share)``: ``share`` the fraction of the sampled rows whose gradient was
+    clipped (0 for an empty batch). ``g`` is a biased estimate of ``∇F_i`` where clipping
+    is active; the privacy accounting of this mechanism is
+    :func:`cbo_jax.federated.privacy.noise_multipliers` with ``clipping="per_sample"``.
+    """
+    real = jnp.arange(x.shape[0]) < count
+    mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
+    denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+
+    def sample_grad(xj, yj):
+        return jax.grad(lambda p: model.loss(model.apply(p, xj[None]), yj[None])[0])(params)
+
+    # Per-sample gradients serve only for their norms; the clipped sum is then the
+    # gradient of the weighted loss Σ_j w_j f_j with the weights held fixed (the same
+    # vector, without a tensordot over the stacked per-sample gradients).
+    norms = _per_sample_norms(jax.vmap(sample_grad)(x, y))
+    # min(1, C / ||g_j||) = 1 / max(1, ||g_j|| / C); a zero gradient keeps factor 1.
+    scale = jnp.minimum(1.0, clip_norm / jnp.maximum(norms, jnp.finfo(jnp.float32).tiny))
+    weight = jax.lax.stop_gradient(jnp.where(mask, scale, 0.0) / denom)
+
+    def weighted_loss(p):
+        per = model.loss(model.apply(p, x), y)
+        return jnp.sum(jnp.where(mask, weight * per, 0.0))
+
+    g = jax.grad(weighted_loss)(params)
+    n_sampled = jnp.sum(mask)
+    share = jnp.sum(mask & (norms > clip_norm)) / jnp.maximum(n_sampled, 1)
+    return g, share.astype(jnp.float32)

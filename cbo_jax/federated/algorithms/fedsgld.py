@@ -14,7 +14,9 @@ in parallel (vmapped):
    ``h / max(1, ||h|| / C)``, then ``x ← x - η_q h + sqrt(η_q) ε ξ``, ``ξ ~ N(0, I)``.
    FedSGLD keeps ``η_q = η`` for the burn-in ``q ≤ Q0``, then ``η_q = η (q - Q0)^(-1/3)``
    and returns the running average of the post-burn-in iterates; FedPD uses a fixed
-   step, no noise, and returns the last iterate;
+   step, no noise, and returns the last iterate. Algorithm 2 starts each round's chain
+   at the broadcast point, ``x_i^{r+1,0} = x_{0,i}`` (FedSGLD's default,
+   ``warm_start=False``); ``warm_start=True`` continues from the node's last iterate;
 2. dual update ``λ_i ← λ_i + η_λ γ (x_i - x0_i)``;
 3. sends ``x0_i^+ = x_i + λ_i / γ``.
 
@@ -29,6 +31,10 @@ default 1 so that ``λ_i ← λ_i + γ (x_i - x0_i)`` as in FedPD) and ``server_
 (β). The oracle's noise scale ε is called ``noise`` to keep ε for differential privacy.
 The oracle is the Euler–Maruyama discretisation of ``dX = -∇L_i dt + sqrt(2T) dW``
 with temperature ``T = ε² / 2``: its iterates sample ``exp(-L_i / T)`` as ``η → 0``.
+
+Clipping: Algorithm 2 clips the whole ``h`` (``SGLDConfig(clipping="batch")``, the default);
+``"per_sample"`` (beyond the paper, DP-SGD style) clips each sampled ``∇f_j`` and adds
+``λ_i + γ (x - x0_i)`` unclipped, with per-device privacy accounting (:mod:`cbo_jax.federated.privacy`).
 
 The "noisy FedPD" baseline of the paper's high-noise case is :func:`fedpd` with
 ``noise > 0``: the same per-step noise ``sqrt(η) ε ξ`` (and the same clipping and Poisson
@@ -47,7 +53,8 @@ import jax.numpy as jnp
 from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast
-from cbo_jax.federated.langevin import OracleSpec, SGLDConfig, check_clip_norm, poisson_grad, sgld_oracle
+from cbo_jax.federated.langevin import (OracleSpec, SGLDConfig, check_clip_norm, poisson_clipped_grad, poisson_grad,
+                                       sgld_oracle)
 from cbo_jax.federated.local import agent_keys
 from cbo_jax.models import Model, masked_loss
 
@@ -64,8 +71,11 @@ class FedSGLDConfig:
       gamma: ``γ`` of the augmented Lagrangian (penalty and dual scale).
       dual_lr: ``η_λ`` of the dual update ``λ ← λ + η_λ γ (x - x0)``.
       server_momentum: ``β`` of the broadcast ``x0 + β (x0^new - x0^old)``, in ``[0, 1)``.
-      warm_start: each round's oracle chain starts from the node's last iterate
-        (``False``: from the broadcast ``x0_i``).
+      warm_start: ``False`` (default, Algorithm 2: ``x_i^{r+1,0} = x_{0,i}``): each
+        round's oracle chain starts at the broadcast point ``x0_i``. ``True``: it
+        continues from the node's last oracle iterate of the previous round (the
+        default before issue 16; the same privacy accounting, since the last iterate
+        is counted as released).
       delta: the ``δ`` of the reported ``(ε, δ)`` privacy guarantee, in ``(0, 1)``.
     """
 
@@ -73,7 +83,7 @@ class FedSGLDConfig:
     gamma: float = 1.0
     dual_lr: float = 1.0
     server_momentum: float = 0.0
-    warm_start: bool = True
+    warm_start: bool = False
     delta: float = 1e-5
 
     def __post_init__(self):
@@ -152,7 +162,7 @@ def _check_delta(delta) -> float:
 
 
 class PrimalDualState(NamedTuple):
-    x: PyTree  # (N, ...) each node's last local iterate (the warm start of its next chain)
+    x: PyTree  # (N, ...) each node's last local iterate (where a warm-started chain continues)
     lam: PyTree  # (N, ...) duals λ_i
     x0: PyTree  # (N, ...) each node's anchor x0_i (the last broadcast)
     server: PyTree  # x0^new of the last round (no agent axis): the server model
@@ -164,7 +174,8 @@ class PrimalDualState(NamedTuple):
 
 class PrimalDualInfo(NamedTuple):
     train_loss: jax.Array  # (N,) F_i at the node's returned iterate
-    clipped: jax.Array  # (N,) share of the oracle steps whose gradient was clipped
+    clipped: jax.Array  # (N,) batch clipping: share of the oracle steps whose h was clipped; per-sample
+    # clipping: mean over the steps of the share of sampled per-sample gradients that were clipped
 
     agent_fields = ("train_loss", "clipped")
 
@@ -181,17 +192,24 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
         zeros = jax.tree_util.tree_map(jnp.zeros_like, stacked)
         return PrimalDualState(stacked, zeros, stacked, server, jnp.zeros((), jnp.int32), k_state)
 
+    per_sample = spec.clipping == "per_sample"
+
     def local(x_start, lam, x0, xi, yi, ci, key):
         def grad_fn(p, k):
-            g = poisson_grad(model, p, xi, yi, ci, k, spec.sampling_rate)
-            # ∇ of <λ, p - x0> + (γ/2)||p - x0||²
-            return jax.tree_util.tree_map(lambda gi, li, pi, ai: gi + li + gamma * (pi - ai), g, lam, p, x0)
+            if per_sample:  # clip each ∇f_j (DP-SGD style); the oracle does not clip h again
+                g, share = poisson_clipped_grad(model, p, xi, yi, ci, k, spec.sampling_rate, spec.clip_norm)
+            else:  # Algorithm 2: the oracle clips the whole h
+                g, share = poisson_grad(model, p, xi, yi, ci, k, spec.sampling_rate), None
+            # + ∇ of <λ, p - x0> + (γ/2)||p - x0||², eq. (19)
+            h = jax.tree_util.tree_map(lambda gi, li, pi, ai: gi + li + gamma * (pi - ai), g, lam, p, x0)
+            return (h, share) if per_sample else h
 
-        return sgld_oracle(grad_fn, x_start, key, spec)
+        return sgld_oracle(grad_fn, x_start, key, spec, has_aux=per_sample)
 
     def round_fn(state: PrimalDualState, data: AgentData):
         key, k_local = jax.random.split(state.key)
         rows = data.counts.shape[0]
+        # Algorithm 2: x_i^{r+1,0} = x_{0,i}, the anchor of this round's L_i; or a warm start.
         start = state.x if cfg.warm_start else state.x0
         res = jax.vmap(local)(start, state.lam, state.x0, data.x, data.y, data.counts, agent_keys(k_local, rows))
         x_out = res.average
@@ -216,7 +234,8 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
 def fedsgld(model: Model, cfg: FedSGLDConfig, num_agents: int) -> Algorithm:
     """FedSGLD (Algorithm 1 with the SGLD oracle of Algorithm 2) as a pure ``(init, round)`` pair.
 
-    The server model (``eval_models``) is the average ``x0^new`` of the last round.
+    The server model (``eval_models``) is the average ``x0^new`` of the last round. Variants:
+    ``cfg.warm_start`` (chain start) and ``cfg.oracle.clipping`` (batch or per-sample).
     """
     if not isinstance(cfg, FedSGLDConfig):
         raise ValueError(f"cfg must be a FedSGLDConfig, got {type(cfg).__name__}")
