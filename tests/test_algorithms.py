@@ -80,6 +80,7 @@ def test_fedcbo_aggregation_matches_numpy_float64(reduction):
                 np.testing.assert_allclose(np.asarray(mcons["params"][name][leaf][j]), ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_large_alpha_full_download_picks_best_loss_model():
     n = 5
     data = _tiny_data(n)
@@ -134,6 +135,7 @@ def _two_cluster_data(n_per=6, n=40, seed=0):
     return FederatedData(x, y, np.full(2 * n_per, n, np.int32), cluster.astype(np.int32), tx, ty)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_ifca_recovers_true_clusters_and_fedcbo_selects_own_cluster():
     data = _two_cluster_data()
     model = models.mlp_mnist(hidden=(8,), num_classes=2, input_shape=(2, 1))
@@ -168,6 +170,7 @@ def test_fedcbo_bad_input():
         FedCBOConfig(noise="pink")
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_eval_chunk_for_memory_budget():
     from cbo_jax.federated.memory import eval_chunk_for_budget, planned_round_bytes
 

@@ -54,6 +54,7 @@ def _read_events(path):
     return scalars
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_tensorboard_event_files_read_back(tmp_path, capsys):
     pytest.importorskip("tensorboardX")
     out = tmp_path / "tb"

@@ -29,6 +29,7 @@ def test_meanfield_decay_small(tmp_path, capsys):
     assert (tmp_path / "meanfield_decay.png").exists()
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_meanfield_scaling_small(tmp_path, capsys):
     out = _run(tmp_path, capsys, "meanfield-scaling", "--sizes", "64,256,1024", "--reference", "16384",
                "--steps", "20", "--seeds", "8", "--projections", "32")

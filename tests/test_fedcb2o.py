@@ -200,6 +200,7 @@ def _poison(params, rows, value):
     return jax.tree_util.tree_map(lambda a: a.at[rows].set(value), params)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_nonfinite_malicious_models_get_zero_weight(ds, cb2o):
     data = ds.attack_data()
     params = models.init_population(TINY, jax.random.key(0), ds.num_agents)

@@ -45,7 +45,13 @@ def _poison_data(padded, original):
     return padded._replace(**{last: _poison_data(getattr(padded, last), getattr(original, last))})
 
 
-@pytest.mark.parametrize("name", REGISTRY)
+# Four of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD and FedSGLD, whose
+# engine paths FedAvg and Local cover) run in CI's slow step, for the default run's time budget.
+_SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_CONTRACT else n
+                                  for n in REGISTRY])
 def test_registry_contract(name, tmp_path):
     alg, data, round_metrics, metrics, seed = fv.built(name)
     train = data.train if hasattr(data, "test_index") else data
