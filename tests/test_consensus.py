@@ -8,6 +8,11 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import consensus
 
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
+
 
 def np_consensus(x, e, alpha):
     """Float64 reference: exp(-α E) normalised, with the usual max-shift."""
@@ -148,3 +153,49 @@ def test_quantile_mask_respects_its_mask_argument():
     q = np.quantile(np.asarray(e)[np.asarray(keep)], 0.5)  # 4.5 over the kept agents, not 3.5 over all
     np.testing.assert_array_equal(got, np.asarray(keep) & (np.asarray(e) <= q))
     assert got.tolist() == [False, False, True, True, True, False, False, False]
+
+
+def _np_subset(x, idx, loss, alpha, keep):
+    """Float64 reference for subset_consensus: only the downloads with ``keep`` count."""
+    out = []
+    for j in range(idx.shape[0]):
+        k = keep[j]
+        out.append(np_consensus(x[idx[j][k]], loss[j][k], alpha)[0])
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("method", ["dense", "gather"])
+def test_subset_consensus_mask_and_nonfinite_models_in_float64(method):
+    """Both exclusions at once, in float64 to 1e-12: a non-finite model (row 3) weighs nothing
+    wherever it was downloaded, and ``mask=False`` drops a download; the weights are not
+    rounded through float32 on the way (mutation testing found both unguarded)."""
+    rng = np.random.default_rng(11)
+    n, m_sel, d = 10, 4, 3
+    x = rng.normal(size=(n, d))
+    x[3, 1] = np.nan
+    idx = np.stack([np.r_[3, rng.choice(np.setdiff1d(np.arange(n), [j, 3]), m_sel - 1, replace=False)]
+                    for j in range(n)])
+    loss = rng.uniform(size=(n, m_sel))
+    mask = np.ones((n, m_sel), bool)
+    mask[:, 1] = False
+    keep = mask & np.isfinite(x[idx]).all(-1)
+    ref = _np_subset(x, idx, loss, 2.0, keep)
+    with enable_x64():
+        out = consensus.subset_consensus(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(loss), 2.0,
+                                         mask=jnp.asarray(mask), method=method)
+        assert out.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-12, atol=1e-12)
+        no_mask = consensus.subset_consensus(jnp.asarray(x), jnp.asarray(idx), jnp.asarray(loss), 2.0, method=method)
+        np.testing.assert_allclose(np.asarray(no_mask), _np_subset(x, idx, loss, 2.0, np.isfinite(x[idx]).all(-1)),
+                                   rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="dense.*gather"):
+        consensus.subset_consensus(jnp.asarray(x, jnp.float32), jnp.asarray(idx), jnp.asarray(loss, jnp.float32),
+                                   2.0, method="sparse")
+
+
+def test_effective_sample_size_mask_and_batch():
+    """With a mask, J_eff counts the masked-in agents only; a batch of rows gives one J_eff per row."""
+    e = jnp.zeros((2, 6))
+    mask = jnp.asarray([[True] * 6, [True, True, False, False, False, False]])
+    np.testing.assert_allclose(np.asarray(consensus.effective_sample_size(e, 1.0, mask)), [6.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(consensus.effective_sample_size(e, 1.0)), [6.0, 6.0], rtol=1e-6)
