@@ -57,6 +57,24 @@ candidates for ``cbo_jax``, implemented here only:
   of being padded to B rows; the dropped rows are always padding (slot >= n_max >=
   count), so results are the same up to float rounding.
 
+(c) ``round``: the package's whole FedCBO round (``fedcbo(...).round``: participation,
+    local training, selection, aggregation, the likelihood update), and
+(d) ``test_eval``: the per-round evaluation the paper reports, every agent's accuracy on
+    its cluster's test set (``test_size`` images per cluster, 10,000 as in the paper;
+    the package's ``metrics.test_accuracy`` kernel, chunk 8).
+
+The round report (issue 18) counts useful FLOPs only: 6P per real training sample per
+local epoch, 2P per evaluated sample (padded rows do not count), 2MP per agent for the
+consensus; the round = ``round`` + ``test_eval``, and ``other`` = ``round`` - local -
+aggregation. Keys: ``local_seconds``, ``aggregation_seconds``, ``test_eval_seconds``,
+``other_seconds``, ``fraction_of_matmul_peak`` (aggregation),
+``local_fraction_of_matmul_peak``, ``round_fraction_of_matmul_peak``; targets 0.75, 0.6
+and 0.7 (``pass``).
+
+Settings (``--setting``): ``benchmark`` (below), ``table1-small`` (``fedcbo-table1 --scale
+small``: N=120, M=20, tau=5, chunk 8) and ``demo`` (``cbo-jax demo``: N=40, M=8, tau=2,
+batch 64, 1,000 test images per cluster, evaluated every 5th round).
+
 Modes:
   default   N=240, M=40, tau=10, repeats 3, eval_chunk sweep {1, 4, 16}.
             About 8 min with ``--prototypes proposed,hoisted`` on the 2-core machine
@@ -93,14 +111,27 @@ from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import consensus_downloads
-from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, loss_energy
+from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo, loss_energy
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
+from cbo_jax.federated.metrics import _agent_eval_impl
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
 
 N_SAMPLES = 200
 IN, HID, OUT = 784, 200, 10
 P_MLP = IN * HID + HID + HID * OUT + OUT  # 159,010
+CLUSTERS = 4
+
+# The settings users run (issue 18, item 4). ``test_size``: test images per cluster that a
+# round's evaluation reads; ``eval_every``: rounds between evaluations (the demo evaluates
+# every 5th round, so a test evaluation is amortised over 5 rounds in ``amortised_round``).
+SETTINGS = {
+    "benchmark": dict(agents=240, M=40, tau=10, batch_size=128, lr=0.1, eval_chunk=4, test_size=10_000,
+                      eval_every=1),
+    "table1-small": dict(agents=120, M=20, tau=5, batch_size=128, lr=0.1, eval_chunk=8, test_size=10_000,
+                         eval_every=1),
+    "demo": dict(agents=40, M=8, tau=2, batch_size=64, lr=0.05, eval_chunk=8, test_size=1_000, eval_every=5),
+}
 
 
 # ----------------------------------------------------------------------------- prototypes
@@ -281,6 +312,16 @@ def local_flops(n_agents: int, tau: int, batch: int, n_max: int = N_SAMPLES, pad
     return n_agents * tau * rows * (4.0 * IN * HID + 6.0 * HID * OUT)
 
 
+def useful_flops(n_agents: int, m: int, tau: int, test_size: int) -> dict:
+    """Issue 18's convention: useful work only, P parameters per model; 6P per real training
+    sample per local epoch, 2P per evaluated sample (padded rows do not count), the
+    consensus contraction 2MP per agent, the test evaluation every agent on its cluster's
+    test set once."""
+    return {"local": 6.0 * P_MLP * N_SAMPLES * tau * n_agents,
+            "aggregation": 2.0 * P_MLP * N_SAMPLES * (m + 1) * n_agents + 2.0 * m * P_MLP * n_agents,
+            "test_eval": 2.0 * P_MLP * test_size * n_agents}
+
+
 def max_abs_diff(a, b) -> float:
     return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
@@ -291,13 +332,16 @@ def max_abs_diff(a, b) -> float:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small setting, < 60 s")
+    ap.add_argument("--setting", choices=sorted(SETTINGS), default="benchmark",
+                    help="benchmark (N=240, M=40, tau=10; the default), table1-small or demo")
     ap.add_argument("--agents", "-N", type=int, default=None, help="N (default 240; 48 with --quick)")
     ap.add_argument("--downloads", "-M", type=int, default=None, help="M (default 40; 8 with --quick)")
     ap.add_argument("--epochs", "--tau", type=int, default=None, help="local epochs tau (default 10; 1 with --quick)")
-    ap.add_argument("--batch-size", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=0.1)
+    ap.add_argument("--batch-size", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--momentum", type=float, default=0.9)
-    ap.add_argument("--eval-chunk", type=int, default=4, help="eval_chunk of the headline aggregation (package default 4)")
+    ap.add_argument("--eval-chunk", type=int, default=None, help="eval_chunk of the headline aggregation (default: the setting's)")
+    ap.add_argument("--test-size", type=int, default=None, help="test images per cluster in the round's evaluation")
     ap.add_argument("--sweep-chunks", default=None, help="comma-separated eval_chunk values for the sweep (default 1,4,16; quick: 16)")
     ap.add_argument("--no-compare", dest="compare", action="store_false", help="skip the prototypes")
     ap.add_argument("--prototypes", default="proposed", help="comma-separated aggregation prototypes for the sweep: proposed, hoisted")
@@ -308,11 +352,17 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     q = args.quick
-    n_agents = args.agents or (48 if q else 240)
-    m = args.downloads or (8 if q else 40)
-    tau = args.epochs or (1 if q else 10)
+    st = SETTINGS[args.setting]
+    n_agents = args.agents or (48 if q else st["agents"])
+    m = args.downloads or (8 if q else st["M"])
+    tau = args.epochs or (1 if q else st["tau"])
     repeats = args.repeats or (2 if q else 3)
-    sweep = [int(v) for v in (args.sweep_chunks or ("16" if q else "1,4,16")).split(",") if v]
+    args.batch_size = args.batch_size or st["batch_size"]
+    args.lr = args.lr or st["lr"]
+    args.eval_chunk = args.eval_chunk or st["eval_chunk"]
+    test_size = args.test_size or (1000 if q else st["test_size"])
+    default_sweep = "16" if q else ("1,4,16" if args.setting == "benchmark" else str(args.eval_chunk))
+    sweep = [int(v) for v in (args.sweep_chunks or default_sweep).split(",") if v]
     local_cfg = LocalSGDConfig(epochs=tau, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum)
 
     t_start = time.perf_counter()
@@ -320,7 +370,7 @@ def main(argv=None) -> dict:
     print(f"# FedCBO round cost  {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"# {cpu_name()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.devices()[0].platform}), load avg {load_start}")
     print(f"# N={n_agents} M={m} n={N_SAMPLES} tau={tau} B={args.batch_size} lr={args.lr} momentum={args.momentum} "
-          f"data={args.data} repeats={repeats} (min reported)")
+          f"data={args.data} repeats={repeats} (min reported) setting={args.setting} test images/cluster={test_size}")
 
     model = mlp_mnist()
     data = make_data(args.data, n_agents, args.seed)
@@ -357,6 +407,28 @@ def main(argv=None) -> dict:
                      "args": (params, idx, data), "gflop": agg_flops(n_agents, m) / 1e9,
                      "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
+    def add_test_eval():
+        rng = np.random.default_rng(args.seed + 3)
+        tx = jnp.asarray(rng.integers(0, 256, (CLUSTERS, test_size, 28, 28), dtype=np.uint8))
+        ty = jnp.asarray(rng.integers(0, 10, (CLUSTERS, test_size)).astype(np.int32))
+        test_of = jnp.asarray(np.arange(n_agents) % CLUSTERS, jnp.int32)
+        c, comp_s = compile_fn(lambda p, x, y, t: _agent_eval_impl(model, 8, p, x, y, None, t), params, tx, ty, test_of)
+        jobs.append({"phase": "test_eval", "variant": "test_accuracy", "eval_chunk": 8, "compiled": c,
+                     "args": (params, tx, ty, test_of), "gflop": flops["test_eval"] / 1e9,
+                     "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
+
+    def add_round():
+        cfg = FedCBOConfig(M=m, eval_chunk=args.eval_chunk, local=local_cfg)
+        alg = fedcbo(model, cfg, n_agents)
+        state = alg.init(jax.random.key(args.seed))
+        c, comp_s = compile_fn(alg.round, state, data)
+        jobs.append({"phase": "round", "variant": "fedcbo.round", "eval_chunk": args.eval_chunk, "compiled": c,
+                     "args": (state, data), "gflop": (flops["local"] + flops["aggregation"]) / 1e9,
+                     "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
+
+    flops = useful_flops(n_agents, m, tau, test_size)
+    add_round()
+    add_test_eval()
     add_local("local_train", local_train_package)
     if args.compare:
         add_local("trimmed_last_batch", local_train_trimmed)
@@ -446,8 +518,47 @@ def main(argv=None) -> dict:
     loc = next(r for r in rows if r["variant"] == "local_train")
     loc2 = next((r for r in rows if r["variant"] == "trimmed_last_batch"), None)
     best = min((r for r in rows if r["phase"] == "aggregation"), key=lambda r: r["seconds"])
+    rnd = next(r for r in rows if r["phase"] == "round")
+    tev = next(r for r in rows if r["phase"] == "test_eval")
+    # Seconds of one round's phases (fastest runs): local training and aggregation timed on
+    # their own; "other" = the package's whole round minus those two (participation,
+    # selection, the likelihood update, the model update, state bookkeeping).
+    other_s = max(rnd["seconds"] - loc["seconds"] - head["seconds"], 0.0)
+    round_s = rnd["seconds"] + tev["seconds"]
+    round_useful = sum(flops.values())
+    amortised_s = rnd["seconds"] + tev["seconds"] / st["eval_every"]
+    phases = {
+        "local": {"seconds": loc["seconds"], "useful_gflop": flops["local"] / 1e9,
+                  "fraction_of_matmul_peak": flops["local"] / loc["seconds"] / 1e9 / peak},
+        "aggregation": {"seconds": head["seconds"], "useful_gflop": flops["aggregation"] / 1e9,
+                        "fraction_of_matmul_peak": flops["aggregation"] / head["seconds"] / 1e9 / peak},
+        "test_eval": {"seconds": tev["seconds"], "useful_gflop": flops["test_eval"] / 1e9,
+                      "fraction_of_matmul_peak": flops["test_eval"] / tev["seconds"] / 1e9 / peak},
+        "other": {"seconds": other_s, "useful_gflop": 0.0, "fraction_of_matmul_peak": 0.0},
+    }
+    print()
+    print(f"one round at setting '{args.setting}' (useful FLOPs; ceiling {peak:.1f} GFLOP/s):")
+    for k, v in phases.items():
+        print(f"  {k:<12} {v['seconds']:8.3f} s  {v['useful_gflop']:8.1f} GFLOP  {v['fraction_of_matmul_peak']:5.2f} of peak  "
+              f"{v['seconds'] / round_s:5.1%} of the round")
+    print(f"  {'round':<12} {round_s:8.3f} s  {round_useful / 1e9:8.1f} GFLOP  {round_useful / round_s / 1e9 / peak:5.2f} of peak "
+          f"(package round {rnd['seconds']:.3f} s + test evaluation {tev['seconds']:.3f} s)")
     result = {
         "benchmark": "fedcbo_round",
+        "setting": args.setting,
+        "local_seconds": loc["seconds"],
+        "aggregation_seconds": head["seconds"],
+        "test_eval_seconds": tev["seconds"],
+        "other_seconds": other_s,
+        "round_seconds": round_s,
+        "round_seconds_amortised": amortised_s,
+        "local_fraction_of_matmul_peak": phases["local"]["fraction_of_matmul_peak"],
+        "test_eval_fraction_of_matmul_peak": phases["test_eval"]["fraction_of_matmul_peak"],
+        "round_fraction_of_matmul_peak": round_useful / round_s / 1e9 / peak,
+        "phases": phases,
+        "pass": {"aggregation_ge_0.75": head["fraction_of_matmul_peak"] >= 0.75,
+                 "local_ge_0.6": phases["local"]["fraction_of_matmul_peak"] >= 0.6,
+                 "round_ge_0.7": round_useful / round_s / 1e9 / peak >= 0.7},
         "seconds_local": loc["seconds"],
         "seconds_aggregation": head["seconds"],
         "aggregation_gflops": head["gflops"],
@@ -460,7 +571,7 @@ def main(argv=None) -> dict:
         "settings": {
             "N": n_agents, "M": m, "n": N_SAMPLES, "tau": tau, "batch_size": args.batch_size, "lr": args.lr,
             "momentum": args.momentum, "eval_chunk": args.eval_chunk, "data": args.data, "repeats": repeats,
-            "quick": q, "model": "mlp-784-200-10", "params_per_model": P_MLP, "sweep_chunks": sweep, "prototypes": protos,
+            "quick": q, "test_size": test_size, "eval_every": st["eval_every"], "model": "mlp-784-200-10", "params_per_model": P_MLP, "sweep_chunks": sweep, "prototypes": protos,
             "aggregation_gflop": agg_flops(n_agents, m) / 1e9, "local_gflop_padded": local_flops(n_agents, tau, args.batch_size) / 1e9,
         },
         "matmul_ceilings": ceilings,
