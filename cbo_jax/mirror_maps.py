@@ -9,23 +9,21 @@ the CBO update and reads the particles off through ``∇φ*``; a projection map
 Every mirror map CBXpy 1.0.4 ships (``cbx.dynamics.mirrorcbo.mirror_dict``), under the
 same names, plus :func:`mirror_map` for your own pair of functions:
 
-=======================  ==================================================================
-name                     ``∇φ(x)`` ; ``∇φ*(y)``
-=======================  ==================================================================
-``L2`` (``None``)        ``λ x`` ; ``y / λ``
-``ElasticNet``           ``x/δ + λ sign(x)`` ; ``δ sign(y) max(|y| - λ, 0)``
-``ProjectionBall``       ``x`` ; projection onto the ball ``|x - c| <= r``
-``ProjectionHyperplane`` ``x`` ; projection onto ``a·x = b``
-``ProjectionSphere``     ``x`` ; ``r y / |y|``
-``ProjectionSquare``     ``x`` ; CBXpy's map onto the square's boundary (clip to ``[-r, r]``,
-                         then the largest coordinate becomes ``±1``)
-``ProjectionStiefel``    ``x`` ; ``U Vᵀ`` of the SVD of ``y`` reshaped to ``(n, k)``
-``LogBarrierBox``        ``1/(1-x) - 1/(1+x)`` ; ``y / (1 + √(1 + y²))`` (the box ``(-1, 1)^d``)
-``NonsmoothBarrier``     ``sign(x)/(1 - |x|)²`` ; ``sign(y) max(1 - |y|^{-1/2}, 0)``
-``weighted_L2``          ``Ā x`` ; ``Ā⁻¹ y`` with ``Ā = (A + Aᵀ)/2``
-``Entropy``              ``log(1/(x + ε)) - 1`` ; ``exp(-(y + 1))``
-``EntropySimplex``       ``log(max(x, 1e-32)) + 1`` ; ``softmax(y)`` (the simplex)
-=======================  ==================================================================
+Each entry gives ``∇φ(x)`` ; ``∇φ*(y)``:
+
+- ``L2`` (``None``): ``λ x`` ; ``y / λ``
+- ``ElasticNet``: ``x/δ + λ sign(x)`` ; ``δ sign(y) max(|y| - λ, 0)``
+- ``ProjectionBall``: ``x`` ; projection onto the ball ``|x - c| <= r``
+- ``ProjectionHyperplane``: ``x`` ; projection onto ``a·x = b``
+- ``ProjectionSphere``: ``x`` ; ``r y / |y|``
+- ``ProjectionSquare``: ``x`` ; CBXpy's map onto the square's boundary (clip to ``[-r, r]``,
+  then the largest coordinate becomes ``±1``)
+- ``ProjectionStiefel``: ``x`` ; ``U Vᵀ`` of the SVD of ``y`` reshaped to ``(n, k)``
+- ``LogBarrierBox``: ``1/(1-x) - 1/(1+x)`` ; ``y / (1 + √(1 + y²))`` (the box ``(-1, 1)^d``)
+- ``NonsmoothBarrier``: ``sign(x)/(1 - |x|)²`` ; ``sign(y) max(1 - |y|^{-1/2}, 0)``
+- ``weighted_L2``: ``Ā x`` ; ``Ā⁻¹ y`` with ``Ā = (A + Aᵀ)/2``
+- ``Entropy``: ``log(1/(x + ε)) - 1`` ; ``exp(-(y + 1))``
+- ``EntropySimplex``: ``log(max(x, 1e-32)) + 1`` ; ``softmax(y)`` (the simplex)
 
 Two deviations from CBXpy, both fixes: ``LogBarrierBox``'s ``∇φ*`` is written as
 ``y / (1 + √(1 + y²))`` (CBXpy's ``(√(1 + y²) - 1)/y`` is the same number but NaN at

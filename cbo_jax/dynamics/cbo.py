@@ -195,7 +195,9 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
 
 
 def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
-    """The CBO update as a :class:`~cbo_jax.dynamics.core.Kernel` (also CBS's)::
+    """The CBO update as a :class:`~cbo_jax.dynamics.core.Kernel` (also CBS's).
+
+    The update::
 
         x ← x - λ1 dt u + σ1 · noise(u) - λ2 dt ∇L + σ2 √dt |∇L| ξ~,   u = correction(x - m).
     """

@@ -72,7 +72,7 @@ def round_stats(info) -> dict:
 
 
 def selection_rate(idx: jax.Array, cluster: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-    """SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / |A_n(j)| (the filled slots)."""
+    """``SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / |A_n(j)|`` (the filled slots)."""
     same = cluster[idx] == cluster[:idx.shape[0], None]
     if valid is None:
         return jnp.mean(same)
