@@ -27,7 +27,7 @@ def test_uniform_picks_distinct_others_uniformly():
     assert np.all(np.abs(off - expected) < 5 * np.sqrt(expected))
 
 
-@pytest.mark.parametrize("eps", [0.0, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize("eps", [0.0, 0.2, 0.25, 0.45, 0.5, 1.0])  # εM = 1.6 and 3.6: floor and round differ
 def test_epsilon_greedy_counts_and_top_p(eps):
     n, m = 20, 8
     rng = np.random.default_rng(0)
@@ -36,7 +36,7 @@ def test_epsilon_greedy_counts_and_top_p(eps):
     idx, is_rand = selection.draw_epsilon_greedy(jax.random.key(1), jnp.asarray(P), m, eps)
     idx, is_rand = np.asarray(idx), np.asarray(is_rand)
     _distinct_others(idx)
-    n_rand = int(round(eps * m))
+    n_rand = int(np.floor(eps * m + 1e-6))  # the reference code's int(ε·M)
     assert np.all(is_rand.sum(1) == n_rand)
     for j in range(n):
         rand = idx[j][is_rand[j]]
