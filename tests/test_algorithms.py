@@ -185,7 +185,7 @@ def test_eval_chunk_for_memory_budget():
         eval_chunk_for_budget(model, cfg, data, 1024, candidates=(1,))
 
 
-@pytest.mark.parametrize("m,attackers", [(1, [0]), (2, [0, 1])])
+@pytest.mark.parametrize("m,attackers", [(1, [0]), pytest.param(2, [0, 1], marks=pytest.mark.slow)])
 def test_fedcbo_never_spreads_nonfinite_models(m, attackers):
     """Attackers whose models are NaN, +inf or 1e30 every round (M = 1 with one, M = 2 with two
     of 8 agents): no other agent ever becomes non-finite. An agent whose downloads are all

@@ -24,6 +24,7 @@ def _cli(extra, env_extra=None):
                             stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_two_processes_equal_one(tmp_path):
     port = _free_port()
     procs = [_cli(["--coordinator", f"127.0.0.1:{port}", "--num-processes", "2", "--process-id", str(i), *ARGS,

@@ -182,6 +182,7 @@ def test_fedpd_reduces_training_loss(small_data):
     assert c["test_acc"][-1] > 50
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_fedsgld_low_noise_trains_and_is_deterministic(small_data):
     cfg = FedSGLDConfig(oracle=SGLDConfig(steps=10, burn_in=5, lr=0.01, noise=1e-4, clip_norm=100.0,
                                           sampling_rate=0.2), gamma=10.0)

@@ -31,6 +31,7 @@ def test_mlp_shapes_and_independent_init():
     assert logits.shape == (4, 5, 10)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_vmapped_training_equals_each_agent_alone():
     model = models.mlp_mnist(hidden=(16,))
     cfg = local.LocalSGDConfig(epochs=2, batch_size=8, lr=0.05, momentum=0.9)
@@ -83,6 +84,7 @@ def test_padding_rows_never_influence_training():
         np.testing.assert_array_equal(np.asarray(la), np.asarray(lb))
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_training_reduces_loss_and_optimizer_reset_option():
     model = models.mlp_mnist(hidden=(32,))
     x, y, counts = _data(2, 16, (16, 16))
