@@ -206,20 +206,7 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
     # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
     strength = lambda prm, name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
 
-    if config.uses_gradient:
-
-        def evaluate(x):
-            def total(x):
-                e = objective(x)
-                return jnp.sum(e), e
-
-            (_, e), g = jax.value_and_grad(total, has_aux=True)(x)
-            return e, g
-
-    else:
-
-        def evaluate(x):
-            return objective(x), None
+    evaluate = core.energy_evaluator(objective, config.uses_gradient)
 
     def update(x, grad, u, prm, key, noise, normal):
         """FedCBO eq. (15) for the rows ``x`` with the drift ``u``."""

@@ -311,6 +311,22 @@ class Kernel(NamedTuple):
     prestep: Callable | None = None
 
 
+def energy_evaluator(objective, uses_gradient: bool):
+    """``x -> (energies, ∇ of their sum or None)``: one evaluation (plus its gradient when needed)."""
+    if not uses_gradient:
+        return lambda x: (objective(x), None)
+
+    def evaluate(x):
+        def total(x):
+            e = objective(x)
+            return jnp.sum(e), e
+
+        (_, e), g = jax.value_and_grad(total, has_aux=True)(x)
+        return e, g
+
+    return evaluate
+
+
 def draw_normal(key, tree, ids, rng: str):
     """Standard normals with the structure of ``tree``: the single draw function of the family.
 
@@ -445,20 +461,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         raise ValueError(f"{kernel.name}: correction={config.correction!r} is not available for this dynamic "
                          "(CBXpy applies drift corrections in CBO, CBS, CBOMemory, PSO, PolarCBO and MirrorCBO)")
 
-    if config.uses_gradient:
-
-        def evaluate(x):
-            def total(x):
-                e = objective(x)
-                return jnp.sum(e), e
-
-            (_, e), g = jax.value_and_grad(total, has_aux=True)(x)
-            return e, g
-
-    else:
-
-        def evaluate(x):
-            return objective(x), None
+    evaluate = energy_evaluator(objective, config.uses_gradient)
 
     def energy_of_consensus(m):
         if kernel.per_particle_consensus:
