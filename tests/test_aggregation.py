@@ -79,3 +79,40 @@ def test_large_alpha_picks_the_lowest_energy_and_zero_alpha_averages():
     np.testing.assert_array_equal(np.asarray(hot.consensus), np.asarray(params)[np.asarray(idx)[:, 1]])
     flat = consensus_downloads(energy_fn, params, idx, params, (e, own), alpha=0.0)
     np.testing.assert_allclose(np.asarray(flat.consensus), np.asarray(params)[np.asarray(idx)].mean(axis=1), rtol=1e-6)
+
+
+def test_two_pass_step_equals_the_fused_step_bitwise():
+    """The in-memory gather runs two passes (weights, then the contraction); a map without
+    ``cheap_refetch`` runs the single fused pass. Every output is bitwise equal, with a real
+    model's loss as the energy, a broken model, an agent's own broken model and empty slots."""
+    from cbo_jax.federated.aggregation import local_downloads
+    from cbo_jax.federated.local import agent_loss
+    from cbo_jax.models import init_population, mlp_mnist
+
+    model = mlp_mnist(hidden=(6,), num_classes=3, input_shape=(8,))
+    rng = np.random.default_rng(1)
+    n, m, s, chunk = 7, 3, 10, 3  # 7 agents in chunks of 3: a ragged last chunk
+    params = init_population(model, jax.random.key(0), n)
+    params = jax.tree_util.tree_map(lambda a: a.at[2].set(jnp.nan) if a.ndim == 3 else a, params)
+    own = jax.tree_util.tree_map(lambda a: 0.5 * a, params)  # the selecting agents' own models differ
+    idx = jnp.asarray(np.stack([rng.choice(np.delete(np.arange(n), j), m, replace=False) for j in range(n)]), jnp.int32)
+    valid = jnp.asarray(rng.random((n, m)) < 0.8)
+    x = jnp.asarray(rng.normal(size=(n, s, 8)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 3, (n, s)), jnp.int32)
+    c = jnp.asarray(rng.integers(3, s + 1, n), jnp.int32)
+
+    def energy(models, theta, xj, yj, cj):
+        loss = jax.vmap(lambda p: agent_loss(model, p, xj, yj, cj))(models)
+        own = agent_loss(model, theta, xj, yj, cj)
+        return Energy(loss, loss, own, own)
+
+    def step(downloads):
+        return jax.jit(lambda p, o: consensus_downloads(energy, p, idx, o, (x, y, c), alpha=7.0, chunk=chunk,
+                                                        include_self=True, valid=valid,
+                                                        downloads=downloads))(params, own)
+
+    assert local_downloads.cheap_refetch
+    two_pass, fused = step(None), step(lambda *a: local_downloads(*a))
+    for a, b in zip(jax.tree_util.tree_leaves(two_pass), jax.tree_util.tree_leaves(fused)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert np.isfinite(np.asarray(two_pass.loss)).sum() < n * m  # the broken model and empty slots were seen
