@@ -265,3 +265,28 @@ def test_epsilon_greedy_random_share_is_the_floor_of_eps_m(eps, m, random_picks)
 def test_federated_config_values_are_checked_on_the_host(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_grouped_test_evaluation_equals_the_per_agent_one():
+    """Agents sharing a test set are evaluated together (one product over the shared
+    inputs per chunk): the same accuracies as each agent on its own copy of the test set,
+    and losses up to float32 summation order; uneven groups, an empty group, test counts."""
+    rng = np.random.default_rng(0)
+    n, t, size = 9, 4, 12
+    params = models.init_population(TINY, jax.random.key(1), n)
+    x = jnp.asarray(rng.normal(size=(t, size, 2, 2)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 4, (t, size)), jnp.int32)
+    counts = jnp.asarray([12, 7, 12, 5], jnp.int32)
+    test_of = np.asarray([2, 0, 0, 1, 2, 2, 0, 1, 2], np.int32)  # test set 3 has no agent
+    groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of == k)) for k in range(t))
+    for c in (None, counts):
+        acc, loss = metrics._grouped_eval(TINY, 2, groups, params, x, y, c)
+        acc_ref, loss_ref = metrics._agent_eval(TINY, 2, params, x, y, c, jnp.asarray(test_of))
+        np.testing.assert_array_equal(np.asarray(acc), np.asarray(acc_ref))
+        np.testing.assert_allclose(np.asarray(loss), np.asarray(loss_ref), rtol=1e-6)
+        # and against NumPy: agent j's accuracy on its own test set
+        for j in range(n):
+            k = test_of[j]
+            m = size if c is None else int(counts[k])
+            out = np.asarray(TINY.apply(jax.tree_util.tree_map(lambda a: a[j], params), x[k]))[:m]
+            assert abs(float(acc[j]) - np.mean(out.argmax(-1) == np.asarray(y[k])[:m])) < 1e-6
