@@ -109,7 +109,7 @@ class RunOptions:
         if self.checkpoint_every is not None:
             _checks.positive_int("checkpoint_every", self.checkpoint_every)
         if self.memory_budget_gb is not None:
-            _checks.positive("memory_budget_gb", self.memory_budget_gb)
+            _checks.positive("memory_budget_gb", self.memory_budget_gb, f32=True)
 
 
 @functools.lru_cache(maxsize=None)
