@@ -40,28 +40,34 @@ over shapes and measurements is the ceiling. ``fraction_of_matmul_peak`` = GFLOP
 the fastest run / ceiling (conservative); ``same-cycle`` = the best over cycles of a
 run's GFLOP/s divided by the ceiling measured around that same cycle.
 
-Prototypes (on by default; ``--no-compare`` skips them) measured next to the package code; they are
-candidates for ``cbo_jax``, implemented here only:
+Prototypes and alternatives (on by default; ``--no-compare`` skips them), measured next
+to the package code:
 
-* ``aggregate_proposed``: same results as ``aggregate`` (losses, own losses,
-  consensus points), but (1) the finite-row check and the zeroing of non-finite
-  models are done once on the (N, P) population instead of on every gathered
-  (chunk, M, P) block, and (2) the consensus points are one dense GEMM
-  ``W @ clean`` with ``W`` the (N, N) matrix holding each agent's normalised weights
-  at its downloads' columns, after the loss loop. The loss loop then gathers only
-  what the forward pass reads, and XLA fuses gather + transpose into one copy.
-* ``aggregate_hoisted`` (``--prototypes proposed,hoisted``): change (1) alone, to
-  attribute the gain.
-* ``local_train_trimmed``: ``local_train`` whose last mini-batch has its true static
-  size (n_max - (ceil(n_max/B) - 1) B rows, 72 for 200 samples and B = 128) instead
-  of being padded to B rows; the dropped rows are always padding (slot >= n_max >=
-  count), so results are the same up to float rounding.
+* ``aggregate_proposed`` (a prototype): same results as ``aggregate`` up to float32
+  rounding, but the consensus points are one dense GEMM ``W @ clean`` with ``W`` the
+  (N, N) matrix holding each agent's normalised weights at its downloads' columns.
+* ``aggregate_fused`` (``--prototypes proposed,fused``): the package's step as one fused
+  pass (weights and contraction in the same ``lax.map``), the code before the two-pass
+  step; bitwise equal to ``aggregate``, to attribute the two-pass gain.
+* ``local agent_chunk=k`` (``--agent-chunks``, default 1): the package's ``local_train``
+  with ``LocalSGDConfig(agent_chunk=k)``, agents trained k at a time instead of all
+  vmapped at once.
+* ``local_train_trimmed`` (a prototype): ``local_train`` whose last mini-batch has its
+  true static size (n_max - (ceil(n_max/B) - 1) B rows, 72 for 200 samples and B = 128)
+  instead of being padded to B rows; the dropped rows are always padding (slot >= n_max
+  >= count), so results are the same up to float rounding.
+* ``test_eval per_agent``: the per-agent test evaluation (each agent on its own copy of
+  its test set), next to the package's grouped one.
 
 (c) ``round``: the package's whole FedCBO round (``fedcbo(...).round``: participation,
     local training, selection, aggregation, the likelihood update), and
 (d) ``test_eval``: the per-round evaluation the paper reports, every agent's accuracy on
     its cluster's test set (``test_size`` images per cluster, 10,000 as in the paper;
-    the package's ``metrics.test_accuracy`` kernel, chunk 8).
+    the package's ``metrics.test_accuracy`` kernel: agents grouped by test set, chunk 8).
+
+The headline phases use the package's options that run fastest on the device
+(``--agent-chunk``: 1 on a CPU, all agents vmapped elsewhere; the setting's
+``eval_chunk``); the JSON records which.
 
 The round report (issue 18) counts useful FLOPs only: 6P per real training sample per
 local epoch, 2P per evaluated sample (padded rows do not count), 2MP per agent for the
@@ -77,8 +83,7 @@ batch 64, 1,000 test images per cluster, evaluated every 5th round).
 
 Modes:
   default   N=240, M=40, tau=10, repeats 3, eval_chunk sweep {1, 4, 16}.
-            About 8 min with ``--prototypes proposed,hoisted`` on the 2-core machine
-            (474 s measured, partly under load).
+            About 8 min on the 2-core machine (474 s measured, partly under load).
   --quick   N=48, M=8, tau=1, repeats 2, eval_chunk sweep {16}; < 60 s.
 
 Output: a table; the last line of stdout is one JSON object with "seconds_local",
@@ -94,6 +99,7 @@ and the sweep / prototype numbers. ``--json PATH`` also writes it to a file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -110,11 +116,11 @@ import optax
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
-from cbo_jax.federated.aggregation import consensus_downloads
+from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo, loss_energy
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
-from cbo_jax.federated.metrics import _agent_eval_impl
+from cbo_jax.federated.metrics import _agent_eval_impl, _grouped_eval_impl
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
 
 N_SAMPLES = 200
@@ -175,30 +181,16 @@ def aggregate_proposed(model, cfg: FedCBOConfig, params, idx, data: AgentData):
     return loss, own, pop.weighted_mean(clean, dense_w)
 
 
-def aggregate_hoisted(model, cfg: FedCBOConfig, params, idx, data: AgentData):
-    """Only change (1) of ``aggregate_proposed``: finite check / zeroing hoisted out of the loop."""
-    b = cfg.local.batch_size
-
-    def loss_of(p, x, y, c):
-        return agent_loss(model, p, x, y, c, batch_size=b, reduction=cfg.loss_reduction)
-
-    finite = pop.tree_isfinite_rows(params)
-    clean = jax.tree_util.tree_map(
-        lambda leaf: jnp.where(jnp.reshape(finite, finite.shape + (1,) * (leaf.ndim - 1)), leaf, 0), params
-    )
-
-    def one_agent(args):
-        idx_j, x_j, y_j, c_j, theta_j = args
-        downloads = pop.gather(clean, idx_j)
-        loss = jax.vmap(lambda p: loss_of(p, x_j, y_j, c_j))(downloads)
-        loss = jnp.where(finite[idx_j], loss, jnp.inf)
-        w = consensus_weights(loss, cfg.alpha)
-        return loss, loss_of(theta_j, x_j, y_j, c_j), pop.weighted_mean(downloads, w)
-
-    return jax.lax.map(one_agent, (idx, data.x, data.y, data.counts, params), batch_size=cfg.eval_chunk)
+def aggregate_fused(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """The package's aggregation as one fused pass (weights and contraction in the same
+    ``lax.map``, the code before the two-pass step): a download map without
+    ``cheap_refetch`` is called once. Bitwise equal to ``aggregate``."""
+    res = consensus_downloads(loss_energy(model, cfg), params, idx, params, (data.x, data.y, data.counts),
+                              alpha=cfg.alpha, chunk=cfg.eval_chunk, downloads=lambda *a: local_downloads(*a))
+    return res.loss, res.own_loss, res.consensus
 
 
-PROTOTYPES = {"proposed": aggregate_proposed, "hoisted": aggregate_hoisted}
+PROTOTYPES = {"proposed": aggregate_proposed, "fused": aggregate_fused}
 
 
 def _train_one_trimmed(model, cfg: LocalSGDConfig, opt, params, opt_state, x, y, count, key):
@@ -344,7 +336,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--test-size", type=int, default=None, help="test images per cluster in the round's evaluation")
     ap.add_argument("--sweep-chunks", default=None, help="comma-separated eval_chunk values for the sweep (default 1,4,16; quick: 16)")
     ap.add_argument("--no-compare", dest="compare", action="store_false", help="skip the prototypes")
-    ap.add_argument("--prototypes", default="proposed", help="comma-separated aggregation prototypes for the sweep: proposed, hoisted")
+    ap.add_argument("--prototypes", default="proposed", help="comma-separated aggregation prototypes for the sweep: proposed, fused")
+    ap.add_argument("--agent-chunk", default="auto",
+                    help="LocalSGDConfig.agent_chunk of the headline local training and round: an integer, "
+                         "'none' (all agents vmapped) or 'auto' (1 on a CPU, none elsewhere)")
+    ap.add_argument("--agent-chunks", default="1",
+                    help="comma-separated agent_chunk values timed beside the default vmapped local training")
     ap.add_argument("--repeats", type=int, default=None, help="timed runs, min reported (default 3; 2 with --quick)")
     ap.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
     ap.add_argument("--seed", type=int, default=0)
@@ -364,6 +361,13 @@ def main(argv=None) -> dict:
     default_sweep = "16" if q else ("1,4,16" if args.setting == "benchmark" else str(args.eval_chunk))
     sweep = [int(v) for v in (args.sweep_chunks or default_sweep).split(",") if v]
     local_cfg = LocalSGDConfig(epochs=tau, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum)
+    if args.agent_chunk == "auto":
+        head_chunk = 1 if jax.default_backend() == "cpu" else None
+    else:
+        head_chunk = None if args.agent_chunk.lower() == "none" else int(args.agent_chunk)
+    agent_chunks = sorted({int(v) for v in args.agent_chunks.split(",") if v} | ({head_chunk} - {None}))
+    head_local_cfg = dataclasses.replace(local_cfg, agent_chunk=head_chunk)
+    head_local_name = "local_train" if head_chunk is None else f"agent_chunk={head_chunk}"
 
     t_start = time.perf_counter()
     load_start = load_avg()
@@ -387,8 +391,8 @@ def main(argv=None) -> dict:
     # variant samples the same (varying) load on this shared machine.
     jobs = []
 
-    def add_local(name, fn):
-        c, comp_s = compile_fn(lambda p, x, y, cnt, k: fn(model, local_cfg, p, None, x, y, cnt, k),
+    def add_local(name, fn, cfg=local_cfg):
+        c, comp_s = compile_fn(lambda p, x, y, cnt, k: fn(model, cfg, p, None, x, y, cnt, k),
                                params, data.x, data.y, data.counts, key)
         jobs.append({"phase": "local", "variant": name, "eval_chunk": "-", "compiled": c,
                      "args": (params, data.x, data.y, data.counts, key), "gflop": local_flops(n_agents, tau, args.batch_size) / 1e9,
@@ -411,14 +415,20 @@ def main(argv=None) -> dict:
         rng = np.random.default_rng(args.seed + 3)
         tx = jnp.asarray(rng.integers(0, 256, (CLUSTERS, test_size, 28, 28), dtype=np.uint8))
         ty = jnp.asarray(rng.integers(0, 10, (CLUSTERS, test_size)).astype(np.int32))
-        test_of = jnp.asarray(np.arange(n_agents) % CLUSTERS, jnp.int32)
-        c, comp_s = compile_fn(lambda p, x, y, t: _agent_eval_impl(model, 8, p, x, y, None, t), params, tx, ty, test_of)
-        jobs.append({"phase": "test_eval", "variant": "test_accuracy", "eval_chunk": 8, "compiled": c,
-                     "args": (params, tx, ty, test_of), "gflop": flops["test_eval"] / 1e9,
-                     "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
+        test_of_np = np.arange(n_agents) % CLUSTERS
+        groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of_np == k)) for k in range(CLUSTERS))
+        test_of = jnp.asarray(test_of_np, jnp.int32)
+        variants = {"test_accuracy": lambda p, x, y: _grouped_eval_impl(model, 8, groups, p, x, y, None)}
+        if args.compare:
+            variants["per_agent"] = lambda p, x, y: _agent_eval_impl(model, 8, p, x, y, None, test_of)
+        for name, fn in variants.items():
+            c, comp_s = compile_fn(fn, params, tx, ty)
+            jobs.append({"phase": "test_eval", "variant": name, "eval_chunk": 8, "compiled": c,
+                         "args": (params, tx, ty), "gflop": flops["test_eval"] / 1e9,
+                         "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
     def add_round():
-        cfg = FedCBOConfig(M=m, eval_chunk=args.eval_chunk, local=local_cfg)
+        cfg = FedCBOConfig(M=m, eval_chunk=args.eval_chunk, local=head_local_cfg)
         alg = fedcbo(model, cfg, n_agents)
         state = alg.init(jax.random.key(args.seed))
         c, comp_s = compile_fn(alg.round, state, data)
@@ -430,6 +440,8 @@ def main(argv=None) -> dict:
     add_round()
     add_test_eval()
     add_local("local_train", local_train_package)
+    for k in agent_chunks:
+        add_local(f"agent_chunk={k}", local_train_package, dataclasses.replace(local_cfg, agent_chunk=k))
     if args.compare:
         add_local("trimmed_last_batch", local_train_trimmed)
     add_agg("aggregate", aggregate, args.eval_chunk)
@@ -481,6 +493,12 @@ def main(argv=None) -> dict:
     if args.compare:
         checks["local_trimmed_max_abs_diff_params"] = max_abs_diff(
             by[("local", "local_train", "-")]["out"].params, by[("local", "trimmed_last_batch", "-")]["out"][0])
+        for k in agent_chunks:
+            checks[f"local_agent_chunk{k}_max_abs_diff_params"] = max_abs_diff(
+                by[("local", "local_train", "-")]["out"].params, by[("local", f"agent_chunk={k}", "-")]["out"].params)
+        ta, pa = by[("test_eval", "test_accuracy", 8)]["out"], by[("test_eval", "per_agent", 8)]["out"]
+        checks["test_eval_grouped_max_abs_diff_acc"] = max_abs_diff(ta[0], pa[0])
+        checks["test_eval_grouped_max_abs_diff_loss"] = max_abs_diff(ta[1], pa[1])
         ref = by[("aggregation", "aggregate", args.eval_chunk)]["out"]
         for name in protos:
             other = by[("aggregation", name, sweep[0])]["out"]
@@ -515,11 +533,11 @@ def main(argv=None) -> dict:
         print(f"check {k} = {v:.3g}")
 
     head = next(r for r in rows if r["phase"] == "aggregation" and r["variant"] == "aggregate" and r["eval_chunk"] == args.eval_chunk)
-    loc = next(r for r in rows if r["variant"] == "local_train")
+    loc = next(r for r in rows if r["variant"] == head_local_name)
     loc2 = next((r for r in rows if r["variant"] == "trimmed_last_batch"), None)
     best = min((r for r in rows if r["phase"] == "aggregation"), key=lambda r: r["seconds"])
     rnd = next(r for r in rows if r["phase"] == "round")
-    tev = next(r for r in rows if r["phase"] == "test_eval")
+    tev = next(r for r in rows if r["phase"] == "test_eval" and r["variant"] == "test_accuracy")
     # Seconds of one round's phases (fastest runs): local training and aggregation timed on
     # their own; "other" = the package's whole round minus those two (participation,
     # selection, the likelihood update, the model update, state bookkeeping).
@@ -570,7 +588,7 @@ def main(argv=None) -> dict:
         "best_aggregation": {k: best[k] for k in ("variant", "eval_chunk", "seconds", "gflops", "fraction_of_matmul_peak", "fraction_same_cycle")},
         "settings": {
             "N": n_agents, "M": m, "n": N_SAMPLES, "tau": tau, "batch_size": args.batch_size, "lr": args.lr,
-            "momentum": args.momentum, "eval_chunk": args.eval_chunk, "data": args.data, "repeats": repeats,
+            "momentum": args.momentum, "eval_chunk": args.eval_chunk, "agent_chunk": head_chunk, "data": args.data, "repeats": repeats,
             "quick": q, "test_size": test_size, "eval_every": st["eval_every"], "model": "mlp-784-200-10", "params_per_model": P_MLP, "sweep_chunks": sweep, "prototypes": protos,
             "aggregation_gflop": agg_flops(n_agents, m) / 1e9, "local_gflop_padded": local_flops(n_agents, tau, args.batch_size) / 1e9,
         },
