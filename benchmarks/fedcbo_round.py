@@ -29,10 +29,12 @@ FLOPs (multiply and add counted separately, biases / ReLU / softmax neglected):
                                                        downloads and the own model on
                                                        the agent's n samples
               + N * 2 M P                              weighted mean m_j (eq. 19)
-  local       = N * tau * ceil(n/B)*B * (4*784*200 + 6*200*10)
+  local       = N * tau * n * (4*784*200 + 6*200*10)
                 forward (2 flops/MAC) + weight gradients (2) of both layers, plus the
-                hidden-activation gradient of layer 2; ``local_train`` pads the last
-                batch to B rows (200 samples -> 256 rows), and those rows are computed.
+                hidden-activation gradient of layer 2, for the n real rows (the table's
+                rows; the round report below uses 6P per sample). ``local_train``
+                computes the last batch at its true size; the ``padded_last_batch``
+                variant computes ceil(n/B)*B rows, of which only n count.
 Matmul ceiling: best GFLOP/s of a jitted float32 ``jnp.dot`` measured in the same
 process before and after every cycle (the per-agent GEMM of the aggregation,
 (n x 784) @ (784 x M*200), and a square 2048^3; min time of several runs); the max
@@ -52,10 +54,10 @@ to the package code:
 * ``local agent_chunk=k`` (``--agent-chunks``, default 1): the package's ``local_train``
   with ``LocalSGDConfig(agent_chunk=k)``, agents trained k at a time instead of all
   vmapped at once.
-* ``local_train_trimmed`` (a prototype): ``local_train`` whose last mini-batch has its
-  true static size (n_max - (ceil(n_max/B) - 1) B rows, 72 for 200 samples and B = 128)
-  instead of being padded to B rows; the dropped rows are always padding (slot >= n_max
-  >= count), so results are the same up to float rounding.
+* ``local_train_padded``: ``local_train`` as it was before issue 18, its last mini-batch
+  padded to B rows (200 samples, B = 128: 128 + 128 rows, 56 of them masked) instead of
+  computed at its true size (128 + 72); the same random streams and batches, equal up
+  to float rounding, to attribute the gain.
 * ``test_eval per_agent``: the per-agent test evaluation (each agent on its own copy of
   its test set), next to the package's grouped one.
 
@@ -119,7 +121,7 @@ from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo, loss_energy
 from cbo_jax.federated.data import AgentData
-from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
+from cbo_jax.federated.local import LocalSGDConfig, agent_keys, agent_loss, local_train, make_optimizer
 from cbo_jax.federated.metrics import _agent_eval_impl, _grouped_eval_impl
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
 
@@ -193,12 +195,13 @@ def aggregate_fused(model, cfg: FedCBOConfig, params, idx, data: AgentData):
 PROTOTYPES = {"proposed": aggregate_proposed, "fused": aggregate_fused}
 
 
-def _train_one_trimmed(model, cfg: LocalSGDConfig, opt, params, opt_state, x, y, count, key):
-    """``cbo_jax.federated.local._train_one`` with an unpadded last mini-batch."""
+def _train_one_padded(model, cfg: LocalSGDConfig, opt, params, opt_state, x, y, count, key):
+    """``cbo_jax.federated.local._train_one`` as it was before issue 18: the last mini-batch
+    padded to B rows (masked), e.g. 200 samples -> batches of 128 and 128 (56 masked)."""
     n_max = x.shape[0]
     b = cfg.batch_size
-    full = n_max // b
-    rest = n_max - full * b
+    num_batches = -(-n_max // b)
+    slots = jnp.arange(num_batches * b)
 
     def grad_step(carry, batch):
         params, opt_state = carry
@@ -213,33 +216,23 @@ def _train_one_trimmed(model, cfg: LocalSGDConfig, opt, params, opt_state, x, y,
     def epoch(carry, key):
         u = jnp.where(jnp.arange(n_max) < count, jax.random.uniform(key, (n_max,)), 2.0)
         perm = jnp.argsort(u)
-        mask = jnp.arange(n_max) < count
-        losses, has = [], []
-        if full:
-            carry, (lf, hf) = jax.lax.scan(
-                grad_step, carry, (perm[: full * b].reshape(full, b), mask[: full * b].reshape(full, b))
-            )
-            losses.append(lf)
-            has.append(hf)
-        if rest:
-            carry, (l_rest, h_rest) = grad_step(carry, (perm[full * b :], mask[full * b :]))
-            losses.append(l_rest[None])
-            has.append(h_rest[None])
-        losses, has = jnp.concatenate(losses), jnp.concatenate(has)
+        perm = jnp.concatenate([perm, jnp.zeros(num_batches * b - n_max, perm.dtype)])
+        mask = slots < count
+        carry, (losses, has) = jax.lax.scan(grad_step, carry, (perm.reshape(num_batches, b), mask.reshape(num_batches, b)))
         return carry, jnp.sum(losses * has) / jnp.maximum(jnp.sum(has), 1)
 
     (params, opt_state), losses = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, cfg.epochs))
     return params, opt_state, losses[-1]
 
 
-def local_train_trimmed(model, cfg: LocalSGDConfig, params, opt_state, x, y, counts, key):
-    """Drop-in alternative to ``local_train`` (same random stream, same results)."""
+def local_train_padded(model, cfg: LocalSGDConfig, params, opt_state, x, y, counts, key):
+    """``local_train`` before issue 18 (padded last mini-batch; same random streams)."""
     opt = make_optimizer(cfg)
-    n = counts.shape[0]
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
-    train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one_trimmed(model, cfg, opt, p, s, xi, yi, c, k))
-    return train(params, opt_state, x, y, counts, jax.random.split(key, n))
+    keys = agent_keys(key, counts.shape[0])
+    train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one_padded(model, cfg, opt, p, s, xi, yi, c, k))
+    return train(params, opt_state, x, y, counts, keys)
 
 
 def local_train_package(model, cfg: LocalSGDConfig, params, opt_state, x, y, counts, key):
@@ -395,7 +388,7 @@ def main(argv=None) -> dict:
         c, comp_s = compile_fn(lambda p, x, y, cnt, k: fn(model, cfg, p, None, x, y, cnt, k),
                                params, data.x, data.y, data.counts, key)
         jobs.append({"phase": "local", "variant": name, "eval_chunk": "-", "compiled": c,
-                     "args": (params, data.x, data.y, data.counts, key), "gflop": local_flops(n_agents, tau, args.batch_size) / 1e9,
+                     "args": (params, data.x, data.y, data.counts, key), "gflop": local_flops(n_agents, tau, args.batch_size, padded=False) / 1e9,
                      "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
     def add_agg(name, fn, chunk):
@@ -443,7 +436,7 @@ def main(argv=None) -> dict:
     for k in agent_chunks:
         add_local(f"agent_chunk={k}", local_train_package, dataclasses.replace(local_cfg, agent_chunk=k))
     if args.compare:
-        add_local("trimmed_last_batch", local_train_trimmed)
+        add_local("padded_last_batch", local_train_padded)
     add_agg("aggregate", aggregate, args.eval_chunk)
     for chunk in sweep:
         if chunk != args.eval_chunk:
@@ -491,8 +484,8 @@ def main(argv=None) -> dict:
     checks = {}
     by = {(j["phase"], j["variant"], j["eval_chunk"]): j for j in jobs}
     if args.compare:
-        checks["local_trimmed_max_abs_diff_params"] = max_abs_diff(
-            by[("local", "local_train", "-")]["out"].params, by[("local", "trimmed_last_batch", "-")]["out"][0])
+        checks["local_padded_max_abs_diff_params"] = max_abs_diff(
+            by[("local", "local_train", "-")]["out"].params, by[("local", "padded_last_batch", "-")]["out"][0])
         for k in agent_chunks:
             checks[f"local_agent_chunk{k}_max_abs_diff_params"] = max_abs_diff(
                 by[("local", "local_train", "-")]["out"].params, by[("local", f"agent_chunk={k}", "-")]["out"].params)
@@ -534,7 +527,7 @@ def main(argv=None) -> dict:
 
     head = next(r for r in rows if r["phase"] == "aggregation" and r["variant"] == "aggregate" and r["eval_chunk"] == args.eval_chunk)
     loc = next(r for r in rows if r["variant"] == head_local_name)
-    loc2 = next((r for r in rows if r["variant"] == "trimmed_last_batch"), None)
+    loc2 = next((r for r in rows if r["variant"] == "padded_last_batch"), None)
     best = min((r for r in rows if r["phase"] == "aggregation"), key=lambda r: r["seconds"])
     rnd = next(r for r in rows if r["phase"] == "round")
     tev = next(r for r in rows if r["phase"] == "test_eval" and r["variant"] == "test_accuracy")
@@ -584,7 +577,7 @@ def main(argv=None) -> dict:
         "fraction_of_matmul_peak": head["fraction_of_matmul_peak"],
         "fraction_of_matmul_peak_same_cycle": head["fraction_same_cycle"],
         "local_gflops": loc["gflops"],
-        "seconds_local_trimmed": loc2["seconds"] if loc2 else None,
+        "seconds_local_padded_last_batch": loc2["seconds"] if loc2 else None,
         "best_aggregation": {k: best[k] for k in ("variant", "eval_chunk", "seconds", "gflops", "fraction_of_matmul_peak", "fraction_same_cycle")},
         "settings": {
             "N": n_agents, "M": m, "n": N_SAMPLES, "tau": tau, "batch_size": args.batch_size, "lr": args.lr,

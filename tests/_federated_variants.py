@@ -2,7 +2,7 @@
 
 Shared by tests/test_federated_regression.py (one device) and tests/_sharded_runs.py
 (8 simulated devices). ``run_variant(name, mesh)`` returns ``(state_arrays, metric_arrays)``
-in the layout of ``tests/pinned/federated_v2.npz``.
+in the layout of ``tests/pinned/federated_v3.npz``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.mnist import MNIST
 from cbo_jax.federated.synthetic import synthetic
 
-PINNED = Path(__file__).parent / "pinned" / "federated_v2.npz"
+PINNED = Path(__file__).parent / "pinned" / "federated_v3.npz"
+PINNED_V2 = Path(__file__).parent / "pinned" / "federated_v2.npz"
 PINNED_V1 = Path(__file__).parent / "pinned" / "federated_v1.npz"
 ROUNDS = 3
 

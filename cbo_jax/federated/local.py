@@ -5,8 +5,9 @@ One agent's training is a ``lax.scan`` over epochs of a ``lax.scan`` over batche
 own real samples (padding rows of unequal-size agents are never drawn) and walks
 through them in ``ceil(n_max / B)`` batches, the last one partial, like PyTorch's
 ``DataLoader(shuffle=True, drop_last=False)`` (200 samples with B = 128 give batches
-of 128 and 72, as in the FedCBO reference script). A batch with no real sample leaves
-the agent untouched.
+of 128 and 72, as in the FedCBO reference script). The last batch is computed at its
+true size (72 rows, not 128 with 56 masked), so no padded row costs a flop when every
+agent holds ``n_max`` samples. A batch with no real sample leaves the agent untouched.
 
 The optimizer is optax's SGD with momentum. The FedCBO reference code builds a new
 optimizer every round (momentum resets); ``reset_optimizer=True`` does the same, and
@@ -87,8 +88,7 @@ class LocalResult(NamedTuple):
 def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformation, params, opt_state, x, y, count, key):
     n_max = x.shape[0]
     b = cfg.batch_size
-    num_batches = -(-n_max // b)
-    slots = jnp.arange(num_batches * b)
+    full, rest = divmod(n_max, b)  # ``full`` batches of B rows, then one of ``rest`` rows (no padded rows)
 
     def grad_step(carry, batch):
         params, opt_state = carry
@@ -101,12 +101,22 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
         return (keep(new_params, params), keep(new_opt, opt_state)), (loss, has_data)
 
     def epoch(carry, key):
-        # Real samples first, in random order; padding rows sort last and are masked.
+        # Real samples first, in random order; padding rows sort last and are masked. The
+        # last batch holds the n_max - full·B remaining slots at their true size.
         u = jnp.where(jnp.arange(n_max) < count, jax.random.uniform(key, (n_max,)), 2.0)
         perm = jnp.argsort(u)
-        perm = jnp.concatenate([perm, jnp.zeros(num_batches * b - n_max, perm.dtype)])
-        mask = slots < count
-        carry, (losses, has) = jax.lax.scan(grad_step, carry, (perm.reshape(num_batches, b), mask.reshape(num_batches, b)))
+        mask = jnp.arange(n_max) < count
+        losses, has = [], []
+        if full:
+            carry, (lf, hf) = jax.lax.scan(grad_step, carry, (perm[: full * b].reshape(full, b),
+                                                               mask[: full * b].reshape(full, b)))
+            losses.append(lf)
+            has.append(hf)
+        if rest:
+            carry, (lr, hr) = grad_step(carry, (perm[full * b:], mask[full * b:]))
+            losses.append(lr[None])
+            has.append(hr[None])
+        losses, has = jnp.concatenate(losses), jnp.concatenate(has)
         mean_loss = jnp.sum(losses * has) / jnp.maximum(jnp.sum(has), 1)
         return carry, mean_loss
 
