@@ -98,6 +98,7 @@ def _cmd_optimize(args) -> int:
 
     if not args.init_low < args.init_high:
         raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
+    alpha: schedules.Constant | schedules.Multiplicative | schedules.EffectiveSampleSize
     if args.alpha_schedule == "constant":
         alpha = schedules.Constant(args.alpha)
     elif args.alpha_schedule == "multiplicative":
@@ -324,8 +325,8 @@ def _maybe_initialize_distributed(args) -> None:
         if args.num_processes or args.process_id is not None:
             raise ValueError("--num-processes/--process-id need --coordinator HOST:PORT")
         return
-    addr, nproc, pid = env if env is not None else (None, 1, 0)
-    addr = args.coordinator or addr
+    addr, nproc, pid = env if env is not None else ("", 1, 0)
+    addr = args.coordinator or addr  # set: without it and without the variables we returned above
     nproc = args.num_processes or nproc
     pid = args.process_id if args.process_id is not None else pid
     distributed.initialize(addr, nproc, pid, timeout=args.startup_timeout)

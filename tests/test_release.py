@@ -63,3 +63,27 @@ def test_bundled_mnist_subset_loads():
     assert mnist.train_images.shape[1:] == (28, 28) and len(mnist.train_images) == len(mnist.train_labels) > 0
     assert len(mnist.test_images) == len(mnist.test_labels) > 0
     assert set(int(v) for v in mnist.train_labels) == set(range(10))
+
+
+# Exported functions whose signatures are not annotated yet. The test fails when one of them gains its annotations,
+# so the list only shrinks.
+NOT_YET_ANNOTATED = {"cbo_jax.federated.consensus_downloads", "cbo_jax.federated.local_downloads"}
+
+
+def test_public_functions_have_annotated_signatures():
+    import inspect
+    import types
+
+    import cbo_jax.federated as fl
+
+    incomplete = set()
+    for mod in (cbo_jax, fl):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if isinstance(obj, types.ModuleType) or not inspect.isfunction(obj):
+                continue
+            sig = inspect.signature(obj)
+            if (sig.return_annotation is inspect.Signature.empty
+                    or any(p.annotation is inspect.Parameter.empty for p in sig.parameters.values())):
+                incomplete.add(f"{mod.__name__}.{name}")
+    assert incomplete == NOT_YET_ANNOTATED

@@ -245,7 +245,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     def metric(ev: Evaluation) -> dict:
         if ev.kind == "agent":
             acc, loss = _agent_eval(model, chunk, ev.params, test_x, test_y, counts, jnp.asarray(test_of))
-            out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
+            out: dict[str, Any] = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
             if cluster is not None:
                 c = jnp.asarray(cluster)
                 out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 for k in range(int(cluster.max()) + 1)]
@@ -310,7 +310,7 @@ def attack_metrics(model: Model, params: PyTree, test_x, test_y, cluster, source
     tb = int(min(test_batch, test_x.shape[1]))
     acc, src, asr = _attack_eval(model, chunk, tb, params, test_x, test_y, cluster, jnp.int32(source), jnp.int32(target))
     k = test_x.shape[0]
-    out = {"overall_acc": float(jnp.mean(acc)) * 100, "source_acc": float(jnp.mean(src)) * 100,
+    out: dict[str, Any] = {"overall_acc": float(jnp.mean(acc)) * 100, "source_acc": float(jnp.mean(src)) * 100,
            "asr": float(jnp.mean(asr)) * 100}
     for name, v in (("overall_acc", acc), ("source_acc", src), ("asr", asr)):
         out[f"{name}_per_cluster"] = [float(jnp.mean(v[cluster == c])) * 100 if bool(jnp.any(cluster == c)) else None
