@@ -80,4 +80,5 @@ for f in "${SOURCE_FREE_TESTS[@]}"; do cp "$src/tests/$f" "$work/tests/"; done
 cp "$src/tests/conftest.py" "$work/tests/"
 python -m pytest -q -p no:cacheprovider --rootdir "$work/tests" "$work/tests"
 elapsed "$start"
-echo "wheel check passed ($work)"
+rm -rf "$work"  # kept when a step fails, for a look at what went wrong
+echo "wheel check passed"
