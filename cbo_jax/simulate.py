@@ -207,7 +207,8 @@ def simulate(
             raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
         if chunk is not None and mesh is not None:
             raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
-    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # flag attributes are not in jax's Config stub
+    # jax's Config stub does not declare the flag attributes, hence the narrow ignore
+    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         raise ValueError(
             "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
             "at start-up (the CLI's --dtype float64 does this)"
@@ -358,7 +359,8 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         dtype = (config.dtype if config is not None else cfg_kw.get("dtype", "float32"))
         k_init, key = jax.random.split(key)
         shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
-        wide = dtype == "float64" and jax.config.jax_enable_x64  # type: ignore[attr-defined]  # (not in jax's stub); else simulate explains what is missing
+        # else simulate explains what is missing; the flag is not in jax's Config stub (narrow ignore)
+        wide = dtype == "float64" and jax.config.jax_enable_x64  # type: ignore[attr-defined]
         x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
     elif dim is not None:
         leaf = jax.tree_util.tree_leaves(x0)[0]

@@ -28,7 +28,7 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import Algorithm, weighted_rows_mean, per_agent_fields
+from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields, weighted_rows_mean
 from cbo_jax.federated.attacks import AttackData, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import (per_agent_fields, AgentData, Algorithm, BaselineConfig, broadcast, participants,
-                                               weighted_rows_mean)
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
+                                               per_agent_fields, weighted_rows_mean)
 from cbo_jax.federated.local import local_train
 from cbo_jax.models import Model
 

@@ -116,7 +116,8 @@ class FedCB2OConfig:
     def reference_code(cls, **overrides) -> "FedCB2OConfig":
         """The FedCB²O reference script's form: own model in the average with the largest
         weight after T_G, replaced by the average (λ1 γ = 1), one shared initial model, α = 2."""
-        kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0, gamma=0.1)
+        kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0,
+                                  gamma=0.1)
         kw.update(overrides)
         return cls(**kw)
 

@@ -38,7 +38,7 @@ from cbo_jax import population as pop
 from cbo_jax.federated import selection
 from cbo_jax.federated.selection import SelectionRule
 from cbo_jax.federated.aggregation import DownloadMap, Energy, consensus_downloads
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, tree_where_rows, per_agent_fields
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, per_agent_fields, tree_where_rows
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 from cbo_jax.sde import diffusion, per_particle_normal

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import (per_agent_fields, AgentData, Algorithm, BaselineConfig, participants,
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
                                                weighted_rows_mean)
 from cbo_jax.federated.local import agent_loss, local_train
 from cbo_jax.models import Model, init_population

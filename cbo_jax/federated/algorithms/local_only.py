@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, participants, tree_where_rows, per_agent_fields
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
+                                               tree_where_rows)
 from cbo_jax.federated.local import local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 
