@@ -243,9 +243,10 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     clf = model.is_classifier
 
     def metric(ev: Evaluation) -> dict:
+        out: dict[str, Any]
         if ev.kind == "agent":
             acc, loss = _agent_eval(model, chunk, ev.params, test_x, test_y, counts, jnp.asarray(test_of))
-            out: dict[str, Any] = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
+            out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
             if cluster is not None:
                 c = jnp.asarray(cluster)
                 out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 for k in range(int(cluster.max()) + 1)]
