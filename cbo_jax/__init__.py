@@ -18,7 +18,18 @@ from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constraine
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
 from cbo_jax.simulate import SimulationResult, minimize, simulate
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one place it is written)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cbo-jax")
+    except PackageNotFoundError:  # imported from a source tree that was never installed: no metadata to read
+        return "0+unknown"
+
+
+__version__: str = _version()
 
 __all__ = [
     "CBOConfig",

@@ -136,7 +136,7 @@ def all_finite(name: str, tree: Any) -> None:
             raise ValueError(f"{name}{where} has {bad} non-finite entries (NaN or inf)")
 
 
-def as_key(name: str, key: Any):
+def as_key(name: str, key: Any) -> jax.Array:
     """A PRNG key from ``key``: typed keys and raw ``uint32`` key data pass unchanged, an
     integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``."""
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):

@@ -2,7 +2,8 @@
 
     cbo-jax optimize --objective rastrigin --dim 20 [options]
     cbo-jax run fedcbo|fedavg|ifca|local [options | --config FILE]   (--help: the algorithm's options)
-    cbo-jax demo
+    cbo-jax demo [--rounds R]
+    cbo-jax --version
     cbo-jax reproduce --list
     cbo-jax reproduce NAME [options]                                  (--help: its options)
     cbo-jax report RESULTS_DIR [--format html|md] [-o FILE]
@@ -97,6 +98,7 @@ def _cmd_optimize(args) -> int:
 
     if not args.init_low < args.init_high:
         raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
+    alpha: schedules.Constant | schedules.Multiplicative | schedules.EffectiveSampleSize
     if args.alpha_schedule == "constant":
         alpha = schedules.Constant(args.alpha)
     elif args.alpha_schedule == "multiplicative":
@@ -226,6 +228,8 @@ def _add_demo(sub) -> None:
                                    "(offline, about 2 minutes on 2 CPU cores).")
     p.add_argument("--output", type=Path, default=Path("results") / "demo")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rounds", type=_positive_int, default=None,
+                   help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_cmd_demo)
 
@@ -233,7 +237,7 @@ def _add_demo(sub) -> None:
 def _cmd_demo(args) -> int:
     from cbo_jax.experiments.demo import run_demo
 
-    result = run_demo(args.output, seed=args.seed, progress=not args.no_progress)
+    result = run_demo(args.output, seed=args.seed, progress=not args.no_progress, rounds=args.rounds)
     print(json.dumps(_json_safe(result)))
     return 0
 
@@ -321,15 +325,18 @@ def _maybe_initialize_distributed(args) -> None:
         if args.num_processes or args.process_id is not None:
             raise ValueError("--num-processes/--process-id need --coordinator HOST:PORT")
         return
-    addr, nproc, pid = env if env is not None else (None, 1, 0)
-    addr = args.coordinator or addr
+    addr, nproc, pid = env if env is not None else ("", 1, 0)
+    addr = args.coordinator or addr  # set: without it and without the variables we returned above
     nproc = args.num_processes or nproc
     pid = args.process_id if args.process_id is not None else pid
     distributed.initialize(addr, nproc, pid, timeout=args.startup_timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from cbo_jax import __version__
+
     parser = argparse.ArgumentParser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
+    parser.add_argument("--version", action="version", version=f"cbo-jax {__version__}")
     multi = parser.add_argument_group("multi-process (see cbo_jax.distributed)")
     multi.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="coordinator of a multi-process run (also $CBO_JAX_COORDINATOR)")

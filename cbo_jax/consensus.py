@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 
 from cbo_jax import population as pop
@@ -67,7 +68,7 @@ def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = Non
     return logw - jax.nn.logsumexp(logw, axis=-1, keepdims=True)
 
 
-def consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
+def consensus_weights(energy: jax.Array, alpha: ArrayLike, mask: jax.Array | None = None) -> jax.Array:
     """Normalised Gibbs weights ``ω_i / Σ_j ω_j`` (see :func:`log_consensus_weights`)."""
     return jnp.exp(log_consensus_weights(energy, alpha, mask))
 
@@ -78,7 +79,8 @@ def _finite_population(population: PyTree, mask):
     return clean, ok if mask is None else mask & ok
 
 
-def consensus_point(population: PyTree, energy: jax.Array, alpha, mask: jax.Array | None = None) -> PyTree:
+def consensus_point(population: PyTree, energy: jax.Array, alpha: ArrayLike,
+                    mask: jax.Array | None = None) -> PyTree:
     """Consensus point ``m_α`` of a population (FedCBO eq. (4), CB²O eq. (1.3)).
 
     Args:
@@ -146,7 +148,7 @@ def subset_consensus(
     population: PyTree,
     idx: jax.Array,
     loss: jax.Array,
-    alpha,
+    alpha: ArrayLike,
     *,
     mask: jax.Array | None = None,
     method: str = "dense",
@@ -189,7 +191,7 @@ def subset_consensus(
     raise ValueError(f"method must be 'dense' or 'gather', got {method!r}")
 
 
-def quantile_mask(energy: jax.Array, beta, mask: jax.Array | None = None) -> jax.Array:
+def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = None) -> jax.Array:
     """β-quantile sub-level set ``Q_β = {i : E_i <= q_β}`` (CB²O eq. (1.4)).
 
     ``q_β`` is the β-quantile (linear interpolation, as ``numpy.quantile``) of the

@@ -106,7 +106,7 @@ def scaled_identity(cs) -> bool:
     return all(getattr(g, "hess_scale", None) is not None for g in cs)
 
 
-_NAMED = {"sphere": sphere, "plane": plane, "quadric": quadric}
+_NAMED: dict[str, Callable[..., Constraint]] = {"sphere": sphere, "plane": plane, "quadric": quadric}
 
 
 def as_constraints(constraints) -> tuple:

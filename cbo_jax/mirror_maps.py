@@ -159,7 +159,7 @@ def EntropySimplex() -> MirrorMap:
                      lambda y: jax.nn.softmax(y, axis=-1))
 
 
-MIRROR_MAPS = {
+MIRROR_MAPS: dict[str, Callable[..., MirrorMap]] = {
     "L2": L2, "None": L2, "ElasticNet": ElasticNet, "ProjectionBall": ProjectionBall,
     "ProjectionHyperplane": ProjectionHyperplane, "ProjectionSphere": ProjectionSphere,
     "ProjectionSquare": ProjectionSquare, "ProjectionStiefel": ProjectionStiefel, "LogBarrierBox": LogBarrierBox,

@@ -18,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 import optax
 
@@ -81,7 +82,7 @@ class Model(NamedTuple):
     """
 
     init: Callable[[jax.Array], PyTree]
-    apply: Callable[[PyTree, jax.Array], jax.Array]
+    apply: Callable[..., Any]  # apply(params, x) -> outputs (a Flax module's apply takes more keywords)
     name: str
     num_classes: int | None
     loss: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy
@@ -91,7 +92,7 @@ class Model(NamedTuple):
         return self.num_classes is not None
 
 
-def from_flax(module: nn.Module, example_input, *, loss: str | Callable = "cross_entropy",
+def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callable = "cross_entropy",
               num_classes: int | None = None, name: str | None = None) -> Model:
     """A :class:`Model` from any Flax (linen) module.
 
@@ -181,7 +182,7 @@ class CNN(nn.Module):
     padding (28×28 inputs give 7·7·64 = 3136 features before the dense layers)."""
 
     num_classes: int = 47
-    features: tuple[int, int] = (32, 64)
+    features: tuple[int, ...] = (32, 64)  # the two convolutions' channels
     hidden: int = 2048
 
     @nn.compact

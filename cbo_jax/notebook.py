@@ -7,7 +7,8 @@ Markdown cell whose lines are comments. The scripts run as they are
 
     python -m cbo_jax.notebook examples/notebooks/*.py
 
-writes the matching ``.ipynb`` files (no outputs), which the test suite keeps in sync.
+writes the matching ``.ipynb`` files (no outputs) through jupytext, which the test suite keeps in sync
+in both directions (script → notebook → script is exact).
 
 Inside the notebooks:
 
@@ -25,7 +26,8 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["small_mode", "device_summary", "in_notebook", "LiveFigure", "script_to_notebook", "main"]
+__all__ = ["small_mode", "device_summary", "in_notebook", "LiveFigure", "script_to_notebook", "notebook_to_script",
+           "notebook_json", "main"]
 
 
 def small_mode() -> bool:
@@ -102,43 +104,30 @@ class LiveFigure:
 
 # ----------------------------------------------------------------------------- converter
 
-_CODE, _MARKDOWN = "# %%", "# %% [markdown]"
+_CELL_MARKER = "# %%"
 
 
 def script_to_notebook(text: str) -> dict:
-    """A percent-format script as an nbformat-4 notebook dict (cells only, no outputs)."""
-    cells: list[dict] = []
-    kind, lines = None, []
+    """A percent-format script as an nbformat-4 notebook dict (cells only, no outputs).
 
-    def flush():
-        if kind is None:
-            return
-        body = list(lines)
-        while body and not body[-1].strip():
-            body.pop()
-        while body and not body[0].strip():
-            body.pop(0)
-        if kind == "markdown":
-            body = [ln[2:] if ln.startswith("# ") else ln.lstrip("#") for ln in body]
-        src = [ln + "\n" for ln in body]
-        if src:
-            src[-1] = src[-1][:-1]
-        cell = {"cell_type": kind, "metadata": {}, "source": src}
-        if kind == "code":
-            cell.update(execution_count=None, outputs=[])
-        if src:
-            cells.append(cell)
+    The cells are parsed by jupytext (``py:percent``); leading and trailing blank lines of a cell
+    and empty cells are dropped. The notebook metadata is fixed (a Colab GPU runtime, the Python 3
+    kernel), so the ``.ipynb`` text depends on the script only. Needs the ``notebooks`` (or ``test``)
+    extra, which installs jupytext.
+    """
+    import jupytext
 
-    for line in text.splitlines():
-        stripped = line.rstrip()
-        if stripped == _MARKDOWN or stripped == _CODE:
-            flush()
-            kind, lines = ("markdown" if stripped == _MARKDOWN else "code"), []
-        elif kind is not None:
-            lines.append(stripped)
-    flush()
-    if not cells:
+    if not any(line.startswith(_CELL_MARKER) for line in text.splitlines()):
         raise ValueError("no '# %%' cells found")
+    cells: list[dict] = []
+    for parsed in jupytext.reads(text, fmt="py:percent").cells:
+        body = parsed.source.strip("\n")
+        if not body.strip():
+            continue
+        cell = {"cell_type": parsed.cell_type, "metadata": {}, "source": body.splitlines(keepends=True)}
+        if parsed.cell_type == "code":
+            cell.update(execution_count=None, outputs=[])
+        cells.append(cell)
     return {
         "cells": cells,
         "metadata": {
@@ -150,6 +139,19 @@ def script_to_notebook(text: str) -> dict:
         "nbformat": 4,
         "nbformat_minor": 5,
     }
+
+
+def notebook_to_script(ipynb_text: str) -> str:
+    """The percent-format script of an ``.ipynb`` text (jupytext, without notebook or cell metadata).
+
+    The inverse of :func:`notebook_json` for the repository's notebooks: the test suite checks that
+    ``notebook_to_script(notebook_json(script)) == script.read_text()``.
+    """
+    import jupytext
+
+    nb = jupytext.reads(ipynb_text, fmt="ipynb")
+    nb.metadata["jupytext"] = {"notebook_metadata_filter": "-all", "cell_metadata_filter": "-all"}
+    return jupytext.writes(nb, fmt="py:percent")
 
 
 def _with_ids(nb: dict, stem: str) -> dict:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -109,8 +109,9 @@ class Objective:
     shift: Any = 0.0
     name = "objective"
     min_value = 0.0
-    dim = None          # a fixed dimension (2 for the planar test functions), or None
-    domain = None       # (low, high): the box the minimisers are known on, or None (all of R^d)
+    dim: ClassVar[int | None] = None  # a fixed dimension (2 for the planar test functions), or None
+    # (low, high): the box the minimisers are known on, or None (all of R^d)
+    domain: ClassVar[tuple[Any, Any] | None] = None
     isolated = True     # False: the minimisers form a continuum (NdSinus: a sphere)
 
     def __post_init__(self):

@@ -93,8 +93,8 @@ def _extra_params(cfg):
 def defaults(dynamics_or_config) -> Params:
     """The numbers a dynamics (or a :class:`~cbo_jax.CBOConfig` / ``ClusteredConfig``) was built with."""
     cfg = _config_of(dynamics_or_config)
-    return Params(*(float(getattr(cfg, f)) for f in SDE_FIELDS), alpha=_schedule_params(cfg.alpha),
-                  extra=_extra_params(cfg))
+    lambda1, sigma1, lambda2, sigma2, dt = (float(getattr(cfg, f)) for f in SDE_FIELDS)
+    return Params(lambda1, sigma1, lambda2, sigma2, dt, alpha=_schedule_params(cfg.alpha), extra=_extra_params(cfg))
 
 
 def names(params: Params) -> list[str]:
@@ -117,7 +117,8 @@ def _rebuild(params: Params, leaves: list) -> Params:
     n_alpha = 0 if params.alpha is None else len(params.alpha)
     alpha = None if params.alpha is None else type(params.alpha)(*leaves[k:k + n_alpha])
     extra = None if params.extra is None else type(params.extra)(*leaves[k + n_alpha:])
-    return Params(*leaves[:k], alpha=alpha, extra=extra)
+    lambda1, sigma1, lambda2, sigma2, dt = leaves[:k]
+    return Params(lambda1, sigma1, lambda2, sigma2, dt, alpha=alpha, extra=extra)
 
 
 def grid(dynamics_or_config, **axes) -> Params:
@@ -136,7 +137,7 @@ def grid(dynamics_or_config, **axes) -> Params:
     extra_fields = () if base.extra is None else base.extra._fields
     valid = list(SDE_FIELDS) + [f for f in alpha_fields if f not in SDE_FIELDS] + [
         f for f in extra_fields if f not in SDE_FIELDS and f not in alpha_fields]
-    shape = []
+    sizes: list[int] = []
     for name, values in axes.items():
         if name not in valid:
             raise ValueError(f"grid: unknown parameter {name!r} for a {type(cfg.alpha).__name__} α schedule; "
@@ -144,8 +145,8 @@ def grid(dynamics_or_config, **axes) -> Params:
         arr = np.asarray(values, dtype=np.float64)
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError(f"grid: {name} must be a non-empty 1-D sequence of values, got shape {arr.shape}")
-        shape.append(arr.size)
-    shape = tuple(shape)
+        sizes.append(arr.size)
+    shape = tuple(sizes)
     leaves = {n: np.full(shape, v, np.float64) for n, v in zip(names(base), _leaves(base))}
     for axis, (name, values) in enumerate(axes.items()):
         arr = np.asarray(values, dtype=np.float64)

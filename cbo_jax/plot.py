@@ -227,6 +227,7 @@ def animate(objective: Callable, history: History, path: str | Path, *, fps: int
 
     path = Path(path)
     suffix = path.suffix.lower()
+    writer: animation.AbstractMovieWriter
     if suffix == ".gif":
         writer = animation.PillowWriter(fps=fps)
     elif suffix == ".mp4":
@@ -243,7 +244,8 @@ def animate(objective: Callable, history: History, path: str | Path, *, fps: int
     ax = fig.subplots()
     contour(objective, bounds, ax=ax, log=log, resolution=150)
     dots = ax.scatter(x[0, :, 0], x[0, :, 1], s=6, c="white", edgecolors="black", linewidths=0.3)
-    star = ax.scatter(*np.asarray(m[0]).reshape(-1, 2).T, marker="*", s=180, c="red", edgecolors="black")
+    mx, my = np.asarray(m[0]).reshape(-1, 2).T
+    star = ax.scatter(mx, my, marker="*", s=180, c="red", edgecolors="black")
     title = ax.set_title(f"step {history.step[0]}")
 
     def update(f):

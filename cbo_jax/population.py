@@ -8,7 +8,7 @@ networks is another. Every helper here is one vectorised kernel over that axis.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import jax
 import jax.numpy as jnp
@@ -97,7 +97,7 @@ def gather(population: PyTree, idx: jax.Array) -> PyTree:
 def sq_norms(population: PyTree) -> jax.Array:
     """Per-agent squared Euclidean norm over all leaves: shape ``(N,)``."""
     leaves = jax.tree_util.tree_leaves(population)
-    return sum(jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)) ** 2, axis=1) for leaf in leaves)
+    return jnp.asarray(sum(jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)) ** 2, axis=1) for leaf in leaves))
 
 
 def norms(population: PyTree) -> jax.Array:
@@ -134,11 +134,11 @@ def tree_where_rows(mask: jax.Array, new: PyTree, old: PyTree) -> PyTree:
 def tree_isfinite_rows(population: PyTree) -> jax.Array:
     """Boolean ``(N,)``: agent ``i`` has only finite entries in every leaf."""
     leaves = jax.tree_util.tree_leaves(population)
-    out = None
+    out: jax.Array | None = None
     for leaf in leaves:
         ok = jnp.all(jnp.isfinite(jnp.reshape(leaf, (leaf.shape[0], -1))), axis=1)
         out = ok if out is None else out & ok
-    return out
+    return cast(jax.Array, out)  # None only for a population without leaves, which has no agents
 
 
 def zero_nonfinite_rows(population: PyTree) -> tuple[PyTree, jax.Array]:
@@ -201,6 +201,7 @@ def _resize_leaf(leaf, size: int, fill):
         return leaf[:size]
     if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
         return leaf[jnp.minimum(jnp.arange(size), n - 1)]  # keys: repeat the last one
+    value: bool | float
     if leaf.dtype == jnp.bool_:
         value = False
     elif jnp.issubdtype(leaf.dtype, jnp.inexact):

@@ -73,7 +73,7 @@ def pad_rows(tree: PyTree, n_total: int, *, axis: int = 0, fill=np.nan) -> PyTre
 
 def agent_sharding(mesh: Mesh, ndim: int, axis: int = 0) -> NamedSharding:
     """Shard dimension ``axis`` of an ``ndim``-dimensional array over the mesh; replicate the rest."""
-    spec = [None] * ndim
+    spec: list[str | None] = [None] * ndim
     spec[axis] = AGENT_AXIS
     return NamedSharding(mesh, PartitionSpec(*spec))
 

@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from typing import Any, NamedTuple
+from pathlib import Path
+from typing import Any, Callable, NamedTuple, cast
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
-from cbo_jax.dynamics.cbo import Dynamics, check_population
+from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
 
@@ -115,19 +117,19 @@ def _init_sweep(x0, key, params, *, init, batched: bool):
 def simulate(
     dynamics: Dynamics,
     x0: PyTree,
-    key: jax.Array,
+    key: jax.Array | int | None,
     num_steps: int,
     *,
     num_runs: int | None = None,
     chunk_size: int = 500,
     progress: bool = False,
     record_consensus: bool = False,
-    observe=None,
-    mesh=None,
-    initial_state=None,
+    observe: Callable[[Any], dict] | None = None,
+    mesh: Mesh | None = None,
+    initial_state: Any = None,
     desc: str = "cbo",
-    params=None,
-    out=None,
+    params: Any = None,
+    out: str | Path | None = None,
     log_every: int | None = None,
     tensorboard: bool = False,
     overwrite: bool = False,
@@ -205,7 +207,8 @@ def simulate(
             raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
         if chunk is not None and mesh is not None:
             raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
-    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:
+    # jax's Config stub does not declare the flag attributes, hence the narrow ignore
+    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
         raise ValueError(
             "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
             "at start-up (the CLI's --dtype float64 does this)"
@@ -224,12 +227,12 @@ def simulate(
         if getattr(config, "batch_size", None) is not None:
             unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
-    if batched and initial_state is None:
-        key = jax.random.split(key, num_runs)
+    if num_runs is not None and initial_state is None:  # batched
+        key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
     with rng_context(config):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
-        elif swept:  # one flattened sweep axis (a single point is a grid of shape ())
+        elif grid is not None:  # swept: one flattened sweep axis (a single point is a grid of shape ())
             flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
             state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
         else:
@@ -267,10 +270,11 @@ def simulate(
                 bar.close()
             if writer is not None:
                 writer.close()
+            if guard is not None:
                 guard.__exit__()
         jax.block_until_ready(state)
     history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
-    if swept:  # the flattened sweep axis back to the grid's axes
+    if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
         state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
         history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
@@ -304,9 +308,10 @@ _SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "
                      "desc", "params", "out", "log_every", "tensorboard", "overwrite")
 
 
-def minimize(objective, x0: PyTree | None = None, key=0, num_steps: int = 1000, config=None, *,
-             dim: int | None = None, num_particles: int = 100, init_bounds: tuple[float, float] = (-3.0, 3.0),
-             **kwargs) -> SimulationResult:
+def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key: jax.Array | int = 0,
+             num_steps: int = 1000, config: CBOConfig | None = None, *, dim: int | None = None,
+             num_particles: int = 100, init_bounds: tuple[float, float] = (-3.0, 3.0),
+             **kwargs: Any) -> SimulationResult:
     """Minimise ``objective`` with CBO: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
 
     ``cj.minimize(f, dim=d, key=0)`` is enough: without ``x0``, the initial population is
@@ -354,7 +359,8 @@ def minimize(objective, x0: PyTree | None = None, key=0, num_steps: int = 1000, 
         dtype = (config.dtype if config is not None else cfg_kw.get("dtype", "float32"))
         k_init, key = jax.random.split(key)
         shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
-        wide = dtype == "float64" and jax.config.jax_enable_x64  # else simulate explains what is missing
+        # else simulate explains what is missing; the flag is not in jax's Config stub (narrow ignore)
+        wide = dtype == "float64" and jax.config.jax_enable_x64  # type: ignore[attr-defined]
         x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
     elif dim is not None:
         leaf = jax.tree_util.tree_leaves(x0)[0]

@@ -15,7 +15,7 @@ pytree population works.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,8 @@ import jax.numpy as jnp
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["AdamCBOConfig", "AdamParams", "AdamAux", "adam_cbo"]
@@ -67,7 +69,8 @@ class AdamCBOConfig(core.FamilyConfig):
         return AdamParams(float(self.beta1), float(self.beta2), float(self.eps))
 
 
-def adam_cbo(objective, config: AdamCBOConfig | None = None, **overrides):
+def adam_cbo(objective: Callable[[PyTree], jax.Array], config: AdamCBOConfig | None = None,
+             **overrides: Any) -> Dynamics:
     """AdamCBO (see the module docstring)."""
     _checks.known_keywords("adam_cbo", overrides, [f.name for f in dataclasses.fields(AdamCBOConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else AdamCBOConfig(**overrides)

@@ -169,7 +169,7 @@ class Dynamics(NamedTuple):
     drive: Callable[[Any, PyTree], Any] | None = None
 
 
-def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides) -> Dynamics:
+def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides: Any) -> Dynamics:
     """Build the CBO dynamics for ``objective``.
 
     Args:

@@ -22,13 +22,16 @@ sampling-mode covariance is singular; that is an error before compilation.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
-from cbo_jax.dynamics.cbo import cbo_kernel
+from cbo_jax.dynamics.cbo import Dynamics, cbo_kernel
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["CBSConfig", "cbs"]
@@ -53,7 +56,8 @@ class CBSConfig(core.FamilyConfig):
         _no_gradient(self, "cbs")
 
 
-def cbs(objective, config: CBSConfig | None = None, **overrides):
+def cbs(objective: Callable[[PyTree], jax.Array], config: CBSConfig | None = None,
+        **overrides: Any) -> Dynamics:
     """Consensus-based sampling / optimisation (see the module docstring)."""
     _checks.known_keywords("cbs", overrides, [f.name for f in dataclasses.fields(CBSConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else CBSConfig(**overrides)

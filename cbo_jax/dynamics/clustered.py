@@ -32,6 +32,7 @@ import dataclasses
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 import numpy as np
 
@@ -161,10 +162,11 @@ class Particles(NamedTuple):
     x: PyTree
     label: jax.Array
     malicious: jax.Array
-    pid: jax.Array
+    pid: jax.Array | np.ndarray  # NumPy ids after host-side padding (sharding.prepare_population)
 
 
-def particles(x: PyTree, label=None, malicious=None, pid=None) -> Particles:
+def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | None = None,
+              pid: ArrayLike | None = None) -> Particles:
     """Bundle positions with labels (default all ``0``), a malicious mask (default none)
     and ids (default ``0..N-1``). Host-side shape checks."""
     n = pop.num_agents(x)
@@ -216,7 +218,7 @@ class ClusteredState(NamedTuple):
     x: PyTree
     label: jax.Array
     malicious: jax.Array
-    pid: jax.Array
+    pid: jax.Array | np.ndarray
     loss: jax.Array
     energy: jax.Array
     grad: PyTree | None
@@ -245,7 +247,7 @@ def clustered(
     *,
     upper: Callable | Sequence[Callable] | None = None,
     malicious: Malicious | None = None,
-    **overrides,
+    **overrides: Any,
 ) -> Dynamics:
     """Build the clustered particle system of FedCBO eq. (4) (CB²O (3.10) with ``upper``).
 
@@ -449,7 +451,7 @@ def cb2o(
     config: ClusteredConfig | None = None,
     *,
     malicious: Malicious | None = None,
-    **overrides,
+    **overrides: Any,
 ) -> Dynamics:
     """The single-class CB²O system, eq. (1.2)–(1.5): minimise ``G`` over the minimisers of ``L``.
 

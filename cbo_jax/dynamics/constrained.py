@@ -42,7 +42,7 @@ before compilation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +51,8 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax import constraints as cons
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["DriftConstrainedConfig", "HypersurfaceConfig", "RegCombinationConfig", "drift_constrained_cbo",
@@ -107,7 +109,8 @@ class DriftConstrainedConfig(core.FamilyConfig):
         return DriftConstrainedParams(float(self.eps), float(self.eps_indep), float(self.sigma_indep))
 
 
-def drift_constrained_cbo(objective, config: DriftConstrainedConfig | None = None, **overrides):
+def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: DriftConstrainedConfig | None = None,
+                          **overrides: Any) -> Dynamics:
     """Drift-constrained CBO (see the module docstring)."""
     _checks.known_keywords("drift_constrained_cbo", overrides,
                            [f.name for f in dataclasses.fields(DriftConstrainedConfig)])
@@ -198,7 +201,8 @@ class HypersurfaceConfig(core.FamilyConfig):
         _no_gradient(self, "hypersurface_cbo")
 
 
-def hypersurface_cbo(objective, config: HypersurfaceConfig | None = None, **overrides):
+def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: HypersurfaceConfig | None = None,
+                     **overrides: Any) -> Dynamics:
     """Hypersurface CBO (see the module docstring)."""
     _checks.known_keywords("hypersurface_cbo", overrides, [f.name for f in dataclasses.fields(HypersurfaceConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else HypersurfaceConfig(**overrides)
@@ -262,7 +266,8 @@ class RegCombinationConfig(core.FamilyConfig):
         return RegCombinationParams(float(self.eps))
 
 
-def reg_combination_cbo(objective, config: RegCombinationConfig | None = None, **overrides):
+def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCombinationConfig | None = None,
+                        **overrides: Any) -> Dynamics:
     """Regularised-combination CBO (see the module docstring). The dynamics' ``objective`` is the
     penalised one, ``f + (1/ν) Σ g_k²``."""
     _checks.known_keywords("reg_combination_cbo", overrides,

@@ -46,7 +46,7 @@ Conventions (documented and tested against CBXpy in ``tests/test_cbx_family.py``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -138,7 +138,7 @@ class FamilyConfig:
     stagnation_tol: float = 1e-9
 
     # Numbers of a dynamic beyond λ1, σ1, λ2, σ2, dt and α (Params.extra), and their rules.
-    EXTRA_RULES = {}
+    EXTRA_RULES: ClassVar[dict[str, Any]] = {}
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)

@@ -27,8 +27,10 @@ CBXpy                      cbo_jax                                 module
 
 from __future__ import annotations
 
+from typing import Callable
+
 from cbo_jax.dynamics.adam import AdamCBOConfig, adam_cbo
-from cbo_jax.dynamics.cbo import CBOConfig, cbo
+from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, cbo
 from cbo_jax.dynamics.cbs import CBSConfig, cbs
 from cbo_jax.dynamics.constrained import (DriftConstrainedConfig, HypersurfaceConfig, RegCombinationConfig,
                                           drift_constrained_cbo, hypersurface_cbo, reg_combination_cbo)
@@ -42,7 +44,7 @@ __all__ = ["DYNAMICS", "CONFIGS", "cbo", "cbo_memory", "pso", "cbs", "polar_cbo"
            "PSOConfig", "CBSConfig", "PolarCBOConfig", "AdamCBOConfig", "MirrorCBOConfig", "DriftConstrainedConfig",
            "HypersurfaceConfig", "RegCombinationConfig"]
 
-DYNAMICS = {
+DYNAMICS: dict[str, Callable[..., Dynamics]] = {
     "cbo": cbo, "cbo_memory": cbo_memory, "pso": pso, "cbs": cbs, "polar_cbo": polar_cbo, "adam_cbo": adam_cbo,
     "mirror_cbo": mirror_cbo, "drift_constrained_cbo": drift_constrained_cbo, "hypersurface_cbo": hypersurface_cbo,
     "reg_combination_cbo": reg_combination_cbo,

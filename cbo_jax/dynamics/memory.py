@@ -26,7 +26,7 @@ memories; the best particle is the best memory.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +35,8 @@ from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 
 __all__ = ["CBOMemoryConfig", "MemoryParams", "MemoryAux", "cbo_memory", "memory_consensus", "memory_absorb"]
 
@@ -96,7 +98,8 @@ def memory_absorb(state, x, aux, energy):
     return core.Absorbed(x=x, aux=aux._replace(y=y), energy=e, best_points=y, best_energy=e, alpha_energy=e)
 
 
-def cbo_memory(objective, config: CBOMemoryConfig | None = None, **overrides):
+def cbo_memory(objective: Callable[[PyTree], jax.Array], config: CBOMemoryConfig | None = None,
+               **overrides: Any) -> Dynamics:
     """CBO with personal-best memory (CBXpy's ``CBOMemory``; see the module docstring).
 
     Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics` for :func:`cbo_jax.simulate`.

@@ -17,7 +17,7 @@ particles is an error before compilation. Needs an ``(N, d)`` array population.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -25,6 +25,8 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax import mirror_maps
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["MirrorCBOConfig", "MirrorAux", "mirror_cbo"]
@@ -50,7 +52,8 @@ class MirrorCBOConfig(core.FamilyConfig):
         _no_gradient(self, "mirror_cbo")
 
 
-def mirror_cbo(objective, config: MirrorCBOConfig | None = None, **overrides):
+def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig | None = None,
+               **overrides: Any) -> Dynamics:
     """MirrorCBO (see the module docstring)."""
     _checks.known_keywords("mirror_cbo", overrides, [f.name for f in dataclasses.fields(MirrorCBOConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else MirrorCBOConfig(**overrides)

@@ -43,6 +43,8 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["PolarCBOConfig", "PolarParams", "polar_cbo", "polar_consensus", "KERNELS"]
@@ -193,7 +195,8 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     return jax.tree_util.tree_map(unblock, out)
 
 
-def polar_cbo(objective, config: PolarCBOConfig | None = None, **overrides):
+def polar_cbo(objective: Callable[[PyTree], jax.Array], config: PolarCBOConfig | None = None,
+              **overrides: Any) -> Dynamics:
     """Polarized CBO (see the module docstring). Needs an ``(N, d)`` array population."""
     _checks.known_keywords("polar_cbo", overrides, [f.name for f in dataclasses.fields(PolarCBOConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else PolarCBOConfig(**overrides)

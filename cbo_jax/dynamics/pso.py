@@ -29,13 +29,15 @@ against CBXpy to 1e-10; use the default for optimisation.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.cbo import Dynamics
+from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient, memory_absorb, memory_consensus
 
 __all__ = ["PSOConfig", "PSOParams", "PSOAux", "pso"]
@@ -99,7 +101,8 @@ class PSOConfig(core.FamilyConfig):
         return PSOParams(float(self.m), float(gamma), float(self.lambda_memory), float(sm))
 
 
-def pso(objective, config: PSOConfig | None = None, **overrides):
+def pso(objective: Callable[[PyTree], jax.Array], config: PSOConfig | None = None,
+        **overrides: Any) -> Dynamics:
     """Particle swarm optimisation (CBXpy's ``PSO``; see the module docstring)."""
     _checks.known_keywords("pso", overrides, [f.name for f in dataclasses.fields(PSOConfig)])
     config = dataclasses.replace(config, **overrides) if config is not None else PSOConfig(**overrides)

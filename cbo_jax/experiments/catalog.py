@@ -50,7 +50,7 @@ _DATA = "CBO_JAX_DATA_DIR=../shared/data "
 RECORDED: dict[str, Recorded] = {
     "rastrigin-success": Recorded(
         "100/100 successes (CBXpy, same process: 100/100)",
-        "cbo-jax reproduce rastrigin-success --peer", "README.md (Reproductions)", _D),
+        "cbo-jax reproduce rastrigin-success --peer", "docs/features.md (Reproductions)", _D),
     "fedcbo-table1": Recorded(
         "small scale (N=120, T=40, 3 seeds): FedCBO 92.19, IFCA 91.64, FedAvg 84.02, Local 81.32; "
         "SR 0.90 (oracle 0.917)",

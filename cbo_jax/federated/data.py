@@ -323,8 +323,11 @@ def rotated_mnist(
             f"cluster, but the source ({mnist.source}) has {n_train}"
         )
     rng = np.random.default_rng(seed)
-    xs, ys, cluster = [], [], []
-    test_x, test_y = [], []
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    cluster: list[int] = []
+    test_x: list[np.ndarray] = []
+    test_y: list[np.ndarray] = []
     shared = rng.choice(n_train, subset, replace=False) if subset is not None else None
     for k, degrees in enumerate(ROTATIONS[num_clusters]):
         rotated = rotate(mnist.train_images, degrees)

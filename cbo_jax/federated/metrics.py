@@ -274,6 +274,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of == k)) for k in range(t))
 
     def metric(ev: Evaluation) -> dict:
+        out: dict[str, Any]
         if ev.kind == "agent":
             if t <= _MAX_GROUPS and t < len(test_of):
                 acc, loss = _grouped_eval(model, chunk, groups, ev.params, test_x, test_y, counts)
@@ -344,7 +345,7 @@ def attack_metrics(model: Model, params: PyTree, test_x, test_y, cluster, source
     tb = int(min(test_batch, test_x.shape[1]))
     acc, src, asr = _attack_eval(model, chunk, tb, params, test_x, test_y, cluster, jnp.int32(source), jnp.int32(target))
     k = test_x.shape[0]
-    out = {"overall_acc": float(jnp.mean(acc)) * 100, "source_acc": float(jnp.mean(src)) * 100,
+    out: dict[str, Any] = {"overall_acc": float(jnp.mean(acc)) * 100, "source_acc": float(jnp.mean(src)) * 100,
            "asr": float(jnp.mean(asr)) * 100}
     for name, v in (("overall_acc", acc), ("source_acc", src), ("asr", asr)):
         out[f"{name}_per_cluster"] = [float(jnp.mean(v[cluster == c])) * 100 if bool(jnp.any(cluster == c)) else None

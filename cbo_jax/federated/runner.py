@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
@@ -79,9 +80,9 @@ def _config_dict(cfg) -> Any:
     return cfg
 
 
-def run(algorithm: Algorithm, data, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
+def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
         round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
-        mesh=None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
+        mesh: Mesh | None = None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
         overwrite: bool = False, progress: bool = True, tensorboard: bool = False, plots: bool = True) -> RunResult:
     """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
 

@@ -31,8 +31,11 @@ import os
 import subprocess
 import sys
 
-if importlib.util.find_spec("cbo_jax") is None:  # a fresh Colab runtime: install from the repository
-    source = os.environ.get("CBO_JAX_PIP_SOURCE", "git+https://github.com/cbo-jax/cbo_jax.git")
+# A fresh Colab runtime has no cbo_jax: install the distribution `cbo-jax`. Until it is on PyPI, set
+# CBO_JAX_PIP_SOURCE first to a wheel (`python -m build` in a clone writes dist/cbo_jax-*.whl; upload it,
+# then `%env CBO_JAX_PIP_SOURCE=/content/cbo_jax-0.1.0-py3-none-any.whl`) or to a git URL of the repository.
+if importlib.util.find_spec("cbo_jax") is None:
+    source = os.environ.get("CBO_JAX_PIP_SOURCE", "cbo-jax")
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", source], check=True)
 
 import jax

@@ -20,7 +20,7 @@ inactive agents, split it over devices and cut the padding off again
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,9 @@ from cbo_jax.population import weighted_average as weighted_rows_mean
 PyTree = Any
 
 __all__ = ["AgentData", "Algorithm", "BaselineConfig", "participants", "tree_where_rows", "weighted_rows_mean",
-           "broadcast", "agent_fields"]
+           "broadcast", "agent_fields", "per_agent_fields"]
+
+_T = TypeVar("_T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +65,23 @@ class Algorithm(NamedTuple):
     round: Callable[[Any, Any], tuple[Any, Any]]
     eval_models: Callable[[Any], tuple[str, PyTree]]
     config: Any
+
+
+def per_agent_fields(*fields: str) -> Callable[[type[_T]], type[_T]]:
+    """Class decorator for a state or info NamedTuple: ``fields`` have the agent axis first.
+
+    It sets the class attribute ``agent_fields`` (read by :func:`agent_fields`). A decorator
+    rather than an assignment in the class body, which type checkers would take for a field.
+    """
+
+    def mark(cls: type[_T]) -> type[_T]:
+        unknown = [f for f in fields if f not in getattr(cls, "_fields", ())]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no fields {unknown}")
+        setattr(cls, "agent_fields", fields)
+        return cls
+
+    return mark
 
 
 def agent_fields(tree: Any) -> tuple[str, ...]:

@@ -21,13 +21,14 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import Algorithm, weighted_rows_mean
+from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields, weighted_rows_mean
 from cbo_jax.federated.attacks import AttackData, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population
@@ -56,22 +57,20 @@ class DFedAvgMConfig:
             raise ValueError(f"local must be a LocalSGDConfig, got {self.local!r}")
 
 
+@per_agent_fields("params", "opt_state")
 class DFedAvgMState(NamedTuple):
     params: PyTree
     opt_state: PyTree
     round: jax.Array
     key: jax.Array
 
-    agent_fields = ("params", "opt_state")
 
-
+@per_agent_fields("train_loss")
 class DFedAvgMInfo(NamedTuple):
     idx: jax.Array  # (N, M) neighbours
     weights: jax.Array  # (N, M) their normalised weights
     self_weight: jax.Array  # (N,) the agent's own weight
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
-
-    agent_fields = ("train_loss",)
 
 
 def group_neighbours(key: jax.Array, groups, m: int) -> jax.Array:
@@ -83,7 +82,7 @@ def group_neighbours(key: jax.Array, groups, m: int) -> jax.Array:
     return jax.lax.top_k(score, m)[1].astype(jnp.int32)
 
 
-def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups, name: str = "dfedavgm") -> Algorithm:
+def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "dfedavgm") -> Algorithm:
     """Build DFedAvgM over agents with group ids ``groups`` (``(N,)``; the oracle's clusters).
 
     The round function takes :class:`~cbo_jax.federated.attacks.AttackData` (its

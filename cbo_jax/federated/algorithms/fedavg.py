@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
-                                               weighted_rows_mean)
+                                               per_agent_fields, weighted_rows_mean)
 from cbo_jax.federated.local import local_train
 from cbo_jax.models import Model
 
@@ -35,11 +35,10 @@ class FedAvgState(NamedTuple):
     key: jax.Array
 
 
+@per_agent_fields("active", "train_loss")
 class FedAvgInfo(NamedTuple):
     active: jax.Array  # (N,) agents in G_n
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
-
-    agent_fields = ("active", "train_loss")
 
 
 def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:

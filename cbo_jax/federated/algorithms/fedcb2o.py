@@ -36,6 +36,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import jax
+from jax.typing import ArrayLike
 import jax.numpy as jnp
 import numpy as np
 
@@ -43,7 +44,7 @@ from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
-from cbo_jax.federated.algorithms.base import Algorithm
+from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields
 from cbo_jax.federated.attacks import AttackData, attacker_average, attacker_selection, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population
@@ -115,11 +116,13 @@ class FedCB2OConfig:
     def reference_code(cls, **overrides) -> "FedCB2OConfig":
         """The FedCB²O reference script's form: own model in the average with the largest
         weight after T_G, replaced by the average (λ1 γ = 1), one shared initial model, α = 2."""
-        kw = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0, gamma=0.1)
+        kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0,
+                                  gamma=0.1)
         kw.update(overrides)
         return cls(**kw)
 
 
+@per_agent_fields("params", "opt_state")
 class FedCB2OState(NamedTuple):
     params: PyTree  # (N, ...) benign agents first, then attackers
     opt_state: PyTree  # (N, ...) used when local.reset_optimizer is False
@@ -127,9 +130,8 @@ class FedCB2OState(NamedTuple):
     round: jax.Array
     key: jax.Array
 
-    agent_fields = ("params", "opt_state")
 
-
+@per_agent_fields("train_loss")
 class FedCB2OInfo(NamedTuple):
     """Per round, for the benign agents' downloads (``R = N_b`` rows) and every agent's training."""
 
@@ -139,9 +141,7 @@ class FedCB2OInfo(NamedTuple):
     loss: jax.Array  # (R, M) mean validation loss of the downloads (inf for broken models)
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (R,) no usable download: the agent kept its own model
-    valid: jax.Array  # (R, M) slots that hold a download (ProbSampling may fill fewer than M)
-
-    agent_fields = ("train_loss",)
+    valid: jax.Array | None  # (R, M) slots that hold a download (ProbSampling may fill fewer than M)
 
 
 def class_losses(model: Model, params: PyTree, x, y, count, num_classes: int):
@@ -183,7 +183,7 @@ def g_energy(model: Model, num_classes: int, use_G):
     return energy
 
 
-def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster, malicious, num_classes: int | None = None,
+def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: ArrayLike, num_classes: int | None = None,
             name: str | None = None) -> Algorithm:
     """Build FedCB²O (or, with ``criterion="loss"``, FedCBO with ProbSampling) under attack.
 

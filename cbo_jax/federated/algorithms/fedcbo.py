@@ -36,8 +36,9 @@ from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax import population as pop
 from cbo_jax.federated import selection
+from cbo_jax.federated.selection import SelectionRule
 from cbo_jax.federated.aggregation import DownloadMap, Energy, consensus_downloads
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, tree_where_rows
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, per_agent_fields, tree_where_rows
 from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 from cbo_jax.sde import diffusion, per_particle_normal
@@ -121,7 +122,7 @@ class FedCBOConfig:
         """The aggregation step λ1 γ of eq. (20)."""
         return self.lambda1 * self.gamma
 
-    def rule(self) -> selection.SelectionRule:
+    def rule(self) -> SelectionRule:
         """The selection rule of ``selection``."""
         if self.selection == "epsilon_greedy":
             return selection.epsilon_greedy(self.M, self.eps0, self.eps_decay, self.eps_min)
@@ -130,6 +131,7 @@ class FedCBOConfig:
         return selection.uniform(self.M)
 
 
+@per_agent_fields("params", "opt_state", "P")
 class FedCBOState(NamedTuple):
     params: PyTree  # (N, ...) every agent's model θ_j
     opt_state: PyTree  # (N, ...) kept only when local.reset_optimizer is False
@@ -137,9 +139,8 @@ class FedCBOState(NamedTuple):
     round: jax.Array  # rounds done
     key: jax.Array
 
-    agent_fields = ("params", "opt_state", "P")
 
-
+@per_agent_fields("active", "idx", "is_random", "train_loss", "fallback", "valid")
 class FedCBOInfo(NamedTuple):
     """Per round: ``G_n``, the downloads, ε, the local loss, who kept its own model."""
 
@@ -150,8 +151,6 @@ class FedCBOInfo(NamedTuple):
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (N,) no usable download: the agent kept its own model
     valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling; None: all)
-
-    agent_fields = ("active", "idx", "is_random", "train_loss", "fallback", "valid")
 
 
 def loss_energy(model: Model, cfg: FedCBOConfig):

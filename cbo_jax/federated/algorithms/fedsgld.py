@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax.config import check_types
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast, per_agent_fields
 from cbo_jax.federated.langevin import (OracleSpec, SGLDConfig, check_clip_norm, poisson_clipped_grad, poisson_grad,
                                        sgld_oracle)
 from cbo_jax.federated.local import agent_keys
@@ -161,6 +161,7 @@ def _check_delta(delta) -> float:
 # --------------------------------------------------------------------------- algorithms
 
 
+@per_agent_fields("x", "lam", "x0")
 class PrimalDualState(NamedTuple):
     x: PyTree  # (N, ...) each node's last local iterate (where a warm-started chain continues)
     lam: PyTree  # (N, ...) duals λ_i
@@ -169,15 +170,12 @@ class PrimalDualState(NamedTuple):
     round: jax.Array
     key: jax.Array
 
-    agent_fields = ("x", "lam", "x0")
 
-
+@per_agent_fields("train_loss", "clipped")
 class PrimalDualInfo(NamedTuple):
     train_loss: jax.Array  # (N,) F_i at the node's returned iterate
     clipped: jax.Array  # (N,) batch clipping: share of the oracle steps whose h was clipped; per-sample
     # clipping: mean over the steps of the share of sampled per-sample gradients that were clipped
-
-    agent_fields = ("train_loss", "clipped")
 
 
 def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants,
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
                                                weighted_rows_mean)
 from cbo_jax.federated.local import agent_loss, local_train
 from cbo_jax.models import Model, init_population
@@ -48,12 +48,11 @@ class IFCAState(NamedTuple):
     key: jax.Array
 
 
+@per_agent_fields("active", "assignment", "train_loss")
 class IFCAInfo(NamedTuple):
     active: jax.Array  # (N,)
     assignment: jax.Array  # (N,) each agent's cluster estimate
     train_loss: jax.Array  # (N,)
-
-    agent_fields = ("active", "assignment", "train_loss")
 
 
 def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:

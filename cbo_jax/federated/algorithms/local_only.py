@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, participants, tree_where_rows
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
+                                               tree_where_rows)
 from cbo_jax.federated.local import local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 
@@ -21,20 +22,18 @@ class LocalConfig(BaselineConfig):
     """Local training: share of agents per round and local SGD."""
 
 
+@per_agent_fields("params", "opt_state")
 class LocalState(NamedTuple):
     params: PyTree  # (N, ...)
     opt_state: PyTree  # (N, ...)
     round: jax.Array
     key: jax.Array
 
-    agent_fields = ("params", "opt_state")
 
-
+@per_agent_fields("active", "train_loss")
 class LocalInfo(NamedTuple):
     active: jax.Array  # (N,)
     train_loss: jax.Array  # (N,)
-
-    agent_fields = ("active", "train_loss")
 
 
 def local_only(model: Model, cfg: LocalConfig, num_agents: int) -> Algorithm:
