@@ -91,7 +91,7 @@ class Downloads(NamedTuple):
 DownloadMap = Callable[..., Any]
 
 
-def local_downloads(fn: Callable, params: PyTree, idx: jax.Array, per_agent: tuple, chunk: int):
+def local_downloads(fn: Callable, params: PyTree, idx: jax.Array, per_agent: tuple, chunk: int) -> Any:
     """Gather the downloads from the population in memory (``lax.map`` over chunks)."""
     clean_all, finite_all = pop.zero_nonfinite_rows(params)  # once per round, not once per download
 
@@ -106,9 +106,9 @@ local_downloads.cheap_refetch = True  # type: ignore[attr-defined]  # memory rea
 
 
 def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: jax.Array, own: PyTree, data: tuple,
-                        *, alpha, include_self: bool = False, chunk: int = 4,
+                        *, alpha: float | jax.Array, include_self: bool = False, chunk: int = 4,
                         downloads: DownloadMap | None = None, valid: jax.Array | None = None,
-                        self_largest=False) -> Downloads:
+                        self_largest: bool | jax.Array = False) -> Downloads:
     """Consensus points of the agents owning the rows of ``idx`` (module docstring).
 
     Args:
