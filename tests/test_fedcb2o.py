@@ -252,6 +252,7 @@ def _run(alg, data, rounds, key, step=None):
     return state, infos
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_fedcb2o_rounds_are_deterministic_and_G_switches_at_T_G(ds, cb2o):
     data = ds.attack_data()
     alg, step = cb2o
@@ -414,6 +415,7 @@ def test_prob_sampling_downloads_only_the_unobserved_when_at_most_M_are_left():
     assert np.asarray(selection.prob_sampling_valid(selection.init_prob_likelihood(1, 6), 3)).all()  # |S| = 5 > M
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_reference_form_shared_init_and_own_model_largest_after_T_G(ds):
     cfg = FedCB2OConfig.reference_code(M=5, T_G=1, local=LOCAL)
     assert cfg.include_self and cfg.self_largest and cfg.shared_init and cfg.step == 1.0

@@ -45,9 +45,10 @@ def _poison_data(padded, original):
     return padded._replace(**{last: _poison_data(getattr(padded, last), getattr(original, last))})
 
 
-# Five of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD and Local,
-# whose engine paths FedAvg covers) run in CI's slow step, for the default run's time budget.
-_SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld", "local")
+# Seven of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD, Local, FedAvg
+# and IFCA, whose engine paths FedCBO's covers) run in CI's slow step, for the default run's
+# time budget.
+_SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld", "local", "fedavg", "ifca")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_CONTRACT else n

@@ -196,6 +196,7 @@ def test_fedsgld_low_noise_trains_and_is_deterministic(small_data):
     assert c1["train_loss"][-1] < 0.8 * np.log(10)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_poisson_gradient_is_unbiased():
     """The masked sum over a Bernoulli(q) draw, divided by q·n, averages to the full gradient."""
     from cbo_jax.federated.langevin import poisson_grad

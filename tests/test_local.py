@@ -48,6 +48,7 @@ def test_vmapped_training_equals_each_agent_alone():
         assert float(out.loss[j]) == pytest.approx(float(loss), rel=1e-5)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_matches_plain_optax_loop_on_known_batches():
     """One agent, one epoch, full-size batches: the scan must equal a hand-written optax
     loop over the same permutation (drawn the same way)."""
@@ -70,6 +71,7 @@ def test_matches_plain_optax_loop_on_known_batches():
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_padding_rows_never_influence_training():
     model = models.mlp_mnist(hidden=(16,))
     cfg = local.LocalSGDConfig(epochs=3, batch_size=4, lr=0.05)
@@ -115,8 +117,11 @@ def test_agent_chunk_walks_the_agents_with_the_same_training():
     """``agent_chunk=k`` trains k agents at a time (lax.map) instead of all at once (vmap):
     the same random streams and updates, equal up to float32 rounding; an agent without
     samples stays untouched either way."""
-    model = models.mlp_mnist(hidden=(6,))
-    x, y, counts = _data(n_agents=4, counts=(20, 13, 5, 0))
+    model = models.mlp_mnist(hidden=(6,), num_classes=3, input_shape=(5,))
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(4, 20, 5)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 3, (4, 20)), jnp.int32)
+    counts = jnp.asarray([20, 13, 5, 0], jnp.int32)
     params = models.init_population(model, jax.random.key(1), 4)
     base = local.LocalSGDConfig(epochs=2, batch_size=8, lr=0.05, momentum=0.9)
     ref = local.local_train(model, base, params, None, AgentData(x, y, counts), jax.random.key(2))

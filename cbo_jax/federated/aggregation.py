@@ -26,8 +26,8 @@ With the in-memory gather the step runs in two passes over the agents: the first
 evaluates the energies and weights, the second gathers the downloads again and contracts
 them with the weights. Re-reading ``M · P`` floats per agent is cheap next to the forward
 passes, and it lets XLA lay the first gather out for the energy's matrix products alone
-(one copy, no separate transpose), which made the whole step 13–15 % faster at FedCBO's
-benchmark setting (``benchmarks/RESULTS_fedcbo.md``). Both passes compute every number
+(one copy, no separate transpose), which made the whole step 1.19–1.21x faster at FedCBO's
+benchmark setting (``benchmarks/RESULTS_fedcbo.md``, section 0a). Both passes compute every number
 exactly as the single fused pass does (a test checks bitwise equality). A download map
 that moves data between devices is called once (fused), so rows travel once.
 """
