@@ -107,6 +107,7 @@ def test_nan_model_never_poisons_a_consensus():
             assert np.all(np.isfinite(np.asarray(leaf[j])))
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_agent_without_a_usable_download_keeps_its_own_model():
     """Every download of agent 0 is NaN: its consensus point is its own model (weight 1 on
     itself, nothing else), and the round info says so."""
@@ -185,7 +186,8 @@ def test_eval_chunk_for_memory_budget():
         eval_chunk_for_budget(model, cfg, data, 1024, candidates=(1,))
 
 
-@pytest.mark.parametrize("m,attackers", [(1, [0]), pytest.param(2, [0, 1], marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default run's time budget (test_nan_model_never_poisons_a_consensus stays)
+@pytest.mark.parametrize("m,attackers", [(1, [0]), (2, [0, 1])])
 def test_fedcbo_never_spreads_nonfinite_models(m, attackers):
     """Attackers whose models are NaN, +inf or 1e30 every round (M = 1 with one, M = 2 with two
     of 8 agents): no other agent ever becomes non-finite. An agent whose downloads are all
@@ -211,6 +213,7 @@ def test_fedcbo_never_spreads_nonfinite_models(m, attackers):
     assert kept > 0  # an agent with only broken downloads did occur
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_fedcbo_round_by_hand_with_lambda1_not_one():
     """One whole FedCBO round recomputed from its parts: local training, the selection with the
     round's keys, float64 consensus weights exp(-α L) and θ ← θ - λ1 γ (θ - m) with λ1 γ = 0.35

@@ -16,6 +16,7 @@ def _last_json(out):
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_run_fedcbo_writes_results_directory(tmp_path, capsys):
     cfg = tmp_path / "cfg.json"
     cfg.write_text(json.dumps(TINY))

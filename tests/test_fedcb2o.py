@@ -228,6 +228,7 @@ def test_nonfinite_malicious_models_get_zero_weight(ds, cb2o):
             assert np.all(w[np.isin(np.asarray(info.idx), bad)] == 0.0)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_all_downloads_broken_keeps_own_model(ds):
     data = ds.attack_data()
     params = models.init_population(TINY, jax.random.key(0), ds.num_agents)
@@ -274,6 +275,7 @@ def test_fedcb2o_rounds_are_deterministic_and_G_switches_at_T_G(ds, cb2o):
     assert np.all((P[observed] > 0) & (P[observed] <= 1))
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_dfedavgm_neighbours_stay_in_their_group_and_average_by_size(ds):
     groups = np.array([0, 0, 0, 1, 1, 1, 1])
     idx = np.asarray(group_neighbours(jax.random.key(0), groups, 2))

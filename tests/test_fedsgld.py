@@ -146,6 +146,7 @@ def test_synthetic_seeding():
         synthetic(train_fraction=1.0)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_models_logistic_and_mlp_still_usable():
     lr = logistic_regression()
     p = lr.init(jax.random.key(0))
@@ -172,6 +173,7 @@ def small_data():
     return synthetic(1.0, 1.0, **SMALL)
 
 
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_fedpd_reduces_training_loss(small_data):
     alg = fedpd(LOGREG, FedPDConfig(local_steps=10, lr=0.01, gamma=10.0, sampling_rate=0.2), 30)
     c = _curves(alg, small_data, rounds=20)
