@@ -177,6 +177,18 @@ def run_variant(name: str, mesh=None, **kw):
 DROPPED = {"eps", "participants"}
 
 
+def record(mesh) -> dict:
+    """Every variant on one device and on ``mesh``, in the pinned files' layout
+    (``"<name>/<single|mesh8>/state..."`` and ``".../metric/..."``)."""
+    out = {}
+    for name in variants():
+        for tag, m in (("single", None), ("mesh8", mesh)):
+            state, hist = run_variant(name, m)
+            out.update({f"{name}/{tag}/state{k}": v for k, v in state.items()})
+            out.update({f"{name}/{tag}/metric/{k}": v for k, v in hist.items()})
+    return out
+
+
 def compare(name: str, tag: str, state: dict, hist: dict, pinned) -> dict:
     """Max abs difference per pinned array; ``missing`` lists pinned metrics not produced."""
     diffs, missing = {}, []

@@ -33,12 +33,7 @@ from cbo_jax import sharding  # noqa: E402
 
 def main():
     mesh = sharding.agent_mesh()
-    record = {}
-    for name in fv.variants():
-        for tag, m in (("single", None), ("mesh8", mesh)):
-            state, hist = fv.run_variant(name, m)
-            record.update({f"{name}/{tag}/state{k}": v for k, v in state.items()})
-            record.update({f"{name}/{tag}/metric/{k}": v for k, v in hist.items()})
+    record = fv.record(mesh)
     v2 = np.load(Path(__file__).with_name("federated_v2.npz"))
     worst: dict[str, tuple[float, str]] = {}
     for k in v2.files:
