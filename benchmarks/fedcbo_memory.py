@@ -24,7 +24,8 @@ default MemAvailable at start) as a backstop.
 
 ``--variant proposed`` runs the same round with its consensus step replaced (in the
 child only, by monkeypatching the module attribute) by ``aggregate_proposed`` from
-``benchmarks/fedcbo_round.py``.
+``benchmarks/fedcbo_round.py``. ``--variant by_model`` runs the package's round with
+``FedCBOConfig(eval_by="model")`` (``eval_chunk`` is then the group size).
 
     python benchmarks/fedcbo_memory.py                              # eval_chunk 4, 16, 64
     python benchmarks/fedcbo_memory.py --chunks 16 --variant proposed
@@ -105,7 +106,7 @@ def child(args) -> dict:
         jax.numpy.full((n,), n_s, jax.numpy.int32),
     )
     cfg = fedcbo_mod.FedCBOConfig(
-        M=args.downloads, eval_chunk=args.eval_chunk,
+        M=args.downloads, eval_chunk=args.eval_chunk, eval_by="model" if args.variant == "by_model" else "agent",
         local=LocalSGDConfig(epochs=args.epochs, batch_size=128, lr=0.1, momentum=0.9),
     )
     alg = fedcbo_mod.fedcbo(mlp_mnist(), cfg, n)
@@ -159,7 +160,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--downloads", "-M", type=int, default=200)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--epochs", "--tau", type=int, default=1)
-    ap.add_argument("--variant", choices=("current", "proposed"), default="current")
+    ap.add_argument("--variant", choices=("current", "by_model", "proposed"), default="current")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--margin-gb", type=float, default=1.5, help="MemAvailable to leave free (skip the round otherwise)")
     ap.add_argument("--rlimit-gb", type=float, default=None, help="address-space limit of the child (default: MemAvailable; 0 = none)")

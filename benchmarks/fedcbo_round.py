@@ -48,6 +48,10 @@ to the package code:
 * ``aggregate_proposed`` (a prototype): same results as ``aggregate`` up to float32
   rounding, but the consensus points are one dense GEMM ``W @ clean`` with ``W`` the
   (N, N) matrix holding each agent's normalised weights at its downloads' columns.
+* ``by_model`` (package code, ``FedCBOConfig(eval_by="model")``; ``--groups``, default 4
+  and 8 at the benchmark setting, 4 elsewhere): each model evaluated on the stacked data of
+  the agents that downloaded it (``consensus_by_model``). Equal to ``aggregate`` up to float32
+  rounding (checked in the JSON).
 * ``aggregate_fused`` (``--prototypes proposed,fused``): the package's step as one fused
   pass (weights and contraction in the same ``lax.map``), the code before the two-pass
   step; bitwise equal to ``aggregate``, to attribute the two-pass gain.
@@ -68,8 +72,9 @@ to the package code:
     the package's ``metrics.test_accuracy`` kernel: agents grouped by test set, chunk 8).
 
 The headline phases use the package's options that run fastest on the device
-(``--agent-chunk``: 1 on a CPU, all agents vmapped elsewhere; the setting's
-``eval_chunk``); the JSON records which.
+(``--agent-chunk``: 1 on a CPU, all agents vmapped elsewhere; ``--eval-by``: ``model`` with
+groups of 4 on a CPU, ``agent`` at the setting's ``eval_chunk`` elsewhere); the JSON
+records which.
 
 The round report (issue 18) counts useful FLOPs only: 6P per real training sample per
 local epoch, 2P per evaluated sample (padded rows do not count), 2MP per agent for the
@@ -118,8 +123,8 @@ import optax
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
 from cbo_jax.federated import selection
-from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
-from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo, loss_energy
+from cbo_jax.federated.aggregation import consensus_by_model, consensus_downloads, local_downloads
+from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo, group_loss, loss_energy
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_keys, agent_loss, local_train, make_optimizer
 from cbo_jax.federated.metrics import _agent_eval_impl, _grouped_eval_impl
@@ -150,6 +155,14 @@ def aggregate(model, cfg: FedCBOConfig, params, idx, data: AgentData):
     ``(loss (N, M), own_loss (N,), m)``."""
     res = consensus_downloads(loss_energy(model, cfg), params, idx, params, (data.x, data.y, data.counts),
                               alpha=cfg.alpha, chunk=cfg.eval_chunk)
+    return res.loss, res.own_loss, res.consensus
+
+
+def aggregate_by_model(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """The package's FedCBO aggregation with ``eval_by="model"``: each model evaluated on the
+    stacked data of ``eval_chunk`` agents that downloaded it (``consensus_by_model``)."""
+    res = consensus_by_model(group_loss(model, cfg), params, idx, (data.x, data.y, data.counts),
+                             alpha=cfg.alpha, group=cfg.eval_chunk)
     return res.loss, res.own_loss, res.consensus
 
 
@@ -330,6 +343,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--sweep-chunks", default=None, help="comma-separated eval_chunk values for the sweep (default 1,4,16; quick: 16)")
     ap.add_argument("--no-compare", dest="compare", action="store_false", help="skip the prototypes")
     ap.add_argument("--prototypes", default="proposed", help="comma-separated aggregation prototypes for the sweep: proposed, fused")
+    ap.add_argument("--eval-by", choices=("auto", "agent", "model"), default="auto",
+                    help="FedCBOConfig.eval_by of the headline aggregation and round ('auto': model on a CPU, "
+                         "agent elsewhere)")
+    ap.add_argument("--groups", default=None,
+                    help="comma-separated group sizes (eval_chunk with eval_by='model') timed for the model-by-model "
+                         "aggregation; the first is the headline's (default 4,8 at the benchmark setting, else 4)")
     ap.add_argument("--agent-chunk", default="auto",
                     help="LocalSGDConfig.agent_chunk of the headline local training and round: an integer, "
                          "'none' (all agents vmapped) or 'auto' (1 on a CPU, none elsewhere)")
@@ -360,6 +379,9 @@ def main(argv=None) -> dict:
         head_chunk = None if args.agent_chunk.lower() == "none" else int(args.agent_chunk)
     agent_chunks = sorted({int(v) for v in args.agent_chunks.split(",") if v} | ({head_chunk} - {None}))
     head_local_cfg = dataclasses.replace(local_cfg, agent_chunk=head_chunk)
+    eval_by = args.eval_by if args.eval_by != "auto" else ("model" if jax.default_backend() == "cpu" else "agent")
+    groups = [int(v) for v in (args.groups or ("4,8" if args.setting == "benchmark" and not q else "4")).split(",") if v]
+    head_agg = ("by_model", groups[0]) if eval_by == "model" else ("aggregate", args.eval_chunk)
     head_local_name = "local_train" if head_chunk is None else f"agent_chunk={head_chunk}"
 
     t_start = time.perf_counter()
@@ -421,11 +443,11 @@ def main(argv=None) -> dict:
                          "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
     def add_round():
-        cfg = FedCBOConfig(M=m, eval_chunk=args.eval_chunk, local=head_local_cfg)
+        cfg = FedCBOConfig(M=m, eval_chunk=head_agg[1], eval_by=eval_by, local=head_local_cfg)
         alg = fedcbo(model, cfg, n_agents)
         state = alg.init(jax.random.key(args.seed))
         c, comp_s = compile_fn(alg.round, state, data)
-        jobs.append({"phase": "round", "variant": "fedcbo.round", "eval_chunk": args.eval_chunk, "compiled": c,
+        jobs.append({"phase": "round", "variant": "fedcbo.round", "eval_chunk": head_agg[1], "compiled": c,
                      "args": (state, data), "gflop": (flops["local"] + flops["aggregation"]) / 1e9,
                      "compile_seconds": comp_s, "xla_temp_gb": c.memory_analysis().temp_size_in_bytes / 1e9})
 
@@ -438,6 +460,8 @@ def main(argv=None) -> dict:
     if args.compare:
         add_local("padded_last_batch", local_train_padded)
     add_agg("aggregate", aggregate, args.eval_chunk)
+    for g in groups:
+        add_agg("by_model", aggregate_by_model, g)
     for chunk in sweep:
         if chunk != args.eval_chunk:
             add_agg("aggregate", aggregate, chunk)
@@ -493,6 +517,9 @@ def main(argv=None) -> dict:
         checks["test_eval_grouped_max_abs_diff_acc"] = max_abs_diff(ta[0], pa[0])
         checks["test_eval_grouped_max_abs_diff_loss"] = max_abs_diff(ta[1], pa[1])
         ref = by[("aggregation", "aggregate", args.eval_chunk)]["out"]
+        other = by[("aggregation", "by_model", groups[0])]["out"]
+        checks["by_model_max_abs_diff_new_params"] = max_abs_diff(ref[0], other[0])
+        checks["by_model_max_abs_diff_losses"] = max_abs_diff(ref[1:], other[1:])
         for name in protos:
             other = by[("aggregation", name, sweep[0])]["out"]
             checks[f"{name}_max_abs_diff_new_params"] = max_abs_diff(ref[0], other[0])
@@ -520,12 +547,12 @@ def main(argv=None) -> dict:
               f"{r['fraction_same_cycle']:8.2f} {r['compile_seconds']:9.2f} {r['xla_temp_gb']:7.3f}")
     print(f"matmul ceiling {peak:.1f} GFLOP/s (max over {[c[0] for c in ceil_fns]}, measured before and after every cycle; "
           f"per cycle {', '.join(f'{v:.0f}' for v in cyc_peak)})")
-    print(f"'of peak' = GFLOP/s of the fastest run / ceiling; 'same-cyc' = best over cycles of GFLOP/s / that cycle's ceiling")
+    print("'of peak' = GFLOP/s of the fastest run / ceiling; 'same-cyc' = best over cycles of GFLOP/s / that cycle's ceiling")
     print(f"load avg start {load_start} / end {load_end}; total {time.perf_counter() - t_start:.0f} s")
     for k, v in checks.items():
         print(f"check {k} = {v:.3g}")
 
-    head = next(r for r in rows if r["phase"] == "aggregation" and r["variant"] == "aggregate" and r["eval_chunk"] == args.eval_chunk)
+    head = next(r for r in rows if r["phase"] == "aggregation" and (r["variant"], r["eval_chunk"]) == head_agg)
     loc = next(r for r in rows if r["variant"] == head_local_name)
     loc2 = next((r for r in rows if r["variant"] == "padded_last_batch"), None)
     best = min((r for r in rows if r["phase"] == "aggregation"), key=lambda r: r["seconds"])
@@ -581,7 +608,7 @@ def main(argv=None) -> dict:
         "best_aggregation": {k: best[k] for k in ("variant", "eval_chunk", "seconds", "gflops", "fraction_of_matmul_peak", "fraction_same_cycle")},
         "settings": {
             "N": n_agents, "M": m, "n": N_SAMPLES, "tau": tau, "batch_size": args.batch_size, "lr": args.lr,
-            "momentum": args.momentum, "eval_chunk": args.eval_chunk, "agent_chunk": head_chunk, "data": args.data, "repeats": repeats,
+            "momentum": args.momentum, "eval_chunk": args.eval_chunk, "eval_by": eval_by, "groups": groups, "agent_chunk": head_chunk, "data": args.data, "repeats": repeats,
             "quick": q, "test_size": test_size, "eval_every": st["eval_every"], "model": "mlp-784-200-10", "params_per_model": P_MLP, "sweep_chunks": sweep, "prototypes": protos,
             "aggregation_gflop": agg_flops(n_agents, m) / 1e9, "local_gflop_padded": local_flops(n_agents, tau, args.batch_size) / 1e9,
         },

@@ -13,6 +13,11 @@ import pytest
 
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
 
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # older jax
+    from jax.experimental import enable_x64
+
 
 
 def energy_fn(models, theta, e, own_e):
@@ -116,3 +121,113 @@ def test_two_pass_step_equals_the_fused_step_bitwise():
     for a, b in zip(jax.tree_util.tree_leaves(two_pass), jax.tree_util.tree_leaves(fused)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert np.isfinite(np.asarray(two_pass.loss)).sum() < n * m  # the broken model and empty slots were seen
+
+
+# ----------------------------------------------------------------------------- model by model
+
+
+def test_pair_schedule_covers_every_valid_pair_once_in_groups_of_one_model():
+    from cbo_jax.federated.aggregation import group_sizes, pair_schedule
+
+    assert group_sizes(1) == (1,) and group_sizes(4) == (4, 1) and group_sizes(16) == (16, 4, 1)
+    assert group_sizes(8) == (8, 2, 1) and group_sizes(3) == (3, 1)
+    rng = np.random.default_rng(3)
+    n, q = 9, 57
+    models = rng.integers(0, n, q)
+    models[:12] = 4  # one model downloaded often: several full groups and a partial one
+    valid = rng.random(q) < 0.85
+    per_model = np.bincount(models[valid], minlength=n)
+    for sizes in ((1,), (2,), (5,), (64,), (4, 1), (16, 4, 1), (8, 2, 1), (5, 2)):
+        levels = jax.jit(pair_schedule, static_argnums=(2, 3))(jnp.asarray(models), jnp.asarray(valid), n, sizes)
+        assert len(levels) == len(sizes)
+        seen, left = [], per_model.copy()
+        for level, (s_, (table, group_model, num_groups)) in enumerate(zip(sizes, levels)):
+            table, group_model, g = np.asarray(table), np.asarray(group_model), int(num_groups)
+            last = level == len(sizes) - 1
+            expected = -(-left // s_) if last else left // s_
+            assert g == int(expected.sum()), sizes
+            left = left - np.minimum(expected * s_, left)
+            for row, mdl in zip(table[:g], group_model[:g]):
+                members = row[row < q]
+                assert np.all(models[members] == mdl)
+                assert len(members) == s_ or (last and 1 <= len(members) < s_), sizes  # only the last level pads
+                seen.extend(members.tolist())
+            assert np.all(table[g:] == q)  # rows past num_groups are empty
+        assert sorted(seen) == sorted(np.flatnonzero(valid).tolist()), sizes  # each valid pair once
+    with pytest.raises(ValueError, match="largest first"):
+        pair_schedule(jnp.asarray(models), jnp.asarray(valid), n, (1, 4))
+
+
+@pytest.mark.parametrize("group", [1, 2, 16])
+def test_by_model_matches_numpy(group):
+    """``consensus_by_model`` against the float64 reference: the energy of a (model, agent)
+    pair is a table entry, so the pair bookkeeping, the weights and the dense contraction
+    are checked exactly, with a broken model, empty slots and repeated downloads."""
+    from cbo_jax.federated.aggregation import consensus_by_model
+
+    rng = np.random.default_rng(0)
+    n, m, d, alpha = 8, 4, 5, 3.0
+    w = rng.normal(size=(n, d))
+    w[2, 1] = np.nan  # a broken model: weight zero wherever it is downloaded
+    E = rng.normal(size=(n, n))  # E[j, i]: energy of model i on agent j's data
+    E[5, 0] = np.nan  # a non-finite energy of one pair
+    idx = rng.integers(0, n, (n, m))
+    idx[1] = [2, 2, 2, 2]  # agent 1 downloaded only the broken model: it keeps its own
+    idx[0] = [6, 6, 7, 0]  # a model downloaded twice counts twice
+    valid = rng.random((n, m)) < 0.8
+    valid[:2] = True
+    with enable_x64(True):
+        params = {"w": jnp.asarray(w), "id": jnp.arange(n, dtype=jnp.float64)}
+
+        def group_energy(theta, agents):
+            return jnp.asarray(E)[agents, theta["id"].astype(jnp.int32)]
+
+        res = consensus_by_model(group_energy, params, jnp.asarray(idx), (jnp.arange(n),), alpha=alpha,
+                                 group=group, valid=jnp.asarray(valid))
+        e = np.where(valid, E[np.arange(n)[:, None], idx], np.inf)
+        out, weights, self_w, fallback = reference(w, idx, e, None, alpha, False)
+        np.testing.assert_allclose(np.asarray(res.weights), weights, rtol=1e-12, atol=1e-300)
+        np.testing.assert_array_equal(np.asarray(res.fallback), fallback)
+        np.testing.assert_array_equal(np.asarray(res.self_weight), self_w)
+        np.testing.assert_allclose(np.asarray(res.consensus["w"])[~np.isnan(w).any(1)], out[~np.isnan(w).any(1)],
+                                   rtol=1e-12, atol=1e-12)
+        assert fallback[1] and not fallback.all()
+        np.testing.assert_array_equal(np.asarray(res.loss)[1], np.inf)  # the broken model's loss
+        own = np.asarray(res.own_loss)
+        np.testing.assert_array_equal(np.isnan(own), np.isnan(w).any(1) | np.isnan(np.diag(E)))
+        np.testing.assert_allclose(own[~np.isnan(own)], np.diag(E)[~np.isnan(own)], rtol=1e-15)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum_of_batch_means"])
+def test_fedcbo_by_model_equals_by_agent_up_to_rounding(reduction):
+    """FedCBO's two evaluation orders give the same step up to float32 rounding: the
+    losses, the weights, the fallbacks and the consensus points, with a broken agent and
+    empty slots (ragged sample counts, a last mini-batch shorter than the batch)."""
+    from cbo_jax.federated.aggregation import consensus_by_model
+    from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, group_loss, loss_energy
+    from cbo_jax.federated.local import LocalSGDConfig
+    from cbo_jax.models import init_population, mlp_mnist
+
+    model = mlp_mnist(hidden=(6,), num_classes=3, input_shape=(8,))
+    rng = np.random.default_rng(2)
+    n, m, s = 9, 4, 11
+    params = init_population(model, jax.random.key(0), n)
+    params = jax.tree_util.tree_map(lambda a: a.at[3].set(jnp.nan) if a.ndim == 3 else a, params)
+    idx = jnp.asarray(np.stack([rng.choice(np.delete(np.arange(n), j), m, replace=False) for j in range(n)]), jnp.int32)
+    valid = jnp.asarray(rng.random((n, m)) < 0.8)
+    x = jnp.asarray(rng.normal(size=(n, s, 8)), jnp.float32)
+    y = jnp.asarray(rng.integers(0, 3, (n, s)), jnp.int32)
+    c = jnp.asarray(rng.integers(0, s + 1, n), jnp.int32)
+    cfg = FedCBOConfig(M=m, alpha=5.0, loss_reduction=reduction, local=LocalSGDConfig(batch_size=4))
+    a = jax.jit(lambda p: consensus_downloads(loss_energy(model, cfg), p, idx, p, (x, y, c), alpha=cfg.alpha,
+                                              chunk=2, valid=valid))(params)
+    for group in (1, 3):
+        b = jax.jit(lambda p: consensus_by_model(group_loss(model, cfg), p, idx, (x, y, c), alpha=cfg.alpha,
+                                                 group=group, valid=valid))(params)
+        for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+            u, v = np.asarray(u), np.asarray(v)
+            np.testing.assert_array_equal(np.isnan(u), np.isnan(v))
+            np.testing.assert_array_equal(np.isinf(u), np.isinf(v))
+            ok = np.isfinite(u)
+            np.testing.assert_allclose(v[ok], u[ok], rtol=2e-5, atol=2e-6)
+        assert np.isinf(np.asarray(a.loss)).any() and np.isnan(np.asarray(a.own_loss)[3])

@@ -169,6 +169,34 @@ def test_fedcbo_bad_input():
         FedCBOConfig(participation=1.5)
     with pytest.raises(ValueError, match="noise"):
         FedCBOConfig(noise="pink")
+    with pytest.raises(ValueError, match="eval_by"):
+        FedCBOConfig(eval_by="download")
+    with pytest.raises(ValueError, match="takes no `downloads`"):
+        fedcbo(TINY, FedCBOConfig(M=2, eval_by="model"), 6, downloads=lambda *a: None)
+
+
+def test_fedcbo_rounds_evaluated_model_by_model_equal_agent_by_agent():
+    """Three FedCBO rounds with ``eval_by="model"`` against ``eval_by="agent"`` from the same
+    state: the same downloads drawn, losses, selections and models equal up to float32
+    rounding (only the products' blocking differs)."""
+    data = _tiny_data(8, seed=4)
+    out = {}
+    for by in ("agent", "model"):
+        alg = fedcbo(TINY, FedCBOConfig(M=3, alpha=5.0, eval_by=by, eval_chunk=2,
+                                        local=LocalSGDConfig(epochs=1, batch_size=4)), 8)
+        state = alg.init(jax.random.key(1))
+        step = jax.jit(alg.round)
+        infos = []
+        for _ in range(3):
+            state, info = step(state, data)
+            infos.append(info)
+        out[by] = (state, infos)
+    (sa, ia), (sb, ib) = out["agent"], out["model"]
+    for a, b in zip(ia, ib):
+        np.testing.assert_array_equal(np.asarray(a.idx), np.asarray(b.idx))
+        np.testing.assert_array_equal(np.asarray(a.fallback), np.asarray(b.fallback))
+    for a, b in zip(jax.tree_util.tree_leaves((sa.params, sa.P)), jax.tree_util.tree_leaves((sb.params, sb.P))):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
@@ -184,6 +212,9 @@ def test_eval_chunk_for_memory_budget():
     assert chunk == 1 and plan == sizes  # the largest chunk that fits
     with pytest.raises(ValueError, match="even with eval_chunk=1"):
         eval_chunk_for_budget(model, cfg, data, 1024, candidates=(1,))
+    by_model = dataclasses.replace(cfg, eval_by="model", eval_chunk=3)  # a group size, kept as given
+    chunk, plan = eval_chunk_for_budget(model, by_model, data, 2 * sizes[4], candidates=(4, 1))
+    assert chunk == 3 and list(plan) == [3]
 
 
 @pytest.mark.slow  # the default run's time budget (test_nan_model_never_poisons_a_consensus stays)

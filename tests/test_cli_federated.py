@@ -101,6 +101,8 @@ def test_generated_flags_help_and_strict_parsing(capsys):
         ("fedcbo", ["--source", "idx", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir: not a directory"),
         ("fedcbo", ["--lr", "-1"], "lr must be > 0"),
         ("fedcbo", ["--rounds", "two"], "--rounds: expected int"),
+        ("fedcbo", ["--eval-by", "download"], "eval_by must be one of"),
+        ("fedcbo", ["--eval-by", "model", "--shard"], "a sharded run (--shard / mesh) needs eval_by='agent'"),
     ],
 )
 def test_run_bad_input_is_a_clear_error(tmp_path, capsys, algorithm, extra, match):

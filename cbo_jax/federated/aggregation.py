@@ -30,6 +30,12 @@ passes, and it lets XLA lay the first gather out for the energy's matrix product
 benchmark setting (``benchmarks/RESULTS_fedcbo.md``, section 0a). Both passes compute every number
 exactly as the single fused pass does (a test checks bitwise equality). A download map
 that moves data between devices is called once (fused), so rows travel once.
+
+:func:`consensus_by_model` computes the same step (without ``include_self``) the other way
+round, for energies that are one model's loss on one agent's data: every model is read in
+place and evaluated on the stacked data of the agents that downloaded it, and the
+consensus points are one dense product. Equal up to float rounding; faster on a CPU
+(``benchmarks/RESULTS_fedcbo.md``, section 0b); FedCBO's ``eval_by="model"``.
 """
 
 from __future__ import annotations
@@ -44,7 +50,8 @@ from cbo_jax.consensus import consensus_weights
 
 PyTree = Any
 
-__all__ = ["Downloads", "Energy", "consensus_downloads", "local_downloads", "DownloadMap"]
+__all__ = ["Downloads", "Energy", "consensus_downloads", "consensus_by_model", "local_downloads", "DownloadMap",
+           "group_sizes", "pair_schedule"]
 
 
 class Energy(NamedTuple):
@@ -105,6 +112,23 @@ def local_downloads(fn: Callable, params: PyTree, idx: jax.Array, per_agent: tup
 local_downloads.cheap_refetch = True  # type: ignore[attr-defined]  # memory reads only: two passes pay off
 
 
+def _weigh(e: Energy, finite: jax.Array, alpha, include_self: bool, self_largest) -> Downloads:
+    """Weights of one agent's downloads from their energies (eq. (19)'s μ_i / Σ μ); a
+    download that is not ``finite`` (or an empty slot) weighs nothing, loss ``inf``."""
+    energy = jnp.where(finite, e.energy, jnp.inf)
+    loss = jnp.where(finite, e.loss, jnp.inf)
+    if include_self:
+        e_self = jnp.where(self_largest, jnp.minimum(jnp.min(energy), e.own_energy), e.own_energy)
+        w_all = consensus_weights(jnp.concatenate([energy, e_self[None]]), alpha)
+        w, w_self = w_all[:-1], w_all[-1]
+    else:
+        w, w_self = consensus_weights(energy, alpha), jnp.zeros((), energy.dtype)
+    usable = jnp.all(jnp.isfinite(w)) & (jnp.sum(w) + w_self > 0)
+    w = jnp.where(usable, w, 0.0)
+    w_self = jnp.where(usable, w_self, 1.0)  # nothing usable: keep the own model
+    return Downloads(loss, e.own_loss, w, w_self, ~usable, None)
+
+
 def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: jax.Array, own: PyTree, data: tuple,
                         *, alpha: float | jax.Array, include_self: bool = False, chunk: int = 4,
                         downloads: DownloadMap | None = None, valid: jax.Array | None = None,
@@ -133,19 +157,7 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
         """Energies and weights of one agent's downloads: eq. (19)'s μ_i / Σ μ."""
         *data_j, ok = data_j
         e = energy_fn(down, theta_j, *data_j)
-        finite = finite & ok
-        energy = jnp.where(finite, e.energy, jnp.inf)
-        loss = jnp.where(finite, e.loss, jnp.inf)
-        if include_self:
-            e_self = jnp.where(self_largest, jnp.minimum(jnp.min(energy), e.own_energy), e.own_energy)
-            w_all = consensus_weights(jnp.concatenate([energy, e_self[None]]), alpha)
-            w, w_self = w_all[:-1], w_all[-1]
-        else:
-            w, w_self = consensus_weights(energy, alpha), jnp.zeros((), energy.dtype)
-        usable = jnp.all(jnp.isfinite(w)) & (jnp.sum(w) + w_self > 0)
-        w = jnp.where(usable, w, 0.0)
-        w_self = jnp.where(usable, w_self, 1.0)  # nothing usable: keep the own model
-        return Downloads(loss, e.own_loss, w, w_self, ~usable, None)
+        return _weigh(e, finite & ok, alpha, include_self, self_largest)
 
     def contract(down, w, w_self, theta_j):
         """The consensus point m_j = Σ_i w_i θ_i + w_self θ_j (non-finite rows are zero)."""
@@ -165,3 +177,139 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
     m = fetch(lambda down, _finite, w, w_self, theta_j: contract(down, w, w_self, theta_j), params, idx,
               (res.weights, res.self_weight, own), chunk)
     return res._replace(consensus=m)
+
+
+def group_sizes(group: int) -> tuple[int, ...]:
+    """The ladder of group sizes :func:`consensus_by_model` uses for ``group``: ``group``,
+    then every fourth of it down to 1 (4 → (4, 1), 16 → (16, 4, 1), 8 → (8, 2, 1))."""
+    sizes = [int(group)]
+    while sizes[-1] >= 4:
+        sizes.append(sizes[-1] // 4)
+    if sizes[-1] != 1:
+        sizes.append(1)
+    return tuple(sizes)
+
+
+def pair_schedule(models: jax.Array, valid: jax.Array, num_models: int,
+                  sizes: int | tuple[int, ...]) -> tuple[tuple[jax.Array, jax.Array, jax.Array], ...]:
+    """Sort ``Q`` (agent, model) pairs into groups of pairs that share a model.
+
+    Args:
+      models: ``(Q,)`` the model (a row of the population) of every pair.
+      valid: ``(Q,)`` which pairs are evaluated at all.
+      num_models: rows in the population.
+      sizes: group sizes, largest first (an int: one size). A model with ``d`` pairs fills
+        ``d // s_0`` groups of ``s_0`` pairs, then ``(d mod s_0) // s_1`` of ``s_1``, and so
+        on; the last size takes the rest, its last group possibly part-empty (never with
+        a last size of 1). Large groups make long matrix products, the small ones leave no
+        slot empty.
+
+    Returns one ``(table, group_model, num_groups)`` per size: ``table`` is
+    ``(G_max, s)`` pair indices (``Q`` marks an empty slot), ``group_model`` the
+    ``(G_max,)`` model of every group, and ``num_groups`` (traced) how many leading rows
+    are used; ``G_max`` is a static bound.
+    """
+    sizes = (int(sizes),) if isinstance(sizes, int) else tuple(int(v) for v in sizes)
+    if not sizes or any(v < 1 for v in sizes) or list(sizes) != sorted(set(sizes), reverse=True):
+        raise ValueError(f"sizes must be distinct positive integers, largest first; got {sizes}")
+    q = models.shape[0]
+    key = jnp.where(valid, models, num_models).astype(jnp.int32)
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    sorted_key = key[order]
+    per_model = jnp.bincount(key, length=num_models + 1)[:num_models]
+    m = jnp.minimum(sorted_key, num_models - 1)
+    real = sorted_key < num_models
+    rank = jnp.arange(q, dtype=jnp.int32) - (jnp.cumsum(per_model) - per_model)[m]  # position within the model
+    left, first, out = per_model, jnp.zeros_like(per_model), []
+    for level, s_ in enumerate(sizes):
+        last = level == len(sizes) - 1
+        groups = (left + s_ - 1) // s_ if last else left // s_
+        taken = jnp.minimum(groups * s_, left)
+        if level == 0:
+            g_max = -(-q // s_) + (num_models if last else 0)
+        else:
+            g_max = num_models * (-(-(sizes[level - 1] - 1) // s_))
+        g_max = max(1, min(g_max, -(-q // s_) + num_models))
+        r = rank - first[m]
+        here = real & (r >= 0) & (r < taken[m])
+        group_start = jnp.cumsum(groups) - groups
+        gid = jnp.where(here, group_start[m] + r // s_, g_max)  # other levels' pairs: dropped
+        table = jnp.full((g_max, s_), q, jnp.int32).at[gid, r % s_].set(order, mode="drop")
+        group_model = jnp.zeros((g_max,), jnp.int32).at[gid].set(m, mode="drop")
+        out.append((table, group_model, jnp.sum(groups)))
+        first, left = first + taken, left - taken
+    return tuple(out)
+
+
+def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, idx: jax.Array, data: tuple, *,
+                       alpha: float | jax.Array, group: int = 8, valid: jax.Array | None = None,
+                       own_rows: jax.Array | None = None) -> Downloads:
+    """The consensus step of :func:`consensus_downloads` (without ``include_self``),
+    evaluated model by model instead of agent by agent.
+
+    For energies that are one model's loss on one agent's data (FedCBO's ``E_j^i =
+    L_j(θ_i)``, eq. (19)), the ``R·M`` (agent, download) pairs and the ``R`` own models
+    are sorted by model (:func:`pair_schedule`). Each model is then read in place and
+    evaluated on the stacked data of up to ``group`` agents that downloaded it, one
+    forward pass of ``group·n`` rows: no agent's ``M·P`` downloads are gathered, and the
+    model's matrix products are tall. The consensus points ``m_j = Σ_i w_ji θ_i`` are one
+    ``(R, N) @ (N, P)`` product with the weights scattered to the downloads' columns.
+
+    Results equal :func:`consensus_downloads` with the same energy up to float rounding
+    (the products are blocked differently; a test bounds the difference).
+
+    Args:
+      group_energy: ``group_energy(model, *data_g) -> (group,)``: the energy of one model
+        (a single row of ``params``) on ``group`` agents' data (``data_g``: the arrays of
+        ``data`` at those agents, leading axis ``group``).
+      params: the population, ``N`` rows.
+      idx: ``(R, M)`` downloads of ``R`` selecting agents.
+      data: per-agent arrays ``(R, ...)``.
+      alpha: α of the weights.
+      group: the largest number of agents' data sets in one forward pass; a model's
+        pairs are grouped by the sizes :func:`group_sizes` gives (``group``, a fourth of it,
+        ..., 1), so no forward pass holds padding.
+      valid: ``(R, M)`` which slots hold a download (``None``: all).
+      own_rows: ``(R,)`` the row of ``params`` that is agent ``j``'s own model (``None``:
+        row ``j``, so ``R = N``).
+    """
+    r, m_dl = idx.shape
+    n = jax.tree_util.tree_leaves(params)[0].shape[0]
+    own_rows = jnp.arange(r, dtype=jnp.int32) if own_rows is None else own_rows
+    ok = jnp.ones(idx.shape, bool) if valid is None else valid
+    clean, finite = pop.zero_nonfinite_rows(params)
+
+    pair_model = jnp.concatenate([idx.reshape(-1), own_rows]).astype(jnp.int32)
+    pair_agent = jnp.concatenate([jnp.repeat(jnp.arange(r, dtype=jnp.int32), m_dl), jnp.arange(r, dtype=jnp.int32)])
+    pair_ok = jnp.concatenate([ok.reshape(-1), jnp.ones((r,), bool)])
+    q = pair_model.shape[0]
+    levels = pair_schedule(pair_model, pair_ok, n, group_sizes(group))
+
+    def row(i):
+        return jax.tree_util.tree_map(lambda leaf: leaf[i], clean)
+
+    def data_of(members):
+        agents = pair_agent[jnp.minimum(members, q - 1)]  # empty slots: any agent, result dropped
+        return tuple(jnp.take(a, agents, axis=0) for a in data)
+
+    out = jax.eval_shape(lambda: group_energy(row(0), *data_of(levels[-1][0][0])))
+    energies = jnp.full((q,), jnp.inf, out.dtype)
+    for table, group_model, num_groups in levels:  # one loop per group size (static shapes)
+        def body(gi, e, table=table, group_model=group_model):
+            members = table[gi]
+            return e.at[members].set(group_energy(row(group_model[gi]), *data_of(members)), mode="drop")
+
+        energies = jax.lax.fori_loop(0, num_groups, body, energies)
+    loss = energies[: r * m_dl].reshape(r, m_dl)
+    own_loss = jnp.where(finite[own_rows], energies[r * m_dl:], jnp.nan)  # as a non-finite model's own loss
+    res = jax.vmap(lambda e, o, f: _weigh(Energy(e, e, o, o), f, alpha, False, False))(
+        loss, own_loss, finite[idx] & ok)
+    dense = jnp.zeros((r, n), res.weights.dtype).at[jnp.arange(r)[:, None], idx].add(res.weights)
+    own = pop.gather(params, own_rows)
+
+    def contract(c, t):
+        m_ = jnp.tensordot(dense.astype(c.dtype), c, axes=(1, 0))
+        w_self = jnp.reshape(res.self_weight, (r,) + (1,) * (t.ndim - 1)).astype(t.dtype)
+        return m_ + w_self * jnp.where(jnp.isfinite(t), t, 0.0)
+
+    return res._replace(consensus=jax.tree_util.tree_map(contract, clean, own))

@@ -32,7 +32,7 @@ from cbo_jax.models import Model, masked_loss
 
 PyTree = Any
 
-__all__ = ["LocalSGDConfig", "LocalResult", "make_optimizer", "local_train", "agent_loss", "agent_keys"]
+__all__ = ["LocalSGDConfig", "LocalResult", "make_optimizer", "local_train", "agent_loss", "agent_keys", "reduce_sample_losses"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,15 +159,22 @@ def agent_loss(model: Model, params: PyTree, x, y, count, batch_size: int | None
     over consecutive mini-batches of size ``batch_size`` of each batch's mean loss
     (200 samples, B = 128: mean of the first 128 plus mean of the last 72).
     """
-    real = jnp.arange(x.shape[0]) < count
     if reduction == "mean":
-        return masked_loss(model, params, x, y, real)
+        return masked_loss(model, params, x, y, jnp.arange(x.shape[0]) < count)
+    return reduce_sample_losses(model.loss(model.apply(params, x), y), count, batch_size, reduction)
+
+
+def reduce_sample_losses(per: jax.Array, count, batch_size: int | None = None, reduction: str = "mean") -> jax.Array:
+    """An agent's loss from its per-sample losses ``per`` (``(n_max,)``, the first
+    ``count`` real): the reduction of :func:`agent_loss`, computed the same way."""
+    real = jnp.arange(per.shape[0]) < count
+    if reduction == "mean":
+        return jnp.sum(jnp.where(real, per, 0.0)) / jnp.maximum(jnp.sum(real), 1).astype(per.dtype)
     if reduction == "sum_of_batch_means":
-        per = model.loss(model.apply(params, x), y)
         if batch_size is None:
             raise ValueError("reduction='sum_of_batch_means' needs batch_size")
-        batch = jnp.arange(x.shape[0]) // batch_size
-        num = -(-x.shape[0] // batch_size)
+        batch = jnp.arange(per.shape[0]) // batch_size
+        num = -(-per.shape[0] // batch_size)
         sums = jax.ops.segment_sum(jnp.where(real, per, 0.0), batch, num)
         cnt = jax.ops.segment_sum(real.astype(per.dtype), batch, num)
         return jnp.sum(jnp.where(cnt > 0, sums / jnp.maximum(cnt, 1.0), 0.0))

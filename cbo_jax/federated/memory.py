@@ -43,7 +43,7 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
     """The largest ``eval_chunk`` whose planned FedCBO round fits ``budget_bytes``.
 
     Larger chunks evaluate more downloads at once (faster on accelerators) and need
-    more memory. Tries ``candidates`` from the largest down, compiling one round each on
+    more memory. With ``cfg.eval_by == "model"`` only ``cfg.eval_chunk`` is tried. Tries ``candidates`` from the largest down, compiling one round each on
     abstract shapes (:func:`planned_round_bytes`). Returns ``(eval_chunk, plan)`` with
     ``plan`` mapping each tried chunk to its planned bytes. Raises ``ValueError`` when
     even the smallest candidate does not fit.
@@ -57,6 +57,10 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
         from cbo_jax.federated.exchange import exchange_downloads
 
         downloads = exchange_downloads(mesh)
+    if cfg.eval_by == "model":
+        # Model by model, eval_chunk is the group of agents' data per forward pass, not a
+        # memory knob (one model and ``eval_chunk · n`` rows at a time): keep it, check the fit.
+        candidates = (cfg.eval_chunk,)
     plan: dict[int, int] = {}
     for chunk in sorted(set(int(c) for c in candidates), reverse=True):
         if chunk < 1:
