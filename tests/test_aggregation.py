@@ -198,7 +198,7 @@ def test_by_model_matches_numpy(group):
         np.testing.assert_allclose(own[~np.isnan(own)], np.diag(E)[~np.isnan(own)], rtol=1e-15)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum_of_batch_means"])
+@pytest.mark.parametrize("reduction", ["mean", pytest.param("sum_of_batch_means", marks=pytest.mark.slow)])
 def test_fedcbo_by_model_equals_by_agent_up_to_rounding(reduction):
     """FedCBO's two evaluation orders give the same step up to float32 rounding: the
     losses, the weights, the fallbacks and the consensus points, with a broken agent and

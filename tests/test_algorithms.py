@@ -175,6 +175,7 @@ def test_fedcbo_bad_input():
         fedcbo(TINY, FedCBOConfig(M=2, eval_by="model"), 6, downloads=lambda *a: None)
 
 
+@pytest.mark.slow  # the default run's time budget; the kernel's equality tests run by default
 def test_fedcbo_rounds_evaluated_model_by_model_equal_agent_by_agent():
     """Three FedCBO rounds with ``eval_by="model"`` against ``eval_by="agent"`` from the same
     state: the same downloads drawn, losses, selections and models equal up to float32
