@@ -182,7 +182,8 @@ def group_loss(model: Model, cfg: FedCBOConfig):
     over the stacked samples, reduced per agent as :func:`loss_energy` does."""
     def energy(theta, x, y, c):
         g, n_max = y.shape[:2]
-        per = model.loss(model.apply(theta, x.reshape((g * n_max,) + x.shape[2:])), y.reshape(g * n_max))
+        stack = lambda a: a.reshape((g * n_max,) + a.shape[2:])  # noqa: E731  # (g, n_max, ...) -> (g·n_max, ...)
+        per = model.loss(model.apply(theta, stack(x)), stack(y))
         return jax.vmap(lambda p, cnt: reduce_sample_losses(p, cnt, cfg.local.batch_size, cfg.loss_reduction))(
             per.reshape(g, n_max), c)
 
