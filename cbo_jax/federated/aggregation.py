@@ -242,7 +242,7 @@ def pair_schedule(models: jax.Array, valid: jax.Array, num_models: int,
 
 
 def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, idx: jax.Array, data: tuple, *,
-                       alpha: float | jax.Array, group: int = 8, valid: jax.Array | None = None,
+                       alpha: float | jax.Array, group: int = 4, valid: jax.Array | None = None,
                        own_rows: jax.Array | None = None) -> Downloads:
     """The consensus step of :func:`consensus_downloads` (without ``include_self``),
     evaluated model by model instead of agent by agent.
