@@ -209,9 +209,6 @@ def build(cfg, num_agents: int, mesh=None):
             raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {num_agents - 1}, "
                              f"got M={cfg.config.M}")
         downloads = None
-        if mesh is not None and cfg.config.eval_by == "model":
-            raise ValueError("eval_by='model' runs on one device (it reads every model in place); "
-                             "a sharded run (--shard / mesh) needs eval_by='agent'")
         if mesh is not None:
             from cbo_jax.federated.exchange import exchange_downloads
 

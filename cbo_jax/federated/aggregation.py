@@ -129,6 +129,13 @@ def _weigh(e: Energy, finite: jax.Array, alpha, include_self: bool, self_largest
     return Downloads(loss, e.own_loss, w, w_self, ~usable, None)
 
 
+def _own_term(w_self: jax.Array, theta: jax.Array) -> jax.Array:
+    """``w_self θ`` with the non-finite entries of the own model ``θ`` zeroed (``w_self``
+    broadcast over ``θ``'s trailing axes)."""
+    w = jnp.reshape(w_self, jnp.shape(w_self) + (1,) * (theta.ndim - jnp.ndim(w_self))).astype(theta.dtype)
+    return w * jnp.where(jnp.isfinite(theta), theta, 0.0)
+
+
 def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: jax.Array, own: PyTree, data: tuple,
                         *, alpha: float | jax.Array, include_self: bool = False, chunk: int = 4,
                         downloads: DownloadMap | None = None, valid: jax.Array | None = None,
@@ -162,8 +169,7 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
     def contract(down, w, w_self, theta_j):
         """The consensus point m_j = Σ_i w_i θ_i + w_self θ_j (non-finite rows are zero)."""
         return jax.tree_util.tree_map(
-            lambda d, t: jnp.tensordot(w.astype(d.dtype), d, axes=(0, 0))
-            + w_self.astype(t.dtype) * jnp.where(jnp.isfinite(t), t, 0.0), down, theta_j)
+            lambda d, t: jnp.tensordot(w.astype(d.dtype), d, axes=(0, 0)) + _own_term(w_self, t), down, theta_j)
 
     def one_agent(down, finite, theta_j, *data_j):
         res = weigh(down, finite, theta_j, *data_j)
@@ -285,19 +291,16 @@ def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, i
     q = pair_model.shape[0]
     levels = pair_schedule(pair_model, pair_ok, n, group_sizes(group))
 
-    def row(i):
-        return jax.tree_util.tree_map(lambda leaf: leaf[i], clean)
-
     def data_of(members):
         agents = pair_agent[jnp.minimum(members, q - 1)]  # empty slots: any agent, result dropped
         return tuple(jnp.take(a, agents, axis=0) for a in data)
 
-    out = jax.eval_shape(lambda: group_energy(row(0), *data_of(levels[-1][0][0])))
+    out = jax.eval_shape(lambda: group_energy(pop.gather(clean, 0), *data_of(levels[-1][0][0])))
     energies = jnp.full((q,), jnp.inf, out.dtype)
     for table, group_model, num_groups in levels:  # one loop per group size (static shapes)
         def body(gi, e, table=table, group_model=group_model):
             members = table[gi]
-            return e.at[members].set(group_energy(row(group_model[gi]), *data_of(members)), mode="drop")
+            return e.at[members].set(group_energy(pop.gather(clean, group_model[gi]), *data_of(members)), mode="drop")
 
         energies = jax.lax.fori_loop(0, num_groups, body, energies)
     loss = energies[: r * m_dl].reshape(r, m_dl)
@@ -305,11 +308,6 @@ def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, i
     res = jax.vmap(lambda e, o, f: _weigh(Energy(e, e, o, o), f, alpha, False, False))(
         loss, own_loss, finite[idx] & ok)
     dense = jnp.zeros((r, n), res.weights.dtype).at[jnp.arange(r)[:, None], idx].add(res.weights)
-    own = pop.gather(params, own_rows)
-
-    def contract(c, t):
-        m_ = jnp.tensordot(dense.astype(c.dtype), c, axes=(1, 0))
-        w_self = jnp.reshape(res.self_weight, (r,) + (1,) * (t.ndim - 1)).astype(t.dtype)
-        return m_ + w_self * jnp.where(jnp.isfinite(t), t, 0.0)
-
-    return res._replace(consensus=jax.tree_util.tree_map(contract, clean, own))
+    m = jax.tree_util.tree_map(lambda c, t: c + _own_term(res.self_weight, t),
+                               pop.weighted_mean(clean, dense), pop.gather(params, own_rows))
+    return res._replace(consensus=m)

@@ -201,10 +201,10 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
     if cfg.M > n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
     rule = cfg.rule()
-    energy = loss_energy(model, cfg)
+    energy = group_loss(model, cfg) if cfg.eval_by == "model" else loss_energy(model, cfg)
     if cfg.eval_by == "model" and downloads is not None:
-        raise ValueError("eval_by='model' reads the models in place; it takes no `downloads` map "
-                         "(use eval_by='agent' with a download exchange)")
+        raise ValueError("eval_by='model' reads the models in place, so it takes no `downloads` map; "
+                         "a sharded run (--shard / mesh) needs eval_by='agent'")
 
     def init(key: jax.Array) -> FedCBOState:
         k_model, k_state = jax.random.split(key)
@@ -220,7 +220,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
         sel = rule.select(k_sel, state.P, state.round)
         if cfg.eval_by == "model":
-            agg = consensus_by_model(group_loss(model, cfg), params, sel.idx, (data.x, data.y, data.counts),
+            agg = consensus_by_model(energy, params, sel.idx, (data.x, data.y, data.counts),
                                      alpha=cfg.alpha, group=cfg.eval_chunk, valid=sel.valid)
         else:
             agg = consensus_downloads(energy, params, sel.idx, params, (data.x, data.y, data.counts), alpha=cfg.alpha,
