@@ -52,6 +52,9 @@ to the package code:
   and 8 at the benchmark setting, 4 elsewhere): each model evaluated on the stacked data of
   the agents that downloaded it (``consensus_by_model``). Equal to ``aggregate`` up to float32
   rounding (checked in the JSON).
+* ``by_model_unroll1`` (at the first group size): the same with one group per loop
+  iteration (``unroll=1``), bitwise equal (checked in the JSON), to attribute the gain of
+  the unrolled loop (four independent forward passes per iteration).
 * ``aggregate_fused`` (``--prototypes proposed,fused``): the package's step as one fused
   pass (weights and contraction in the same ``lax.map``), the code before the two-pass
   step; bitwise equal to ``aggregate``, to attribute the two-pass gain.
@@ -158,12 +161,19 @@ def aggregate(model, cfg: FedCBOConfig, params, idx, data: AgentData):
     return res.loss, res.own_loss, res.consensus
 
 
-def aggregate_by_model(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+def aggregate_by_model(model, cfg: FedCBOConfig, params, idx, data: AgentData, unroll: int = 4):
     """The package's FedCBO aggregation with ``eval_by="model"``: each model evaluated on the
-    stacked data of ``eval_chunk`` agents that downloaded it (``consensus_by_model``)."""
+    stacked data of ``eval_chunk`` agents that downloaded it (``consensus_by_model``, its
+    default ``unroll`` of 4 groups per loop iteration)."""
     res = consensus_by_model(group_loss(model, cfg), params, idx, (data.x, data.y, data.counts),
-                             alpha=cfg.alpha, group=cfg.eval_chunk)
+                             alpha=cfg.alpha, group=cfg.eval_chunk, unroll=unroll)
     return res.loss, res.own_loss, res.consensus
+
+
+def aggregate_by_model_rolled(model, cfg: FedCBOConfig, params, idx, data: AgentData):
+    """``aggregate_by_model`` with one group per loop iteration (``unroll=1``, the code before
+    the unrolled loop): bitwise equal, to attribute the unrolling's gain."""
+    return aggregate_by_model(model, cfg, params, idx, data, unroll=1)
 
 
 def aggregate_proposed(model, cfg: FedCBOConfig, params, idx, data: AgentData):
@@ -462,6 +472,8 @@ def main(argv=None) -> dict:
     add_agg("aggregate", aggregate, args.eval_chunk)
     for g in groups:
         add_agg("by_model", aggregate_by_model, g)
+    if args.compare:
+        add_agg("by_model_unroll1", aggregate_by_model_rolled, groups[0])
     for chunk in sweep:
         if chunk != args.eval_chunk:
             add_agg("aggregate", aggregate, chunk)
@@ -520,6 +532,8 @@ def main(argv=None) -> dict:
         other = by[("aggregation", "by_model", groups[0])]["out"]
         checks["by_model_max_abs_diff_new_params"] = max_abs_diff(ref[0], other[0])
         checks["by_model_max_abs_diff_losses"] = max_abs_diff(ref[1:], other[1:])
+        checks["by_model_unroll1_max_abs_diff_all"] = max_abs_diff(
+            other, by[("aggregation", "by_model_unroll1", groups[0])]["out"])
         for name in protos:
             other = by[("aggregation", name, sweep[0])]["out"]
             checks[f"{name}_max_abs_diff_new_params"] = max_abs_diff(ref[0], other[0])

@@ -158,11 +158,12 @@ def test_pair_schedule_covers_every_valid_pair_once_in_groups_of_one_model():
         pair_schedule(jnp.asarray(models), jnp.asarray(valid), n, (1, 4))
 
 
-@pytest.mark.parametrize("group", [1, 2, 16])
-def test_by_model_matches_numpy(group):
+@pytest.mark.parametrize("group,unroll", [(1, 4), (2, 4), (16, 4), (2, 1), (1, 3)])
+def test_by_model_matches_numpy(group, unroll):
     """``consensus_by_model`` against the float64 reference: the energy of a (model, agent)
     pair is a table entry, so the pair bookkeeping, the weights and the dense contraction
-    are checked exactly, with a broken model, empty slots and repeated downloads."""
+    are checked exactly, with a broken model, empty slots and repeated downloads, and with
+    group counts that ``unroll`` does not divide."""
     from cbo_jax.federated.aggregation import consensus_by_model
 
     rng = np.random.default_rng(0)
@@ -183,7 +184,7 @@ def test_by_model_matches_numpy(group):
             return jnp.asarray(E)[agents, theta["id"].astype(jnp.int32)]
 
         res = consensus_by_model(group_energy, params, jnp.asarray(idx), (jnp.arange(n),), alpha=alpha,
-                                 group=group, valid=jnp.asarray(valid))
+                                 group=group, valid=jnp.asarray(valid), unroll=unroll)
         e = np.where(valid, E[np.arange(n)[:, None], idx], np.inf)
         out, weights, self_w, fallback = reference(w, idx, e, None, alpha, False)
         np.testing.assert_allclose(np.asarray(res.weights), weights, rtol=1e-12, atol=1e-300)
@@ -231,3 +232,12 @@ def test_fedcbo_by_model_equals_by_agent_up_to_rounding(reduction):
             ok = np.isfinite(u)
             np.testing.assert_allclose(v[ok], u[ok], rtol=2e-5, atol=2e-6)
         assert np.isinf(np.asarray(a.loss)).any() and np.isnan(np.asarray(a.own_loss)[3])
+
+
+def test_by_model_rejects_a_bad_unroll():
+    from cbo_jax.federated.aggregation import consensus_by_model
+
+    params = {"w": jnp.zeros((3, 2))}
+    with pytest.raises(ValueError, match="unroll must be >= 1"):
+        consensus_by_model(lambda t, a: jnp.zeros(a.shape[0]), params, jnp.zeros((3, 1), jnp.int32),
+                           (jnp.arange(3),), alpha=1.0, unroll=0)

@@ -45,6 +45,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
 
@@ -249,7 +250,7 @@ def pair_schedule(models: jax.Array, valid: jax.Array, num_models: int,
 
 def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, idx: jax.Array, data: tuple, *,
                        alpha: float | jax.Array, group: int = 4, valid: jax.Array | None = None,
-                       own_rows: jax.Array | None = None) -> Downloads:
+                       own_rows: jax.Array | None = None, unroll: int = 4) -> Downloads:
     """The consensus step of :func:`consensus_downloads` (without ``include_self``),
     evaluated model by model instead of agent by agent.
 
@@ -278,7 +279,12 @@ def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, i
       valid: ``(R, M)`` which slots hold a download (``None``: all).
       own_rows: ``(R,)`` the row of ``params`` that is agent ``j``'s own model (``None``:
         row ``j``, so ``R = N``).
+      unroll: groups evaluated per loop iteration. Their forward passes are independent, so
+        XLA:CPU runs one group's small kernels (bias, ReLU, the narrow last layer, the loss)
+        beside another's matrix product; ``benchmarks/RESULTS_fedcbo.md`` (section 0c)
+        measures the gain. The last iteration may evaluate up to ``unroll - 1`` empty groups.
     """
+    unroll = _checks.positive_int("unroll", unroll)
     r, m_dl = idx.shape
     n = jax.tree_util.tree_leaves(params)[0].shape[0]
     own_rows = jnp.arange(r, dtype=jnp.int32) if own_rows is None else own_rows
@@ -298,11 +304,16 @@ def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, i
     out = jax.eval_shape(lambda: group_energy(pop.gather(clean, 0), *data_of(levels[-1][0][0])))
     energies = jnp.full((q,), jnp.inf, out.dtype)
     for table, group_model, num_groups in levels:  # one loop per group size (static shapes)
-        def body(gi, e, table=table, group_model=group_model):
-            members = table[gi]
-            return e.at[members].set(group_energy(pop.gather(clean, group_model[gi]), *data_of(members)), mode="drop")
+        def body(it, e, table=table, group_model=group_model, num_groups=num_groups):
+            for u in range(unroll):  # independent forward passes: XLA:CPU overlaps their kernels
+                gi = it * unroll + u
+                row = jnp.minimum(gi, table.shape[0] - 1)
+                members = jnp.where(gi < num_groups, table[row], q)  # past the last group: dropped
+                e = e.at[members].set(group_energy(pop.gather(clean, group_model[row]), *data_of(members)),
+                                      mode="drop")
+            return e
 
-        energies = jax.lax.fori_loop(0, num_groups, body, energies)
+        energies = jax.lax.fori_loop(0, (num_groups + unroll - 1) // unroll, body, energies)
     loss = energies[: r * m_dl].reshape(r, m_dl)
     own_loss = jnp.where(finite[own_rows], energies[r * m_dl:], jnp.nan)  # as a non-finite model's own loss
     res = jax.vmap(lambda e, o, f: _weigh(Energy(e, e, o, o), f, alpha, False, False))(

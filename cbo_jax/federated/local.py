@@ -168,8 +168,8 @@ def reduce_sample_losses(per: jax.Array, count, batch_size: int | None = None, r
     """An agent's loss from its per-sample losses ``per`` (``(n_max,)``, the first
     ``count`` real): the reduction of :func:`agent_loss`, computed the same way."""
     real = jnp.arange(per.shape[0]) < count
-    if reduction == "mean":
-        return jnp.sum(jnp.where(real, per, 0.0)) / jnp.maximum(jnp.sum(real), 1).astype(per.dtype)
+    if reduction == "mean":  # the count of ``real``, min(count, n_max), without a second reduction
+        return jnp.sum(jnp.where(real, per, 0.0)) / jnp.clip(count, 1, per.shape[0]).astype(per.dtype)
     if reduction == "sum_of_batch_means":
         if batch_size is None:
             raise ValueError("reduction='sum_of_batch_means' needs batch_size")
