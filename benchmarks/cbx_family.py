@@ -22,6 +22,9 @@ it must stay 0.
 evosax (``evosax.algorithms.PSO``, ask/tell jitted in one ``lax.scan``, its default
 coefficients) runs the same problem and N, interleaved with cbo_jax's ``pso`` (the
 default ``formulation="paper"``); ``speedup_vs_evosax`` is the median ratio.
+``speedup_vs_evosax_without_noise`` times the same ``pso`` with ``noise="none"`` in the same
+pairs: evosax's PSO draws two uniforms per particle and step, the SDE formulation ``2·d``
+normals, so this ratio separates the engine from the cost of the draws.
 
 ``max_step_diff_vs_cbxpy``: in a separate float64 process, the same initial particles
 and the same normal draws fed to both libraries (``cbo_jax/_cbx_compare.py``), the
@@ -111,6 +114,8 @@ def jax_dynamics(name: str, dtype: str = "float32"):
         return cj.pso(f, formulation="cbxpy", **common)
     if name == "pso_paper":
         return cj.pso(f, **common)
+    if name == "pso_paper_no_noise":
+        return cj.pso(f, **{**common, "noise": "none"})
     if name == "cbs":
         return cj.cbs(f, lambda1=LAM, dt=DT, alpha=1.0, mode="sampling", dtype=dtype)
     if name == "polar_cbo":
@@ -308,24 +313,31 @@ def main(argv=None):
         steps = steps_q if args.quick else steps_f
         x0_32 = _x0(n, "pso").astype(np.float32)
         ours = jax_dynamics("pso_paper")
+        # The same step without its Brownian terms: evosax's PSO draws 2 uniforms per particle,
+        # the SDE formulation 2·d normals, so this row separates the engine from the draws.
+        quiet = jax_dynamics("pso_paper_no_noise")
         warm_cbo_jax(ours, x0_32, steps)
+        warm_cbo_jax(quiet, x0_32, steps)
         run = evosax_runner(n, steps)
         jax.block_until_ready(run(jax.random.key(0), jnp.asarray(x0_32)))
         before = counter.count
-        jr, er = [], []
+        jr, qr, er = [], [], []
         for p in range(pairs):
             t0 = time.perf_counter()
             st = run(jax.random.key(p + 1), jnp.asarray(x0_32))
             jax.block_until_ready(st)
             er.append(n * steps / (time.perf_counter() - t0))
             jr.append(time_cbo_jax(ours, x0_32, steps, seed=200 + p)[0])
-            print(f"[pso vs evosax {p + 1}/{pairs}] cbo_jax {jr[-1] / 1e6:.3f} M/s, evosax {er[-1] / 1e6:.3f} M/s, "
-                  f"ratio {jr[-1] / er[-1]:.2f}x", file=sys.stderr, flush=True)
+            qr.append(time_cbo_jax(quiet, x0_32, steps, seed=300 + p)[0])
+            print(f"[pso vs evosax {p + 1}/{pairs}] cbo_jax {jr[-1] / 1e6:.3f} M/s (without noise {qr[-1] / 1e6:.3f}), "
+                  f"evosax {er[-1] / 1e6:.3f} M/s, ratio {jr[-1] / er[-1]:.2f}x", file=sys.stderr, flush=True)
         ratios = [a / b for a, b in zip(jr, er)]
         results["pso"].update({
             "speedup_vs_evosax": float(np.median(ratios)),
             "speedup_vs_evosax_min": float(np.min(ratios)), "speedup_vs_evosax_max": float(np.max(ratios)),
+            "speedup_vs_evosax_without_noise": float(np.median([a / b for a, b in zip(qr, er)])),
             "cbo_jax_paper_particle_steps_per_s": float(np.median(jr)),
+            "cbo_jax_paper_no_noise_particle_steps_per_s": float(np.median(qr)),
             "evosax_particle_steps_per_s": float(np.median(er)),
             "evosax_best_fitness": float(st.best_fitness),
             "evosax_recompiles_during_timing": counter.count - before,
@@ -350,7 +362,8 @@ def main(argv=None):
     if "speedup_vs_evosax" in results.get("pso", {}):
         r = results["pso"]
         print(f"pso (paper formulation) vs evosax PSO: {r['speedup_vs_evosax']:.2f}x "
-              f"({r['cbo_jax_paper_particle_steps_per_s'] / 1e6:.2f} vs {r['evosax_particle_steps_per_s'] / 1e6:.2f} M/s)")
+              f"({r['cbo_jax_paper_particle_steps_per_s'] / 1e6:.2f} vs {r['evosax_particle_steps_per_s'] / 1e6:.2f} M/s); "
+              f"without its noise terms {r['speedup_vs_evosax_without_noise']:.2f}x")
     ok_speed = all(r["speedup_vs_cbxpy"] >= 5 for r in results.values())
     ok_diff = all((r.get("max_step_diff_vs_cbxpy") or 0) <= 1e-10 for r in results.values())
     ok_evosax = results.get("pso", {}).get("speedup_vs_evosax", 1.0) >= 1
