@@ -140,3 +140,15 @@ def test_agent_chunk_walks_the_agents_with_the_same_training():
 def test_bad_local_config(kw, match):
     with pytest.raises(ValueError, match=match):
         local.LocalSGDConfig(**kw)
+
+
+@pytest.mark.parametrize("count", [-3, 0, 1, 7, 11, 40])
+def test_reduce_sample_losses_mean_over_the_real_samples(count):
+    """The mean over the first ``count`` samples (none: 0), against NumPy, for counts below
+    0, inside and above the array; padded entries (here inf and NaN) never enter it."""
+    per = np.linspace(0.5, 3.0, 11).astype(np.float32)
+    real = np.arange(11) < count
+    padded = np.where(real, per, np.where(np.arange(11) % 2, np.inf, np.nan)).astype(np.float32)
+    got = float(jax.jit(local.reduce_sample_losses)(jnp.asarray(padded), count))
+    want = float(per[real].mean()) if real.any() else 0.0
+    assert got == pytest.approx(want, rel=1e-6)
