@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import custom_batching
 
 from cbo_jax import population as pop
 
@@ -29,13 +30,49 @@ __all__ = ["NOISE_KINDS", "normal_like", "per_particle_normal", "diffusion", "eu
 NOISE_KINDS = ("anisotropic", "isotropic", "none")
 
 
+_WRITE_OUT_ON_CPU = True
+
+
+@custom_batching.custom_vmap
+def _kernel_boundary(bits: jax.Array, z: jax.Array) -> jax.Array:
+    first = jnp.ravel(bits)[0]
+    return jax.lax.cond((first | jnp.ones_like(first)) != 0, lambda a: a, jnp.zeros_like, z)
+
+
+@_kernel_boundary.def_vmap
+def _kernel_boundary_vmap(axis_size, in_batched, bits, z):
+    # One predicate for the whole batch (from its first key), so the conditional stays a
+    # conditional instead of becoming a select that XLA fuses away.
+    if not in_batched[1]:
+        z = jnp.broadcast_to(z, (axis_size,) + z.shape)
+    return _kernel_boundary(bits, z), True
+
+
+def _written_out(z: jax.Array, key: jax.Array) -> jax.Array:
+    """``z``, computed in a kernel of its own on XLA:CPU (elsewhere: ``z`` unchanged).
+
+    XLA:CPU fuses the normal transform (``erf_inv`` of the threefry bits) into the kernel
+    that reads the draw with the agent axis moved to the front, where it runs about 1.5x
+    slower than over the contiguous ``(d, N)`` array (benchmarks/RESULTS_cbx.md). A
+    conditional is a kernel boundary XLA keeps (it drops ``optimization_barrier`` on the
+    CPU); its predicate, ``key_bits | 1 != 0``, is always true but not a compile-time
+    constant, and stays one predicate under ``vmap`` (runs, sweeps). Not used on GPUs,
+    where a conditional waits on its predicate.
+    """
+    if not _WRITE_OUT_ON_CPU or jax.default_backend() != "cpu":
+        return z
+    bits = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return _kernel_boundary(bits, z)
+
+
 def _normal_agent_axis_last(key: jax.Array, shape, dtype) -> jax.Array:
     # Drawn with the agent axis last, then moved to the front. Same distribution; on
     # XLA:CPU this avoids a slow fusion of the normal transform into the row-broadcast
     # update (1.9x faster full CBO step, benchmarks/RESULTS.md).
     if len(shape) < 2:
         return jax.random.normal(key, shape, dtype)
-    return jnp.moveaxis(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), -1, 0)
+    z = _written_out(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), key)
+    return jnp.moveaxis(z, -1, 0)
 
 
 def normal_like(key: jax.Array, tree: PyTree) -> PyTree:

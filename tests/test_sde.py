@@ -15,6 +15,11 @@ import pytest
 
 from cbo_jax import sde
 
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # older JAX
+    from jax.experimental import enable_x64
+
 N_SAMPLES = 200_000
 K_SE = 6.0
 
@@ -105,3 +110,56 @@ def test_gradient_drift_alone_is_gradient_descent():
     cfg = cj.CBOConfig(lambda1=0.0, sigma1=0.0, lambda2=2.0, dt=0.01, alpha=1.0, noise="none")
     res = cj.simulate(cj.cbo(cj.objectives.Quadratic(shift=0.5), cfg), x0, jax.random.key(0), 100)
     np.testing.assert_allclose(np.asarray(res.state.x), 0.5 + (1 - 0.02) ** 100 * (x0 - 0.5), rtol=1e-4, atol=1e-5)
+
+
+# --- the draw layout: agent axis last, written out in its own kernel on XLA:CPU ----------
+
+
+def _reference_draw(key, shape, dtype):
+    return jnp.moveaxis(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), -1, 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("raw_key", [False, True])
+def test_normal_like_is_the_moved_jax_draw_bit_for_bit(dtype, raw_key):
+    """The kernel boundary changes no number: jitted, vmapped, typed or raw keys, a pytree."""
+    with enable_x64(dtype == jnp.float64):
+        key = jax.random.PRNGKey(3) if raw_key else jax.random.key(3)
+        tree = {"w": jnp.zeros((7, 3, 2), dtype), "b": jnp.zeros((7,), dtype)}
+        got = jax.jit(sde.normal_like)(key, tree)
+        kb, kw = jax.random.split(key)  # leaves in tree order: "b", "w"
+        np.testing.assert_array_equal(got["w"], _reference_draw(kw, (7, 3, 2), dtype))
+        np.testing.assert_array_equal(got["b"], jax.random.normal(kb, (7,), dtype))
+        keys = jax.random.split(key, 4)
+        x = jnp.zeros((5, 6), dtype)
+        batched = jax.jit(jax.vmap(sde.normal_like, in_axes=(0, None)))(keys, x)
+        for r in range(4):
+            np.testing.assert_array_equal(batched[r], _reference_draw(keys[r], (5, 6), dtype))
+
+
+def test_draw_is_a_kernel_of_its_own_on_cpu():
+    """XLA keeps the conditional around the draw (its predicate is not a constant it can fold).
+
+    If XLA folded it, the normal transform would fuse into the transposing update again,
+    1.3x slower per CBO step on the CPU (benchmarks/RESULTS_cbx.md), with equal numbers.
+    """
+    if jax.default_backend() != "cpu":
+        pytest.skip("the boundary is only placed on XLA:CPU")
+
+    def step(key, x):
+        return x + x * sde.normal_like(key, x)
+
+    hlo = jax.jit(step).lower(jax.random.key(0), jnp.ones((64, 8), jnp.float32)).compile().as_text()
+    assert " conditional(" in hlo
+    # several runs (num_runs, sweeps): still one conditional, not a select XLA fuses away
+    keys = jax.random.split(jax.random.key(0), 3)
+    hlo_runs = jax.jit(jax.vmap(step)).lower(keys, jnp.ones((3, 64, 8), jnp.float32)).compile().as_text()
+    assert " conditional(" in hlo_runs
+    # the switch really removes it (the comparison above is about the boundary, not the jit)
+    old = sde._WRITE_OUT_ON_CPU
+    sde._WRITE_OUT_ON_CPU = False
+    try:
+        hlo_off = jax.jit(lambda k, x: step(k, x)).lower(jax.random.key(0), jnp.ones((64, 8), jnp.float32))
+        assert " conditional(" not in hlo_off.compile().as_text()
+    finally:
+        sde._WRITE_OUT_ON_CPU = old
