@@ -74,6 +74,7 @@ import numpy as np  # noqa: E402
 import cbo_jax as cj  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _malloc  # noqa: E402
 from profile_cbo_step import ALPHA0, ALPHA_FACTOR, ALPHA_MAX, DT, LAMBDA, SIGMA, bench_config  # noqa: E402
 
 CHUNK = 500
@@ -303,6 +304,9 @@ def main(argv=None):
     ap.add_argument("--no-partitionable", action="store_true", help="skip the rng='partitionable' float32 column")
     ap.add_argument("--profile", action="store_true", help="also run the one-step profile (N=1e4, d=20, float32)")
     ap.add_argument("--json", metavar="PATH", help="write all results to PATH")
+    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
+                    help="glibc malloc thresholds of the process: fixed above CBXpy's temporaries (default, "
+                         "benchmarks/_malloc.py) or the system's")
     ap.add_argument("--seed", type=int, default=0, help="seed of x0 (default 0)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="PAIRS",
                     help="also time PAIRS back-to-back (CBXpy, cbo_jax float32) pairs at N=1e4; "
@@ -312,6 +316,7 @@ def main(argv=None):
     if args.f64_worker:
         return _f64_worker(args)
 
+    malloc = _malloc.apply(args.malloc)
     t_start = time.perf_counter()
     if args.quick:
         sizes = [1_000, 10_000]
@@ -394,6 +399,7 @@ def main(argv=None):
         "jaxlib_version": importlib.metadata.version("jaxlib"),
         "cbx_version": importlib.metadata.version("cbx"),
         "numpy_version": np.__version__,
+        "malloc": malloc,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
         "expected_final_alpha": a_exp,

@@ -63,6 +63,9 @@ import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _malloc  # noqa: E402
+
 D = 20
 N_DEFAULT = 10_000
 N_POLAR = 2_000
@@ -267,11 +270,15 @@ def main(argv=None):
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 step-agreement run")
     ap.add_argument("--no-evosax", action="store_true", help="skip evosax")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON object to PATH")
+    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
+                    help="glibc malloc thresholds of the process: fixed above CBXpy's temporaries (default, "
+                         "benchmarks/_malloc.py) or the system's")
     ap.add_argument("--f64-worker", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.f64_worker is not None:
         return f64_worker(args.f64_worker)
 
+    malloc = _malloc.apply(args.malloc)
     t_start = time.perf_counter()
     pairs = args.pairs or (3 if args.quick else 5)
     names = list(SIZES) if args.only is None else args.only.split(",")
@@ -380,6 +387,7 @@ def main(argv=None):
         "cbx_version": importlib.metadata.version("cbx"),
         "evosax_version": importlib.metadata.version("evosax") if not args.no_evosax else None,
         "numpy_version": np.__version__,
+        "malloc": malloc,
         "date": datetime.date.today().isoformat(),
         "wall_seconds_total": time.perf_counter() - t_start,
     }
