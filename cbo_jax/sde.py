@@ -48,10 +48,11 @@ def _kernel_boundary_vmap(axis_size, in_batched, bits, z):
     return _kernel_boundary(bits, z), True
 
 
-def _written_out(z: jax.Array, key: jax.Array) -> jax.Array:
+def written_out(z: jax.Array, key: jax.Array) -> jax.Array:
     """``z``, computed in a kernel of its own on XLA:CPU (elsewhere: ``z`` unchanged).
 
-    XLA:CPU fuses the normal transform (``erf_inv`` of the threefry bits) into the kernel
+    ``key`` is any PRNG key (or raw key data) of the step: only its bits are read. For
+    example, XLA:CPU fuses the normal transform (``erf_inv`` of the threefry bits) into the kernel
     that reads the draw with the agent axis moved to the front, where it runs about 1.5x
     slower than over the contiguous ``(d, N)`` array (benchmarks/RESULTS_cbx.md). A
     conditional is a kernel boundary XLA keeps (it drops ``optimization_barrier`` on the
@@ -71,7 +72,7 @@ def _normal_agent_axis_last(key: jax.Array, shape, dtype) -> jax.Array:
     # update (1.9x faster full CBO step, benchmarks/RESULTS.md).
     if len(shape) < 2:
         return jax.random.normal(key, shape, dtype)
-    z = _written_out(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), key)
+    z = written_out(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), key)
     return jnp.moveaxis(z, -1, 0)
 
 
