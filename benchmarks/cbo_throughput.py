@@ -25,6 +25,12 @@ and history tracking is switched off (by default it stores the N energies every 
 CBXpy keeps its default post-processing (``nan_to_num`` + clip to 1e8 each step) and
 its per-step ``x_old`` copy / update norm; cbo_jax runs without ``max_abs`` clipping.
 
+Allocator: by default (``--malloc tuned``) the process fixes glibc's ``mmap`` and trim
+thresholds at start-up (benchmarks/_malloc.py). CBXpy's NumPy temporaries then stop
+page-faulting, and CBXpy runs at its faster, steady speed (up to 1.6x faster than under the
+system's dynamic thresholds; benchmarks/RESULTS_cbx.md). ``--malloc system`` keeps glibc's
+defaults. The JSON records which one ran (``malloc``).
+
 Columns: cbo_jax float32 (rng="fast", the default), cbo_jax float64 (rng="fast"),
 cbo_jax float32 with rng="partitionable" (for reference), CBXpy float64, speedups.
 

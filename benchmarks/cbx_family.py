@@ -19,6 +19,12 @@ checks, printing or history: a conservative speedup); cbo_jax runs
 history included). A JAX monitoring listener counts compilations during the timed runs;
 it must stay 0.
 
+Allocator: by default (``--malloc tuned``) the process fixes glibc's ``mmap`` and trim
+thresholds at start-up (benchmarks/_malloc.py). CBXpy's NumPy temporaries then stop
+page-faulting, and CBXpy runs at its faster, steady speed (up to 1.6x faster than under the
+system's dynamic thresholds; benchmarks/RESULTS_cbx.md). ``--malloc system`` keeps glibc's
+defaults. The JSON records which one ran (``malloc``).
+
 evosax (``evosax.algorithms.PSO``, ask/tell jitted in one ``lax.scan``, its default
 coefficients) runs the same problem and N, interleaved with cbo_jax's ``pso`` (the
 default ``formulation="paper"``); ``speedup_vs_evosax`` is the median ratio.
