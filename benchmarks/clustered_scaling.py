@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import sys
 import time
@@ -40,6 +41,9 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _malloc  # noqa: E402
 
 K, D = 4, 10
 SIGMA, LAMBDA, DT, ALPHA0, FACTOR, ALPHA_MAX = 10.1, 1.0, 0.01, 30.0, 1.05, 1e5
@@ -109,7 +113,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per N (default 3, best kept)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     ap.add_argument("--json", metavar="PATH", help="also write the results to PATH")
+    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
+                    help="glibc malloc thresholds of the process: fixed above the NumPy peer's temporaries "
+                         "(default, benchmarks/_malloc.py) or the system's")
     args = ap.parse_args(argv)
+    malloc = _malloc.apply(args.malloc)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     if min(sizes) < K or args.repeats < 1:
         raise SystemExit(f"every N must be >= K={K} and --repeats >= 1")
@@ -147,6 +155,7 @@ def main(argv=None) -> int:
         "jax_version": jax.__version__,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
+        "malloc": malloc,
         "rows": rows,
         "wall_seconds_total": time.perf_counter() - t_start,
     }

@@ -323,11 +323,10 @@ def clustered(
         )
 
     def noise_fn(pid):
-        # The draw is materialised before use (optimisation barrier): fused into the
-        # gather-and-update it runs about 2x slower on XLA:CPU.
+        # Both draws are computed in a kernel of their own on XLA:CPU (sde.written_out).
         if config.rng == "per-particle":
-            return lambda key, tree: jax.lax.optimization_barrier(per_particle_normal(key, tree, pid))
-        return lambda key, tree: jax.lax.optimization_barrier(normal_like(key, tree))
+            return lambda key, tree: per_particle_normal(key, tree, pid)
+        return normal_like
 
     def step(state: ClusteredState) -> ClusteredState:
         return _step(state, None)
@@ -368,10 +367,6 @@ def clustered(
             new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
         if in_batch is not None and config.batch_partial:  # only the batch's particles move
             new = pop.tree_where_rows(in_batch, new, x)
-        # Materialise the new positions once: otherwise XLA:CPU fuses the update (noise
-        # draw and gather of m_k included) into each of the K loss evaluations and
-        # recomputes it K times (2-3x slower step at K=4, benchmarks/RESULTS.md).
-        new = jax.lax.optimization_barrier(new)
         loss, g = evaluate(new, label)
         return new, loss, energies(new, loss), g
 
