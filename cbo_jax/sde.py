@@ -63,7 +63,19 @@ def written_out(z: jax.Array, key: jax.Array) -> jax.Array:
     if not _WRITE_OUT_ON_CPU or jax.default_backend() != "cpu":
         return z
     bits = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return _differentiable_boundary(bits, z)
+
+
+@jax.custom_jvp
+def _differentiable_boundary(bits: jax.Array, z: jax.Array) -> jax.Array:
     return _kernel_boundary(bits, z)
+
+
+@_differentiable_boundary.defjvp
+def _differentiable_boundary_jvp(primals, tangents):
+    # The identity, so its derivative is the identity (custom_vmap alone has no JVP rule).
+    bits, z = primals
+    return _differentiable_boundary(bits, z), tangents[1]
 
 
 def _normal_agent_axis_last(key: jax.Array, shape, dtype) -> jax.Array:
