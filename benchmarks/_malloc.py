@@ -48,3 +48,10 @@ def apply(choice: str) -> str:
     if choice == "tuned":
         return "tuned (mmap threshold 64 MiB, trim threshold 128 MiB)" if tune() else "system (mallopt unavailable)"
     return "system"
+
+
+def add_argument(parser, peer: str = "CBXpy") -> None:
+    """The ``--malloc`` option of a benchmark that times a NumPy peer (default ``tuned``)."""
+    parser.add_argument("--malloc", choices=CHOICES, default="tuned",
+                        help=f"glibc malloc thresholds of the process: fixed above {peer}'s temporaries "
+                             "(default, benchmarks/_malloc.py) or the system's")

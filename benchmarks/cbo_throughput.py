@@ -310,9 +310,7 @@ def main(argv=None):
     ap.add_argument("--no-partitionable", action="store_true", help="skip the rng='partitionable' float32 column")
     ap.add_argument("--profile", action="store_true", help="also run the one-step profile (N=1e4, d=20, float32)")
     ap.add_argument("--json", metavar="PATH", help="write all results to PATH")
-    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
-                    help="glibc malloc thresholds of the process: fixed above CBXpy's temporaries (default, "
-                         "benchmarks/_malloc.py) or the system's")
+    _malloc.add_argument(ap)
     ap.add_argument("--seed", type=int, default=0, help="seed of x0 (default 0)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="PAIRS",
                     help="also time PAIRS back-to-back (CBXpy, cbo_jax float32) pairs at N=1e4; "

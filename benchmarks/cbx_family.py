@@ -276,9 +276,7 @@ def main(argv=None):
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 step-agreement run")
     ap.add_argument("--no-evosax", action="store_true", help="skip evosax")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON object to PATH")
-    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
-                    help="glibc malloc thresholds of the process: fixed above CBXpy's temporaries (default, "
-                         "benchmarks/_malloc.py) or the system's")
+    _malloc.add_argument(ap)
     ap.add_argument("--f64-worker", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.f64_worker is not None:

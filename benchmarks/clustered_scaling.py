@@ -113,9 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per N (default 3, best kept)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
     ap.add_argument("--json", metavar="PATH", help="also write the results to PATH")
-    ap.add_argument("--malloc", choices=_malloc.CHOICES, default="tuned",
-                    help="glibc malloc thresholds of the process: fixed above the NumPy peer's temporaries "
-                         "(default, benchmarks/_malloc.py) or the system's")
+    _malloc.add_argument(ap, peer="the NumPy peer")
     args = ap.parse_args(argv)
     malloc = _malloc.apply(args.malloc)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
