@@ -109,8 +109,7 @@ def per_particle_normal(key: jax.Array, tree: PyTree, ids: jax.Array) -> PyTree:
     keys = jax.random.split(key, len(leaves)) if len(leaves) > 1 else [key]
 
     def draw(k, leaf):
-        z = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), leaf.shape[1:], leaf.dtype))(ids)
-        return written_out(z, k)  # fused into its consumers it runs 1.7x slower on XLA:CPU
+        return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), leaf.shape[1:], leaf.dtype))(ids)
 
     return jax.tree_util.tree_unflatten(treedef, [draw(k, leaf) for k, leaf in zip(keys, leaves)])
 
