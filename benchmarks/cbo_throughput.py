@@ -44,6 +44,9 @@ Modes:
             also run PAIRS back-to-back (CBXpy, cbo_jax float32) pairs at N=1e4 and
             report the median per-pair ratio as "speedup_vs_cbxpy": on a shared
             machine the load drifts between the table's columns, not within a pair.
+            Before each timed run of a pair, that library runs its own work untimed
+            for --warmup-ms (default 100; benchmarks/_warm.py: single-threaded CBXpy
+            leaves the second core idle, and an idle core starts slow).
   --profile also run the one-step breakdown of benchmarks/profile_cbo_step.py
             (N=1e4, d=20, float32) and include it in the output / JSON.
 
@@ -81,6 +84,7 @@ import cbo_jax as cj  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
+import _warm  # noqa: E402
 from profile_cbo_step import ALPHA0, ALPHA_FACTOR, ALPHA_MAX, DT, LAMBDA, SIGMA, bench_config  # noqa: E402
 
 CHUNK = 500
@@ -148,28 +152,41 @@ def time_cbo_jax(dyn, x0: np.ndarray, steps: int, repeats: int, counter: _Compil
     }
 
 
-def time_cbxpy(x0: np.ndarray, steps: int, repeats: int) -> dict:
+def cbxpy_cbo(x0: np.ndarray, steps: int, seed: int):
+    """CBXpy's CBO on the benchmark problem, and its alpha scheduler."""
     from cbx.dynamics import CBO
     from cbx.objectives import Rastrigin
     from cbx.scheduler import multiply
 
+    dyn = CBO(
+        Rastrigin(),
+        f_dim="3D",
+        x=x0[None].copy(),
+        dt=DT,
+        sigma=SIGMA,
+        lamda=LAMBDA,
+        alpha=ALPHA0,
+        noise="anisotropic",
+        max_it=steps,
+        verbosity=0,
+        track_args={"names": []},
+        seed=seed,
+    )
+    return dyn, multiply(name="alpha", factor=ALPHA_FACTOR, maximum=ALPHA_MAX)
+
+
+def time_cbxpy(x0: np.ndarray, steps: int, repeats: int, warmup_s: float = 0.0) -> dict:
     times, dyn = [], None
     for r in range(repeats):
-        dyn = CBO(
-            Rastrigin(),
-            f_dim="3D",
-            x=x0[None].copy(),
-            dt=DT,
-            sigma=SIGMA,
-            lamda=LAMBDA,
-            alpha=ALPHA0,
-            noise="anisotropic",
-            max_it=steps,
-            verbosity=0,
-            track_args={"names": []},
-            seed=r,
-        )
-        sched = multiply(name="alpha", factor=ALPHA_FACTOR, maximum=ALPHA_MAX)
+        if warmup_s > 0:  # a throwaway instance steps first (benchmarks/_warm.py)
+            wdyn, wsched = cbxpy_cbo(x0, steps, seed=10_000 + r)
+
+            def work():
+                wdyn.step()
+                wsched.update(wdyn)
+
+            _warm.warm_for(warmup_s, work)
+        dyn, sched = cbxpy_cbo(x0, steps, seed=r)
         t0 = time.perf_counter()
         dyn.optimize(sched=sched)
         times.append(time.perf_counter() - t0)
@@ -185,7 +202,8 @@ def time_cbxpy(x0: np.ndarray, steps: int, repeats: int) -> dict:
     }
 
 
-def time_interleaved(dyn, x0: np.ndarray, steps: int, pairs: int, counter: _CompileCounter) -> dict:
+def time_interleaved(dyn, x0: np.ndarray, steps: int, pairs: int, counter: _CompileCounter,
+                     warmup_s: float = 0.0) -> dict:
     """Alternate one CBXpy run and one cbo_jax run, ``pairs`` times, on the same x0.
 
     On a shared machine the load changes between the two columns of the main table;
@@ -196,9 +214,10 @@ def time_interleaved(dyn, x0: np.ndarray, steps: int, pairs: int, counter: _Comp
     n = x0.shape[0]
     jax_rates, cbx_rates = [], []
     for p in range(pairs):
-        cbx = time_cbxpy(x0, steps, 1)
+        cbx = time_cbxpy(x0, steps, 1, warmup_s)
         cbx_rates.append(cbx["particle_steps_per_s"])
         key = jax.random.key(100 + p)
+        _warm.warm_jax(warmup_s, lambda: cj.simulate(dyn, x0, jax.random.key(0), steps, chunk_size=CHUNK).state)
         t0 = time.perf_counter()
         res = cj.simulate(dyn, x0, key, steps, chunk_size=CHUNK)
         jax.block_until_ready(res.state)
@@ -311,6 +330,7 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true", help="also run the one-step profile (N=1e4, d=20, float32)")
     ap.add_argument("--json", metavar="PATH", help="write all results to PATH")
     _malloc.add_argument(ap)
+    _warm.add_argument(ap)
     ap.add_argument("--seed", type=int, default=0, help="seed of x0 (default 0)")
     ap.add_argument("--interleaved", type=int, default=0, metavar="PAIRS",
                     help="also time PAIRS back-to-back (CBXpy, cbo_jax float32) pairs at N=1e4; "
@@ -381,7 +401,8 @@ def main(argv=None):
     interleaved = None
     if args.interleaved > 0:
         x0 = np.random.default_rng(args.seed).uniform(-3.0, 3.0, (HEADLINE_N, args.dim))
-        interleaved = time_interleaved(dyns["cbo_jax_float32"], x0, steps, args.interleaved, counter)
+        interleaved = time_interleaved(dyns["cbo_jax_float32"], x0, steps, args.interleaved, counter,
+                                       args.warmup_ms / 1e3)
         print(f"\ninterleaved N={HEADLINE_N}: median ratio {interleaved['median_ratio']:.2f}x "
               f"(min {interleaved['min_ratio']:.2f}x, max {interleaved['max_ratio']:.2f}x, "
               f"{args.interleaved} back-to-back pairs)")
@@ -404,6 +425,7 @@ def main(argv=None):
         "cbx_version": importlib.metadata.version("cbx"),
         "numpy_version": np.__version__,
         "malloc": malloc,
+        "warmup_ms": args.warmup_ms,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
         "expected_final_alpha": a_exp,

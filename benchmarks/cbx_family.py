@@ -13,7 +13,11 @@ Timing: for each dynamic, ``--pairs`` back-to-back pairs (one CBXpy run of ``ste
 steps, then one cbo_jax float32 run of the same steps, compiled beforehand, the same
 scan-chunk lengths), and the median of the per-pair ratios of particle-steps per second
 is ``speedup_vs_cbxpy`` (on a shared machine the load drifts between pairs, not within
-one). CBXpy runs its own ``step()`` + scheduler update in a plain loop (no termination
+one). The pairs are taken in rounds, one pair of every dynamic per round, so a burst of
+another tenant's load lands on one pair of each dynamic rather than on all pairs of one. Before each timed run, the library about to be timed runs its own work untimed for
+``--warmup-ms`` (default 100): single-threaded CBXpy leaves the second core idle, and on
+this machine an idle core runs the next 50–150 ms up to 1.9x slower (benchmarks/_warm.py).
+CBXpy runs its own ``step()`` + scheduler update in a plain loop (no termination
 checks, printing or history: a conservative speedup); cbo_jax runs
 ``cj.simulate(dyn, x0, key, steps)`` + ``block_until_ready`` (input checks and its per-step
 history included). A JAX monitoring listener counts compilations during the timed runs;
@@ -71,6 +75,7 @@ import cbo_jax as cj  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
+import _warm  # noqa: E402
 
 D = 20
 N_DEFAULT = 10_000
@@ -194,6 +199,19 @@ def warm_cbo_jax(dyn, x0, steps):
         jax.block_until_ready(cj.simulate(dyn, x0, jax.random.key(0), length, chunk_size=CHUNK).state)
 
 
+def warm_cbxpy(name, x0, seconds):
+    """A throwaway CBXpy instance of the same dynamic steps for ``seconds`` (benchmarks/_warm.py)."""
+    if seconds <= 0:
+        return
+    dyn, sched = cbxpy_dynamics(name, x0, seed=10_000)
+
+    def work():
+        dyn.step()
+        sched.update(dyn)
+
+    _warm.warm_for(seconds, work)
+
+
 def time_cbxpy(name, x0, steps, seed):
     dyn, sched = cbxpy_dynamics(name, x0, seed)
     t0 = time.perf_counter()
@@ -276,6 +294,7 @@ def main(argv=None):
     ap.add_argument("--no-f64", action="store_true", help="skip the float64 step-agreement run")
     ap.add_argument("--no-evosax", action="store_true", help="skip evosax")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON object to PATH")
+    _warm.add_argument(ap)
     _malloc.add_argument(ap)
     ap.add_argument("--f64-worker", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -283,12 +302,14 @@ def main(argv=None):
         return f64_worker(args.f64_worker)
 
     malloc = _malloc.apply(args.malloc)
+    warm_s = args.warmup_ms / 1e3
     t_start = time.perf_counter()
     pairs = args.pairs or (3 if args.quick else 5)
     names = list(SIZES) if args.only is None else args.only.split(",")
     load_before = os.getloadavg()
     counter = _CompileCounter()
-    results = {}
+    # Set-up: every dynamic compiled (and evosax's PSO) before any timing.
+    setups = {}
     for name in names:
         steps_q, steps_f, n = SIZES[name]
         steps = steps_q if args.quick else steps_f
@@ -297,28 +318,9 @@ def main(argv=None):
         dyn = jax_dynamics(name)
         t0 = time.perf_counter()
         warm_cbo_jax(dyn, x0_32, steps)
-        warm = time.perf_counter() - t0
-        before = counter.count
-        jax_rates, cbx_rates = [], []
-        for p in range(pairs):
-            rate_c, cdyn = time_cbxpy(name, x0, steps, seed=p)
-            rate_j, res = time_cbo_jax(dyn, x0_32, steps, seed=100 + p)
-            cbx_rates.append(rate_c)
-            jax_rates.append(rate_j)
-            print(f"[{name} {p + 1}/{pairs}] cbo_jax {rate_j / 1e6:.3f} M/s, CBXpy {rate_c / 1e6:.3f} M/s, "
-                  f"ratio {rate_j / rate_c:.2f}x", file=sys.stderr, flush=True)
-        ratios = [a / b for a, b in zip(jax_rates, cbx_rates)]
-        results[name] = {
-            "N": n, "d": D, "steps": steps, "pairs": pairs,
-            "speedup_vs_cbxpy": float(np.median(ratios)),
-            "speedup_min": float(np.min(ratios)), "speedup_max": float(np.max(ratios)),
-            "cbo_jax_particle_steps_per_s": float(np.median(jax_rates)),
-            "cbxpy_particle_steps_per_s": float(np.median(cbx_rates)),
-            "warmup_seconds_incl_compile": warm,
-            "recompiles_during_timing": counter.count - before,
-            "cbo_jax_best_energy": float(res.state.best_energy),
-            "cbxpy_best_energy": float(np.min(cdyn.best_energy)),
-        }
+        setups[name] = {"n": n, "steps": steps, "x0": x0, "x0_32": x0_32, "dyn": dyn,
+                        "warm": time.perf_counter() - t0}
+    evo = None
     if "pso" in names and not args.no_evosax:
         steps_q, steps_f, n = SIZES["pso"]
         steps = steps_q if args.quick else steps_f
@@ -331,17 +333,62 @@ def main(argv=None):
         warm_cbo_jax(quiet, x0_32, steps)
         run = evosax_runner(n, steps)
         jax.block_until_ready(run(jax.random.key(0), jnp.asarray(x0_32)))
-        before = counter.count
-        jr, qr, er = [], [], []
-        for p in range(pairs):
+        evo = {"n": n, "steps": steps, "x0_32": x0_32, "ours": ours, "quiet": quiet, "run": run}
+
+    # Timing in rounds: each round times one pair of every dynamic, so a burst of another
+    # tenant's load lands on one pair of each dynamic, and the median over rounds drops it.
+    before = counter.count
+    rates = {name: {"jax": [], "cbx": []} for name in names}
+    last = {}
+    evo_rates = {"ours": [], "quiet": [], "evosax": []}
+    for p in range(pairs):
+        for name, su in setups.items():
+            n, steps, x0, x0_32, dyn = su["n"], su["steps"], su["x0"], su["x0_32"], su["dyn"]
+            warm_cbxpy(name, x0, warm_s)
+            rate_c, cdyn = time_cbxpy(name, x0, steps, seed=p)
+            _warm.warm_jax(warm_s, lambda: cj.simulate(dyn, x0_32, jax.random.key(0), steps, chunk_size=CHUNK).state)
+            rate_j, res = time_cbo_jax(dyn, x0_32, steps, seed=100 + p)
+            rates[name]["cbx"].append(rate_c)
+            rates[name]["jax"].append(rate_j)
+            last[name] = (res, cdyn)
+            print(f"[round {p + 1}/{pairs}, {name}] cbo_jax {rate_j / 1e6:.3f} M/s, CBXpy {rate_c / 1e6:.3f} M/s, "
+                  f"ratio {rate_j / rate_c:.2f}x", file=sys.stderr, flush=True)
+        if evo is not None:
+            n, steps, x0_32, run = evo["n"], evo["steps"], evo["x0_32"], evo["run"]
+            _warm.warm_jax(warm_s, lambda: run(jax.random.key(0), jnp.asarray(x0_32)))
             t0 = time.perf_counter()
             st = run(jax.random.key(p + 1), jnp.asarray(x0_32))
             jax.block_until_ready(st)
-            er.append(n * steps / (time.perf_counter() - t0))
-            jr.append(time_cbo_jax(ours, x0_32, steps, seed=200 + p)[0])
-            qr.append(time_cbo_jax(quiet, x0_32, steps, seed=300 + p)[0])
-            print(f"[pso vs evosax {p + 1}/{pairs}] cbo_jax {jr[-1] / 1e6:.3f} M/s (without noise {qr[-1] / 1e6:.3f}), "
-                  f"evosax {er[-1] / 1e6:.3f} M/s, ratio {jr[-1] / er[-1]:.2f}x", file=sys.stderr, flush=True)
+            evo_rates["evosax"].append(n * steps / (time.perf_counter() - t0))
+            for which, seed in (("ours", 200 + p), ("quiet", 300 + p)):
+                dyn = evo[which]
+                _warm.warm_jax(warm_s, lambda: cj.simulate(dyn, x0_32, jax.random.key(0), steps, chunk_size=CHUNK).state)
+                evo_rates[which].append(time_cbo_jax(dyn, x0_32, steps, seed=seed)[0])
+            evo["state"] = st
+            er, jr, qr = evo_rates["evosax"], evo_rates["ours"], evo_rates["quiet"]
+            print(f"[round {p + 1}/{pairs}, pso vs evosax] cbo_jax {jr[-1] / 1e6:.3f} M/s "
+                  f"(without noise {qr[-1] / 1e6:.3f}), evosax {er[-1] / 1e6:.3f} M/s, ratio {jr[-1] / er[-1]:.2f}x",
+                  file=sys.stderr, flush=True)
+    recompiles = counter.count - before
+
+    results = {}
+    for name, su in setups.items():
+        jax_rates, cbx_rates = rates[name]["jax"], rates[name]["cbx"]
+        ratios = [a / b for a, b in zip(jax_rates, cbx_rates)]
+        res, cdyn = last[name]
+        results[name] = {
+            "N": su["n"], "d": D, "steps": su["steps"], "pairs": pairs,
+            "speedup_vs_cbxpy": float(np.median(ratios)),
+            "speedup_min": float(np.min(ratios)), "speedup_max": float(np.max(ratios)),
+            "cbo_jax_particle_steps_per_s": float(np.median(jax_rates)),
+            "cbxpy_particle_steps_per_s": float(np.median(cbx_rates)),
+            "warmup_seconds_incl_compile": su["warm"],
+            "recompiles_during_timing": recompiles,
+            "cbo_jax_best_energy": float(res.state.best_energy),
+            "cbxpy_best_energy": float(np.min(cdyn.best_energy)),
+        }
+    if evo is not None:
+        er, jr, qr = evo_rates["evosax"], evo_rates["ours"], evo_rates["quiet"]
         ratios = [a / b for a, b in zip(jr, er)]
         results["pso"].update({
             "speedup_vs_evosax": float(np.median(ratios)),
@@ -350,8 +397,8 @@ def main(argv=None):
             "cbo_jax_paper_particle_steps_per_s": float(np.median(jr)),
             "cbo_jax_paper_no_noise_particle_steps_per_s": float(np.median(qr)),
             "evosax_particle_steps_per_s": float(np.median(er)),
-            "evosax_best_fitness": float(st.best_fitness),
-            "evosax_recompiles_during_timing": counter.count - before,
+            "evosax_best_fitness": float(evo["state"].best_fitness),
+            "evosax_recompiles_during_timing": recompiles,
         })
     if not args.no_f64:
         diffs = step_diffs(args.quick)
@@ -392,6 +439,7 @@ def main(argv=None):
         "evosax_version": importlib.metadata.version("evosax") if not args.no_evosax else None,
         "numpy_version": np.__version__,
         "malloc": malloc,
+        "warmup_ms": args.warmup_ms,
         "date": datetime.date.today().isoformat(),
         "wall_seconds_total": time.perf_counter() - t_start,
     }
