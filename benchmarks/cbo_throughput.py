@@ -420,6 +420,7 @@ def main(argv=None):
         "repeats": repeats,
         "quick": bool(args.quick),
         "device": device_string(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "jaxlib_version": importlib.metadata.version("jaxlib"),
         "cbx_version": importlib.metadata.version("cbx"),

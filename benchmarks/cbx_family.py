@@ -434,6 +434,7 @@ def main(argv=None):
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "device": device_string(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "cbx_version": importlib.metadata.version("cbx"),
         "evosax_version": importlib.metadata.version("evosax") if not args.no_evosax else None,
