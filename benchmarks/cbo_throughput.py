@@ -63,6 +63,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
@@ -339,6 +340,12 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.f64_worker:
         return _f64_worker(args)
+    if not args.no_cbxpy and importlib.util.find_spec("cbx") is None:
+        if args.interleaved:
+            ap.error("--interleaved times CBXpy, which is not installed (pip install cbx, or the [test] extra)")
+        print("WARNING: CBXpy (PyPI 'cbx') is not installed: running without its column (as --no-cbxpy)",
+              file=sys.stderr)
+        args.no_cbxpy = True
 
     malloc = _malloc.apply(args.malloc)
     t_start = time.perf_counter()
@@ -423,7 +430,7 @@ def main(argv=None):
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "jaxlib_version": importlib.metadata.version("jaxlib"),
-        "cbx_version": importlib.metadata.version("cbx"),
+        "cbx_version": None if args.no_cbxpy else importlib.metadata.version("cbx"),
         "numpy_version": np.__version__,
         "malloc": malloc,
         "warmup_ms": args.warmup_ms,
