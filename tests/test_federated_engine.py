@@ -147,7 +147,7 @@ def _check_pinned(name):
     c = fv.compare(name, "single", s, h, np.load(fv.PINNED))
     assert set(c["missing"]) <= fv.DROPPED, c["missing"]
     for key, d in c["diffs"].items():
-        assert d == 0.0, (key, d)
+        assert d <= fv.pinned_atol(), (key, d)  # bitwise on the pinned JAX
 
 
 @pytest.mark.parametrize("name", REGISTRY)

@@ -14,7 +14,8 @@ def _write_idx(path: Path, arr: np.ndarray, magic: int | None = None, gz: bool =
     magic = magic if magic is not None else {3: 2051, 1: 2049}[arr.ndim]
     raw = magic.to_bytes(4, "big") + b"".join(int(n).to_bytes(4, "big") for n in arr.shape) + arr.astype(np.uint8).tobytes()
     raw = raw[: len(raw) - truncate]
-    (gzip.open if gz else open)(path, "wb").write(raw)
+    with (gzip.open if gz else open)(path, "wb") as fh:  # closed here: Python 3.12's GzipFile buffers writes
+        fh.write(raw)
 
 
 def _fake_dir(tmp_path: Path, n_train=30, n_test=10, **bad) -> Path:
