@@ -433,3 +433,20 @@ def test_reference_form_shared_init_and_own_model_largest_after_T_G(ds):
     assert not np.all(np.asarray(before.self_weight)[:, None] >= np.asarray(before.weights) - 1e-7)
     with pytest.raises(ValueError, match="self_largest needs include_self"):
         FedCB2OConfig(self_largest=True)
+
+
+def test_label_flip_config_changes_one_field_at_a_time():
+    """Found by the property test in random mode: the per-cluster counts were stored expanded
+    to the default two clusters, so changing ``num_clusters`` alone (CLI overrides,
+    ``dataclasses.replace``) failed on ``benign_per_cluster``; and a smaller ``num_classes``
+    was refused naming only ``source``."""
+    import dataclasses
+
+    cfg = attacks.LabelFlipConfig()
+    one = dataclasses.replace(cfg, num_clusters=1)
+    assert one.benign_counts == (35,) and one.malicious_counts == (15,)
+    assert dataclasses.replace(cfg, num_clusters=4).images_per_cluster == (35 * 500 + 15 * 1200,) * 4
+    with pytest.raises(ValueError, match="num_clusters = 4"):
+        attacks.LabelFlipConfig(benign_per_cluster=(3, 4), num_clusters=4)
+    with pytest.raises(ValueError, match="num_classes"):
+        dataclasses.replace(cfg, num_classes=2)

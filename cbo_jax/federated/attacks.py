@@ -2,8 +2,8 @@
 
 Data. :func:`label_flip_rotated` builds the paper's attacked benchmark from any
 MNIST-like source: ``K`` clusters (rotations, ``ROTATIONS[K]``); in cluster ``k``,
-``benign_per_cluster[k]`` benign agents with ``benign_samples`` images each, split into
-a training set and a validation set of ``val_samples``, and ``malicious_per_cluster[k]``
+``benign_counts[k]`` benign agents with ``benign_samples`` images each, split into
+a training set and a validation set of ``val_samples``, and ``malicious_counts[k]``
 malicious agents with ``malicious_samples`` images each whose labels are flipped
 ``source → target`` (:func:`flip_labels`; nothing else changes). Within a cluster all
 agents' images are disjoint (a random partition of the rotated training set); each
@@ -57,7 +57,7 @@ MNIST_SOURCE, MNIST_TARGET = 7, 1
 def _per_cluster(name: str, value, k: int, allow_zero: bool) -> tuple[int, ...]:
     vals = (value,) * k if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else tuple(value)
     if len(vals) != k:
-        raise ValueError(f"{name} must be an integer or one integer per cluster ({k}), got {value!r}")
+        raise ValueError(f"{name} must be an integer or one integer per cluster (num_clusters = {k}), got {value!r}")
     for v in vals:
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (0 if allow_zero else 1):
             raise ValueError(f"{name} must hold integers >= {0 if allow_zero else 1}, got {value!r}")
@@ -95,14 +95,13 @@ class LabelFlipConfig:
         for name in ("source", "target"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < self.num_classes:
-                raise ValueError(f"{name} must be a class label in 0..{self.num_classes - 1}, got {v!r}")
+                raise ValueError(f"{name} must be a class label in 0..num_classes - 1 = 0..{self.num_classes - 1}, "
+                                 f"got {v!r}")
         if self.source == self.target:
             raise ValueError(f"source and target must differ, got {self.source} for both")
         _checks.one_of("num_clusters", self.num_clusters, tuple(ROTATIONS))
-        object.__setattr__(self, "benign_per_cluster",
-                           _per_cluster("benign_per_cluster", self.benign_per_cluster, self.num_clusters, False))
-        object.__setattr__(self, "malicious_per_cluster",
-                           _per_cluster("malicious_per_cluster", self.malicious_per_cluster, self.num_clusters, True))
+        # Checked here and kept as given, so that replace(cfg, num_clusters=4) works on integers.
+        _ = self.benign_counts, self.malicious_counts
         _checks.positive_int("benign_samples", self.benign_samples)
         _checks.positive_int("val_samples", self.val_samples)
         if self.val_samples >= self.benign_samples:
@@ -110,9 +109,19 @@ class LabelFlipConfig:
         _checks.positive_int("malicious_samples", self.malicious_samples)
 
     @property
+    def benign_counts(self) -> tuple[int, ...]:
+        """Benign agents of each cluster (``benign_per_cluster`` expanded to ``num_clusters``)."""
+        return _per_cluster("benign_per_cluster", self.benign_per_cluster, self.num_clusters, False)
+
+    @property
+    def malicious_counts(self) -> tuple[int, ...]:
+        """Malicious agents of each cluster (``malicious_per_cluster`` expanded to ``num_clusters``)."""
+        return _per_cluster("malicious_per_cluster", self.malicious_per_cluster, self.num_clusters, True)
+
+    @property
     def images_per_cluster(self) -> tuple[int, ...]:
         return tuple(b * self.benign_samples + m * self.malicious_samples
-                     for b, m in zip(self.benign_per_cluster, self.malicious_per_cluster))
+                     for b, m in zip(self.benign_counts, self.malicious_counts))
 
 
 def flip_labels(y, source: int, target: int):
@@ -212,9 +221,10 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
     n_train = len(images.train_images)
     need = max(cfg.images_per_cluster)
     if need > n_train:
+        k = cfg.images_per_cluster.index(need)
         raise DataError(
-            f"the attack setting needs {need} training images per cluster ({cfg.benign_per_cluster[0]} benign x "
-            f"{cfg.benign_samples} + {cfg.malicious_per_cluster[0]} malicious x {cfg.malicious_samples}), but the "
+            f"the attack setting needs {need} training images per cluster ({cfg.benign_counts[k]} benign x "
+            f"{cfg.benign_samples} + {cfg.malicious_counts[k]} malicious x {cfg.malicious_samples}), but the "
             f"source ({images.source}) has {n_train}; use the full MNIST (CBO_JAX_DATA_DIR or --source idx/tfds)"
         )
     if images.train_labels.size and int(images.train_labels.max()) >= cfg.num_classes:
@@ -226,7 +236,7 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
     cl_b, cl_m, test_x, test_y = [], [], [], []
     for k, degrees in enumerate(ROTATIONS[cfg.num_clusters]):
         rotated = rotate(images.train_images, degrees)
-        nb, nm = cfg.benign_per_cluster[k], cfg.malicious_per_cluster[k]
+        nb, nm = cfg.benign_counts[k], cfg.malicious_counts[k]
         perm = rng.permutation(n_train)
         ben = perm[: nb * cfg.benign_samples].reshape(nb, cfg.benign_samples)
         mal = perm[nb * cfg.benign_samples: nb * cfg.benign_samples + nm * cfg.malicious_samples]
