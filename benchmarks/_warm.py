@@ -34,6 +34,16 @@ def warm_jax(seconds: float, fn: Callable[[], object]) -> None:
     warm_for(seconds, lambda: jax.block_until_ready(fn()))
 
 
+def warm_steps(seconds: float, dyn, sched) -> None:
+    """Step a throwaway CBXpy-style instance (``dyn.step()``, ``sched.update(dyn)``) for ``seconds``."""
+
+    def work():
+        dyn.step()
+        sched.update(dyn)
+
+    warm_for(seconds, work)
+
+
 def add_argument(parser) -> None:
     """The ``--warmup-ms`` option (default 100; 0 gives the earlier, cold protocol)."""
     parser.add_argument("--warmup-ms", type=float, default=DEFAULT_MS,

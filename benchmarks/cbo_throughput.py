@@ -180,13 +180,7 @@ def time_cbxpy(x0: np.ndarray, steps: int, repeats: int, warmup_s: float = 0.0) 
     times, dyn = [], None
     for r in range(repeats):
         if warmup_s > 0:  # a throwaway instance steps first (benchmarks/_warm.py)
-            wdyn, wsched = cbxpy_cbo(x0, steps, seed=10_000 + r)
-
-            def work():
-                wdyn.step()
-                wsched.update(wdyn)
-
-            _warm.warm_for(warmup_s, work)
+            _warm.warm_steps(warmup_s, *cbxpy_cbo(x0, steps, seed=10_000 + r))
         dyn, sched = cbxpy_cbo(x0, steps, seed=r)
         t0 = time.perf_counter()
         dyn.optimize(sched=sched)

@@ -203,13 +203,7 @@ def warm_cbxpy(name, x0, seconds):
     """A throwaway CBXpy instance of the same dynamic steps for ``seconds`` (benchmarks/_warm.py)."""
     if seconds <= 0:
         return
-    dyn, sched = cbxpy_dynamics(name, x0, seed=10_000)
-
-    def work():
-        dyn.step()
-        sched.update(dyn)
-
-    _warm.warm_for(seconds, work)
+    _warm.warm_steps(seconds, *cbxpy_dynamics(name, x0, seed=10_000))
 
 
 def time_cbxpy(name, x0, steps, seed):
