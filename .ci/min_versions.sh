@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's test command against the oldest versions pyproject.toml allows for the libraries
-# the numerics rest on: Python 3.11 (this machine's python3), jax and jaxlib 0.7.0, flax 0.11.2;
-# every other dependency as pip resolves it. Called by .ci/run; runs on its own too.
+# The README's test command against the oldest versions pyproject.toml allows: Python 3.11 (this
+# machine's python3) and every dependency of the package and of its test extra pinned at its
+# lower bound (`.ci/floors.py` reads them from pyproject.toml, so a bound cannot be raised or
+# lowered without this check running on it); everything else as pip resolves it. Called by
+# .ci/run; runs on its own too.
 #
 # Checks pinned bit for bit with the JAX the main run installs hold to stated rounding
 # tolerances here (tests/_stack.py).
@@ -13,6 +15,9 @@ python3 -m venv "$venv"
 # shellcheck disable=SC1091
 . "$venv/bin/activate"
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet -e ".[test]" "jax==0.7.0" "jaxlib==0.7.0" "flax==0.11.2"
-python -c "import sys, jax, flax; print(f'Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}')"
+floor_lines="$(python .ci/floors.py)"  # fails the step on a requirement without a lower bound
+mapfile -t floors <<< "$floor_lines"
+echo "oldest versions: ${floors[*]}"
+python -m pip install --quiet -e ".[test]" "${floors[@]}"
+python -c "import sys, jax, flax, optax, orbax.checkpoint as o; print(f'Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, orbax-checkpoint {o.__version__}')"
 python -m pytest -q -p no:cacheprovider

@@ -66,6 +66,28 @@ def test_readme_pip_commands_name_real_extras():
     assert named and set(",".join(named).split(",")) <= extras
 
 
+def _floors_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ci_floors", ROOT / ".ci" / "floors.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_requirement_has_the_lower_bound_ci_installs(tmp_path):
+    """.ci/min_versions.sh installs exactly the lower bounds pyproject.toml states, for the dependencies and the
+    test extra; a requirement without a lower bound is refused, so none can join untested."""
+    floors = _floors_module().floors(ROOT / "pyproject.toml")
+    pins = dict(f.split("==") for f in floors)
+    assert {"jax", "jaxlib", "flax", "optax", "chex", "numpy", "orbax-checkpoint", "pytest"} <= set(pins)
+    assert pins["jax"] == pins["jaxlib"]
+    bad = tmp_path / "pyproject.toml"
+    bad.write_text('[project]\ndependencies = ["jax>=0.7.0", "optax"]\n[project.optional-dependencies]\ntest = []\n')
+    with pytest.raises(SystemExit, match="optax: no lower bound"):
+        _floors_module().floors(bad)
+
+
 def _numbers(text: str) -> list[str]:
     """Decimal numbers in ``text`` (not version-like names such as Apache-2.0)."""
     return re.findall(r"(?<![\w.])(?<![A-Za-z]-)-?\d+\.\d+(?:e-?\d+)?", text)
