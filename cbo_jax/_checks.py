@@ -112,11 +112,20 @@ def aggregation_step(lambda1: float, gamma: float) -> float:
     return step
 
 
-def positive_int(name: str, value: Any) -> int:
+INT32_MAX = 2**31 - 1
+
+
+def positive_int(name: str, value: Any, *, int32: bool = True) -> int:
+    """``value`` as an ``int >= 1``. With ``int32`` (the default) it must also be at most ``2**31 - 1``:
+    counts, steps and sizes meet JAX's ``int32`` counters and indices, where a larger value would
+    overflow inside a compiled program (or size a buffer no machine holds) instead of being refused
+    here. ``int32=False`` for a count that is only ever a Python-side shape."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value!r}")
+    if int32 and value > INT32_MAX:
+        raise ValueError(f"{name} must be at most 2**31 - 1 (JAX counts in int32), got {value!r}")
     return int(value)
 
 

@@ -77,7 +77,7 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     if max_particles is not None:
-        _checks.positive_int("max_particles", max_particles)
+        _checks.positive_int("max_particles", max_particles, int32=False)
     state = simulate(dynamics, x0, key, 0, num_runs=num_runs, params=params).state
     if not isinstance(state.x, jax.Array):
         raise ValueError("record_history needs an array population (N, d); got a pytree")

@@ -352,7 +352,7 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
             raise ValueError("minimize needs an initial population x0 or the dimension dim=d (for the default "
                              f"population of num_particles={num_particles} uniform in {tuple(init_bounds)}^d)")
         _checks.positive_int("dim", dim)
-        _checks.positive_int("num_particles", num_particles)
+        _checks.positive_int("num_particles", num_particles, int32=False)
         low, high = (_checks.finite_number("init_bounds", b) for b in init_bounds)
         if not low < high:
             raise ValueError(f"init_bounds must be (low, high) with low < high, got {tuple(init_bounds)}")

@@ -297,6 +297,23 @@ def test_bad_family_config_values():
         cj.pso(objectives.Sphere(), lambda2=0.1)
 
 
+@pytest.mark.parametrize("field", ["stagnation_patience", "max_evals", "batch_size", "particle_chunk"])
+def test_counts_beyond_int32_are_refused_on_the_host(field):
+    """A count JAX would hold in int32 is refused when the config is made, naming its field: before, a
+    patience of 2**40 sized a 4 TB buffer and 2**65 failed inside JAX with an unrelated TypeError."""
+    for value in (2**31, 2**40, 2**65):
+        with pytest.raises(ValueError, match=rf"{field} must be at most 2\*\*31 - 1"):
+            cj.CBOConfig(**{field: value})
+    cj.CBOConfig(**{field: 2**31 - 1 if field != "stagnation_patience" else 4})  # the largest int32 passes
+
+
+def test_polar_chunk_larger_than_n_means_all_rows_at_once():
+    x0 = _x0((8, 2))
+    whole = cj.simulate(cj.polar_cbo(objectives.Ackley(), kappa=1.0, chunk=8), x0, 0, 5)
+    huge = cj.simulate(cj.polar_cbo(objectives.Ackley(), kappa=1.0, chunk=2**30), x0, 0, 5)  # was a 7e13-byte buffer
+    np.testing.assert_array_equal(np.asarray(whole.state.x), np.asarray(huge.state.x))
+
+
 # ---------------------------------------------------------------------- what JAX adds
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +20,9 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from cbo_jax import ClusteredConfig  # noqa: E402
 from cbo_jax import config as cfgs  # noqa: E402
+from cbo_jax import dynamics as D  # noqa: E402
 from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions  # noqa: E402
 from cbo_jax.federated import attacks  # noqa: E402
 from cbo_jax.federated.algorithms import (DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,  # noqa: E402
@@ -26,14 +30,17 @@ from cbo_jax.federated.algorithms import (DFedAvgMConfig, FedAvgConfig, FedCB2OC
 from cbo_jax.federated.local import LocalSGDConfig  # noqa: E402
 
 CONFIGS = [FedCBOConfig, FedCB2OConfig, FedAvgConfig, IFCAConfig, LocalConfig, DFedAvgMConfig, FedSGLDConfig,
-           FedPDConfig, SGLDConfig, LocalSGDConfig, RotatedMNISTConfig, RunOptions, attacks.LabelFlipConfig]
-EXAMPLES = 60  # generated cases per config class
+           FedPDConfig, SGLDConfig, LocalSGDConfig, RotatedMNISTConfig, RunOptions, attacks.LabelFlipConfig,
+           # the particle dynamics (the constrained ones need constraint functions, so no default instance)
+           D.CBOConfig, D.CBOMemoryConfig, D.PSOConfig, D.CBSConfig, D.PolarCBOConfig, D.AdamCBOConfig,
+           D.MirrorCBOConfig, ClusteredConfig]
+EXAMPLES = int(os.environ.get("CBO_JAX_PROPERTY_EXAMPLES", 60))  # generated cases per config class (more: set it)
 
 VALUES = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([0.0, -0.0, -1.0, 1e-45, 0.5, 1.0, 2.0, 1e30, 3.5e38, 1e39, -1e39]),
     st.integers(min_value=-(2**65), max_value=2**65),
-    st.sampled_from([0, 1, 2, -1, 10**12]),
+    st.sampled_from([0, 1, 2, -1, 10**12, 2**31, 2**40]),
     st.booleans(),
     st.none(),
     st.text(max_size=6),
@@ -50,6 +57,8 @@ def _build(cls, path, value):
 
 
 def _usable(value, tp) -> bool:
+    if tp is Any or tp == "Any":
+        return True  # a field of any type (a schedule, a noise model): the class's own checks decide
     base, optional = cfgs._base_type(tp)
     if value is None:
         return optional
@@ -87,6 +96,42 @@ def test_any_value_is_refused_naming_its_field_or_usable(cls, data):
     assert _usable(got, field.type), (field.name, value, got)
     # the other fields were not disturbed
     assert dataclasses.replace(cfg) == cfg
+
+
+DYNAMICS = {D.CBOConfig: D.cbo, D.CBOMemoryConfig: D.cbo_memory, D.PSOConfig: D.pso, D.CBSConfig: D.cbs,
+            D.PolarCBOConfig: D.polar_cbo, D.AdamCBOConfig: D.adam_cbo, D.MirrorCBOConfig: D.mirror_cbo}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls", list(DYNAMICS), ids=lambda c: c.__name__)
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_an_accepted_dynamics_value_runs(cls, data):
+    """A value a dynamic's config accepts runs three steps on a small problem, or is refused by a
+    ``ValueError`` before compilation: never an error from inside JAX or XLA (an overflow, an
+    allocation no machine holds). The particles may blow up (a rate of 1e30 is the user's choice)."""
+    import jax
+
+    from cbo_jax import objectives
+
+    field = data.draw(st.sampled_from(cfgs.fields(cls)), label="field")
+    value = data.draw(VALUES, label="value")
+    try:
+        cfg = _build(cls, field.path, value)
+    except (ValueError, TypeError):
+        return  # the property above checks the message
+    x0 = np.random.default_rng(0).uniform(-2, 2, (8, 2)).astype(np.float32)
+    try:
+        dyn = DYNAMICS[cls](objectives.Rastrigin(), cfg)
+        jax.block_until_ready(cfgs_simulate(dyn, x0))
+    except ValueError as err:
+        assert field.name in str(err) or field.name.split("_")[0] in str(err), (field.name, value, str(err))
+
+
+def cfgs_simulate(dyn, x0):
+    from cbo_jax import simulate
+
+    return simulate(dyn, x0, 0, 3).state.x
 
 
 @given(st.data())

@@ -113,7 +113,7 @@ def _neg_log(kernel, r2, kappa, dmax):
 
 
 def _blocks(n: int, chunk: int | None, d: int = 1):
-    b = chunk if chunk is not None else min(n, max(1, (1 << 22) // max(n * d, 1)))
+    b = min(n, chunk) if chunk is not None else min(n, max(1, (1 << 22) // max(n * d, 1)))  # a chunk > N: all rows
     return b, -(-n // b)
 
 
