@@ -25,7 +25,7 @@ def floors(pyproject: Path) -> list[str]:
         if m is None:
             raise SystemExit(f"cannot read the requirement {req!r}")
         name, spec = m.group(1).lower(), m.group(2)
-        low = [v for op, v in re.findall(r"(>=|==)\s*([^,\s]+)", spec)]
+        low = re.findall(r"(?:>=|==)\s*([^,\s]+)", spec)
         if not low:
             raise SystemExit(f"{name}: no lower bound (>=) in pyproject.toml; the oldest-versions check needs one")
         if name in pins and pins[name] != low[0]:

@@ -123,12 +123,12 @@ def test_an_accepted_dynamics_value_runs(cls, data):
     x0 = np.random.default_rng(0).uniform(-2, 2, (8, 2)).astype(np.float32)
     try:
         dyn = DYNAMICS[cls](objectives.Rastrigin(), cfg)
-        jax.block_until_ready(cfgs_simulate(dyn, x0))
+        jax.block_until_ready(_three_steps(dyn, x0))
     except ValueError as err:
         assert field.name in str(err) or field.name.split("_")[0] in str(err), (field.name, value, str(err))
 
 
-def cfgs_simulate(dyn, x0):
+def _three_steps(dyn, x0):
     from cbo_jax import simulate
 
     return simulate(dyn, x0, 0, 3).state.x
