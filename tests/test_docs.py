@@ -78,14 +78,15 @@ def _floors_module():
 def test_every_requirement_has_the_lower_bound_ci_installs(tmp_path):
     """.ci/min_versions.sh installs exactly the lower bounds pyproject.toml states, for the dependencies and the
     test extra; a requirement without a lower bound is refused, so none can join untested."""
-    floors = _floors_module().floors(ROOT / "pyproject.toml")
+    module = _floors_module()
+    floors = module.floors(ROOT / "pyproject.toml")
     pins = dict(f.split("==") for f in floors)
     assert {"jax", "jaxlib", "flax", "optax", "chex", "numpy", "orbax-checkpoint", "pytest"} <= set(pins)
     assert pins["jax"] == pins["jaxlib"]
     bad = tmp_path / "pyproject.toml"
     bad.write_text('[project]\ndependencies = ["jax>=0.7.0", "optax"]\n[project.optional-dependencies]\ntest = []\n')
     with pytest.raises(SystemExit, match="optax: no lower bound"):
-        _floors_module().floors(bad)
+        module.floors(bad)
 
 
 def _numbers(text: str) -> list[str]:
