@@ -254,7 +254,9 @@ def _add_reproduce(sub) -> None:
                    help="where --list looks for your last runs (RESULTS_ROOT/NAME/summary.json; default results)")
     names = p.add_subparsers(dest="name", metavar="NAME")
     for exp in registry().values():
-        q = names.add_parser(exp.name, help=exp.summary, description=f"{exp.summary}. Published: {exp.published}")
+        # argparse %-formats help strings (not descriptions): a summary's "20%" must be escaped.
+        q = names.add_parser(exp.name, help=exp.summary.replace("%", "%%"),
+                             description=f"{exp.summary}. Published: {exp.published}")
         q.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
         q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
         q.add_argument("--no-progress", action="store_true")

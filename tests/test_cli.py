@@ -113,3 +113,28 @@ def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
 def test_optimize_values_that_would_be_silent_garbage_are_refused(capsys, extra, match):
     assert main(["optimize", "--steps", "3", "--no-progress", *extra]) == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def _parsers(parser):
+    """Every parser reachable from `parser`, itself included (sub-commands, nested)."""
+    import argparse
+
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def test_every_help_text_prints_as_written():
+    """argparse %-formats help strings: a bare '%' in a summary ("20% attackers") printed the
+    argparse action's whole dict in `cbo-jax reproduce --help`. Every help line of every
+    (sub)command must print as written: no "%(...)s" left, no action repr."""
+    from cbo_jax.cli import build_parser
+
+    for parser in _parsers(build_parser()):
+        text = parser.format_help()
+        assert "option_strings" not in text, parser.prog
+        assert "%(" not in text, parser.prog
+    reproduce = next(p for p in _parsers(build_parser()) if p.prog.endswith(" reproduce"))
+    assert "20% attackers" in " ".join(reproduce.format_help().split())
