@@ -1,24 +1,34 @@
 """Print the lower bounds pyproject.toml claims, one ``name==version`` a line.
 
 Covers the package's dependencies and its ``test`` extra: the set `.ci/min_versions.sh` installs
-to run the README's test command on the oldest versions the package says it supports. Every such
-requirement must carry a ``>=`` bound; one without is an error, so a new dependency cannot join
-untested.
+to run the README's test command on the oldest versions the package says it supports. With
+``--extras docs,typecheck`` it prints those extras' bounds alone (the docs build and the type
+check run on them next). Every such requirement must carry a ``>=`` bound; one without is an
+error, so a new dependency cannot join untested.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(.*)$")
 
 
-def floors(pyproject: Path) -> list[str]:
+def floors(pyproject: Path, extras: tuple[str, ...] | None = None) -> list[str]:
+    """``name==version`` for every lower bound: the dependencies and the ``test`` extra, or with
+    ``extras`` those extras alone."""
     project = tomllib.loads(pyproject.read_text())["project"]
-    reqs = list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
+    optional = project["optional-dependencies"]
+    if extras is None:
+        reqs = list(project["dependencies"]) + list(optional["test"])
+    else:
+        unknown = sorted(set(extras) - set(optional))
+        if unknown:
+            raise SystemExit(f"no extra named {', '.join(unknown)} in pyproject.toml")
+        reqs = [req for extra in extras for req in optional[extra]]
     pins: dict[str, str] = {}
     for req in reqs:
         m = _REQ.match(req.split(";")[0])
@@ -35,5 +45,8 @@ def floors(pyproject: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent.parent
-    print("\n".join(floors(root / "pyproject.toml")))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", nargs="?", type=Path, default=Path(__file__).resolve().parent.parent)
+    parser.add_argument("--extras", help="comma-separated extras to print instead (e.g. docs,typecheck)")
+    args = parser.parse_args()
+    print("\n".join(floors(args.root / "pyproject.toml", tuple(args.extras.split(",")) if args.extras else None)))

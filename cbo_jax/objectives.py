@@ -603,13 +603,11 @@ def jax_logsumexp(a):
     return jax.nn.logsumexp(a, axis=-1)
 
 
-OBJECTIVES: dict[str, Callable[..., Objective]] = {
-    cls.name: cls
-    for cls in (Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang,
+_ALL: tuple[type[Objective], ...] = (Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang,
                 Himmelblau, ThreeHumpCamel, McCormick, Easom, Bukin6, CrossInTray, DropWave, HolderTable, Snowflake,
                 Eggholder, Michalewicz, RastriginMultimodal, AckleyMultimodal, AcceleratedSinus, NdSinus, P4thOrder,
                 Banana, Bimodal, Unimodal, GaussianMixture)
-}
+OBJECTIVES: dict[str, Callable[..., Objective]] = {cls.name: cls for cls in _ALL}
 
 
 def get_objective(name: str, shift=0.0) -> Objective:

@@ -111,7 +111,7 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     finally:
         if bar is not None:
             bar.close()
-    dt = np.asarray(state.params.dt, np.float64) if getattr(state, "params", None) is not None else np.nan
+    dt: np.ndarray | float = np.asarray(state.params.dt, np.float64) if getattr(state, "params", None) is not None else np.nan
     step = np.asarray(steps)
     t = step * (dt if np.ndim(dt) == 0 else np.nan)
     return History(step=step, t=t, x=np.stack(xs), consensus=np.stack(ms), state=state)
@@ -163,8 +163,8 @@ def particles(objective: Callable, x, consensus=None, *, bounds: Bounds | None =
               resolution: int = 150, log: bool = False, size: float = 6.0):
     """The objective's contour with particles ``x`` (``(N, 2)``) and the consensus point(s)."""
     x = _check_2d(x).reshape(-1, 2)
-    bounds = _bounds_of(x, bounds)
-    fig = contour(objective, bounds, resolution=resolution, ax=ax, log=log)
+    box: Bounds = _bounds_of(x, bounds)
+    fig = contour(objective, box, resolution=resolution, ax=ax, log=log)
     ax = ax or fig.axes[0]
     ax.scatter(x[:, 0], x[:, 1], s=size, c="white", edgecolors="black", linewidths=0.3, label="particles")
     if consensus is not None:
@@ -238,11 +238,11 @@ def animate(objective: Callable, history: History, path: str | Path, *, fps: int
         raise ValueError(f"animation path must end in .gif or .mp4, got {path.name!r}")
     x = _frames_x(history, run)
     m = _frames_m(history, run)
-    bounds = _bounds_of(x, bounds)
+    box: Bounds = _bounds_of(x, bounds)
     fig = Figure(figsize=(4.5, 4.2))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
-    contour(objective, bounds, ax=ax, log=log, resolution=150)
+    contour(objective, box, ax=ax, log=log, resolution=150)
     dots = ax.scatter(x[0, :, 0], x[0, :, 1], s=6, c="white", edgecolors="black", linewidths=0.3)
     mx, my = np.asarray(m[0]).reshape(-1, 2).T
     star = ax.scatter(mx, my, marker="*", s=180, c="red", edgecolors="black")

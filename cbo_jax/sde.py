@@ -15,7 +15,7 @@ the whole parameter vector of the agent), or anisotropic (Carrillo et al. 2021),
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +91,9 @@ def _normal_agent_axis_last(key: jax.Array, shape, dtype) -> jax.Array:
 def normal_like(key: jax.Array, tree: PyTree) -> PyTree:
     """Independent standard normals with the structure, shapes and dtypes of ``tree``."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    keys = jax.random.split(key, len(leaves)) if len(leaves) > 1 else [key]
+    keys: Iterable[jax.Array] = [key]
+    if len(leaves) > 1:
+        keys = jax.random.split(key, len(leaves))
     return jax.tree_util.tree_unflatten(
         treedef, [_normal_agent_axis_last(k, leaf.shape, leaf.dtype) for k, leaf in zip(keys, leaves)]
     )
@@ -106,7 +108,9 @@ def per_particle_normal(key: jax.Array, tree: PyTree, ids: jax.Array) -> PyTree:
     simulation). Slower than :func:`normal_like` (one key derivation per agent).
     """
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    keys = jax.random.split(key, len(leaves)) if len(leaves) > 1 else [key]
+    keys: Iterable[jax.Array] = [key]
+    if len(leaves) > 1:
+        keys = jax.random.split(key, len(leaves))
 
     def draw(k, leaf):
         return jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(k, i), leaf.shape[1:], leaf.dtype))(ids)

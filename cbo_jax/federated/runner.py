@@ -130,7 +130,9 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     n = data.num_agents
     padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
     fp = fingerprint(algorithm, data, key, rounds, every)
-    guard = ResultsDir(out, resume=resume, overwrite=overwrite) if out is not None else contextlib.nullcontext()
+    guard: contextlib.AbstractContextManager = contextlib.nullcontext()
+    if out is not None:
+        guard = ResultsDir(out, resume=resume, overwrite=overwrite)
     with guard, jax.threefry_partitionable(True):
         # Row j's random numbers must not depend on the rows after it (padding agents):
         # JAX's partitionable threefry (its default since 0.5) guarantees that.
