@@ -32,6 +32,7 @@ def _positive_int(text: str) -> int:
 
 
 def _add_optimize(sub) -> None:
+    from cbo_jax.mirror_maps import MIRROR_MAPS
     from cbo_jax.objectives import OBJECTIVES
 
     p = sub.add_parser("optimize", help="minimise a test objective with CBO",
@@ -45,8 +46,14 @@ def _add_optimize(sub) -> None:
     p.add_argument("--dt", type=float, default=0.01)
     p.add_argument("--lambda1", type=float, default=1.0, help="consensus drift λ1")
     p.add_argument("--sigma1", type=float, default=1.0, help="consensus noise σ1")
-    p.add_argument("--dynamic", default="cbo", choices=["cbo", "cbo_memory", "pso", "cbs", "polar_cbo", "adam_cbo"],
-                   help="the CBX-family dynamic (docs/guides/cbx_family.md); default cbo")
+    p.add_argument("--dynamic", default="cbo",
+                   choices=["cbo", "cbo_memory", "pso", "cbs", "polar_cbo", "adam_cbo", "mirror_cbo"],
+                   help="the CBX-family dynamic (docs/guides/cbx_family.md; the constrained ones take constraint "
+                        "functions: Python API); default cbo")
+    p.add_argument("--mirror-map", default=None, choices=sorted(set(MIRROR_MAPS) - {"None"}),
+                   help="with --dynamic mirror_cbo: the mirror map, with its default parameters (default L2); "
+                        "start the particles in its admissible set (--init-low/--init-high): the best particle "
+                        "is tracked from the initial ones, as in CBXpy")
     p.add_argument("--noise", default="anisotropic",
                    choices=["anisotropic", "isotropic", "constant", "covariance", "none"])
     p.add_argument("--lambda2", type=float, default=0.0, help="gradient drift λ2")
@@ -107,6 +114,10 @@ def _cmd_optimize(args) -> int:
         alpha = schedules.EffectiveSampleSize(eta=args.ess_eta, alpha0=args.alpha, alpha_max=args.alpha_max)
     common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha, noise=args.noise,
                   energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype)
+    if args.mirror_map is not None and args.dynamic != "mirror_cbo":
+        raise ValueError(f"--mirror-map needs --dynamic mirror_cbo (got --dynamic {args.dynamic})")
+    if args.dynamic == "mirror_cbo":
+        common["mirror_map"] = args.mirror_map
     if args.dynamic == "cbo":
         cfg = CBOConfig(lambda2=args.lambda2, sigma2=args.sigma2, **common)
     else:
@@ -158,6 +169,10 @@ def _cmd_optimize(args) -> int:
         "seconds": round(res.seconds, 3),
         "particle_steps_per_s": args.runs * args.particles * res.steps / max(res.seconds, 1e-9),
     }
+    if args.dynamic == "mirror_cbo":
+        from cbo_jax.mirror_maps import get_mirror_map
+
+        summary["mirror_map"] = get_mirror_map(args.mirror_map).name
     if not main_process:
         return 0
     best_run = int(np.argmin(best_e))

@@ -138,3 +138,34 @@ def test_every_help_text_prints_as_written():
         assert "%(" not in text, parser.prog
     reproduce = next(p for p in _parsers(build_parser()) if p.prog.endswith(" reproduce"))
     assert "20% attackers" in " ".join(reproduce.format_help().split())
+
+
+def test_optimize_mirror_cbo_is_the_library_run(capsys):
+    """`--dynamic mirror_cbo --mirror-map ProjectionBall` runs the same program as mirror_cbo with that map:
+    equal best energy, and every particle in the unit ball although the minimiser lies outside it."""
+    import jax
+
+    from cbo_jax import schedules
+    from cbo_jax.dynamics.family import MirrorCBOConfig, mirror_cbo
+    from cbo_jax.objectives import get_objective
+    from cbo_jax.simulate import simulate
+
+    argv = ["optimize", "--dynamic", "mirror_cbo", "--mirror-map", "ProjectionBall", "--objective", "sphere",
+            "--shift", "2", "--dim", "3", "--particles", "40", "--steps", "50", "--no-progress"]
+    assert main(argv) == 0
+    summary = _last_json(capsys.readouterr().out)
+    assert summary["mirror_map"] == "ProjectionBall"
+    cfg = MirrorCBOConfig(mirror_map="ProjectionBall", alpha=schedules.Multiplicative(30.0, 1.05, 1e5))
+    objective = get_objective("sphere", shift=2.0)
+    k_init, k_run = jax.random.split(jax.random.key(0))
+    x0 = jax.random.uniform(k_init, (1, 40, 3), minval=-3.0, maxval=3.0)
+    res = simulate(mirror_cbo(objective, cfg), x0, k_run, 50, num_runs=1, progress=False)
+    assert summary["best_energy"] == float(res.state.best_energy.min())
+    assert float(jax.numpy.linalg.norm(res.state.x, axis=-1).max()) <= 1 + 1e-6
+    # Started inside the ball, the best particle is feasible: at least the constrained minimum 3 (2 - 1/sqrt 3)^2.
+    inside = ["--particles", "100", "--steps", "1000", "--init-low", "-0.5", "--init-high", "0.5", "--no-progress"]
+    assert main(argv[:-5] + inside) == 0
+    best = _last_json(capsys.readouterr().out)["best_energy"]
+    assert 3 * (2 - 3 ** -0.5) ** 2 - 1e-4 <= best <= 3 * (2 - 3 ** -0.5) ** 2 + 0.2
+    assert main(["optimize", "--mirror-map", "L2", "--no-progress"]) == 2
+    assert "--mirror-map needs --dynamic mirror_cbo" in capsys.readouterr().err
