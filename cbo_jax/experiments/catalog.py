@@ -52,9 +52,9 @@ RECORDED: dict[str, Recorded] = {
         "100/100 successes (CBXpy, same process: 100/100)",
         "cbo-jax reproduce rastrigin-success --peer", "docs/features.md (Reproductions)", _D),
     "fedcbo-table1": Recorded(
-        "small scale (N=120, T=40, 3 seeds): FedCBO 92.19, IFCA 91.64, FedAvg 84.02, Local 81.32; "
+        "small scale (N=120, T=40, 3 seeds): FedCBO 92.18, IFCA 91.63, FedAvg 84.03, Local 81.32; "
         "SR 0.90 (oracle 0.917)",
-        _DATA + "cbo-jax reproduce fedcbo-table1 --scale small", "benchmarks/RESULTS.md", _D),
+        _DATA + "cbo-jax reproduce fedcbo-table1 --scale small", "benchmarks/RESULTS.md", "2026-11-24"),
     "fedcbo-noise": Recorded(
         "not reproducible as written; reproduced with γ_noise = 0.01. Small scale, 1 seed, T=10: as written none "
         "89.78, iso 0.01 19.11 (collapse), iso 0.05 10.84, aniso 0.01/0.05 89.78/89.77; γ_noise = 0.01: iso 0.01 "
