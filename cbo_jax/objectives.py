@@ -603,10 +603,12 @@ def jax_logsumexp(a):
     return jax.nn.logsumexp(a, axis=-1)
 
 
-_ALL: tuple[type[Objective], ...] = (Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang,
-                Himmelblau, ThreeHumpCamel, McCormick, Easom, Bukin6, CrossInTray, DropWave, HolderTable, Snowflake,
-                Eggholder, Michalewicz, RastriginMultimodal, AckleyMultimodal, AcceleratedSinus, NdSinus, P4thOrder,
-                Banana, Bimodal, Unimodal, GaussianMixture)
+_ALL: tuple[type[Objective], ...] = (
+    Rastrigin, RastriginNormalized, Ackley, Sphere, Quadratic, Rosenbrock, Griewank, StyblinskiTang, Himmelblau,
+    ThreeHumpCamel, McCormick, Easom, Bukin6, CrossInTray, DropWave, HolderTable, Snowflake, Eggholder, Michalewicz,
+    RastriginMultimodal, AckleyMultimodal, AcceleratedSinus, NdSinus, P4thOrder, Banana, Bimodal, Unimodal,
+    GaussianMixture,
+)
 OBJECTIVES: dict[str, Callable[..., Objective]] = {cls.name: cls for cls in _ALL}
 
 

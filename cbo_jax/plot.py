@@ -111,7 +111,9 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     finally:
         if bar is not None:
             bar.close()
-    dt: np.ndarray | float = np.asarray(state.params.dt, np.float64) if getattr(state, "params", None) is not None else np.nan
+    dt: np.ndarray | float = np.nan
+    if getattr(state, "params", None) is not None:
+        dt = np.asarray(state.params.dt, np.float64)
     step = np.asarray(steps)
     t = step * (dt if np.ndim(dt) == 0 else np.nan)
     return History(step=step, t=t, x=np.stack(xs), consensus=np.stack(ms), state=state)
