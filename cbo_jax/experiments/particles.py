@@ -408,7 +408,8 @@ CB2O = Experiment(
 
 def _add_coupling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="100,316,1000,3162,10000",
-                   help="comma-separated N, both classes together (default 1e2..1e4; on a GPU add 1e5 and more)")
+                   help="comma-separated N, both classes together (default 1e2..1e4); larger N need a larger "
+                        "--reference (1e6 with 1e8 took about 10 min on a 2-core CPU)")
     p.add_argument("--reference", type=float, default=1e6, help="size of the reference ensemble (default 1e6)")
     p.add_argument("--chunk", type=float, default=1e5,
                    help="particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)")
