@@ -64,3 +64,29 @@ def test_meanfield_coupling_slope_and_plot(tmp_path, capsys):
 def test_bad_input(tmp_path, capsys, argv, match):
     assert main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_meanfield_coupling_systems_depend_on_seed_and_n_alone(tmp_path, capsys, monkeypatch):
+    """An N-particle system starts and moves the same whatever --reference and the other sizes are,
+    so two runs with different R compare the reference's effect at equal N."""
+    import jax
+    import numpy as np
+
+    from cbo_jax import meanfield
+
+    seen = []
+    real = meanfield.coupling
+
+    def spy(dyn, x0, key, path, **kw):
+        seen.append((int(np.shape(x0.x)[1]), np.asarray(x0.x).copy(), np.asarray(jax.random.key_data(key))))
+        return real(dyn, x0, key, path, **kw)
+
+    monkeypatch.setattr(meanfield, "coupling", spy)
+    common = ["--steps", "3", "--seeds", "2", "--chunk", "0"]
+    _run(tmp_path / "a", capsys, "meanfield-coupling", "--sizes", "40,20", "--reference", "500", *common)
+    _run(tmp_path / "b", capsys, "meanfield-coupling", "--sizes", "80,20", "--reference", "900", *common)
+    (n_a, x_a, k_a), (n_b, x_b, k_b) = seen[1], seen[3]
+    assert n_a == n_b == 20
+    np.testing.assert_array_equal(x_a, x_b)
+    np.testing.assert_array_equal(k_a, k_b)
+    assert not np.array_equal(seen[0][1][:, :20], x_a)  # another N, another stream

@@ -409,7 +409,7 @@ CB2O = Experiment(
 def _add_coupling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="100,316,1000,3162,10000",
                    help="comma-separated N, both classes together (default 1e2..1e4); larger N need a larger "
-                        "--reference (1e6 with 1e8 took about 10 min on a 2-core CPU)")
+                        "--reference (1e6 with 1e8 took about 12 min on a 2-core CPU)")
     p.add_argument("--reference", type=float, default=1e6, help="size of the reference ensemble (default 1e6)")
     p.add_argument("--chunk", type=float, default=1e5,
                    help="particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)")
@@ -445,25 +445,30 @@ def run_coupling(args: argparse.Namespace) -> dict:
     sizes = [int(float(s)) for s in str(args.sizes).split(",") if s]
     n_ref = int(args.reference)
     chunk = int(args.chunk) or None
-    if len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1:
+    if (len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1
+            or args.seed < 0):
         raise ValueError("need at least two sizes N >= 2, --reference above the largest N, steps >= 1, seeds >= 1, "
-                         "dim >= 1")
+                         "dim >= 1, seed >= 0")
     if chunk is not None and n_ref % chunk:
         raise ValueError(f"--reference {n_ref} must be a multiple of --chunk {chunk} (or --chunk 0)")
     d, steps = args.dim, args.steps
     dyn = coupling_system(d, args.objective, args.sigma1, args.alpha)
-    rng = np.random.default_rng(args.seed)
+    # Stream 0 draws the reference ensemble, stream N the N-particle systems: a system's start and
+    # noise depend on (seed, N) alone, not on --reference or the other sizes, so runs with another R
+    # show the reference's effect at equal N.
+    key = jax.random.key(args.seed)
     t0 = time.perf_counter()
     # The reference ensemble: n_ref independent samples of ρ_0, its own Brownian motions.
     ref_dyn = coupling_system(d, args.objective, args.sigma1, args.alpha, chunk)
-    path = meanfield.reference_consensus(ref_dyn, _coupling_init(n_ref, d, rng), jax.random.key(10_000 + args.seed),
-                                         steps, progress=not args.no_progress, desc="reference")
+    path = meanfield.reference_consensus(ref_dyn, _coupling_init(n_ref, d, np.random.default_rng([args.seed, 0])),
+                                         jax.random.fold_in(key, 0), steps, progress=not args.no_progress,
+                                         desc="reference")
     print(f"reference ensemble R={n_ref:.0e}: {time.perf_counter() - t0:.1f} s", flush=True)
     sq = {}
     for n in sizes:
         t1 = time.perf_counter()
-        res = meanfield.coupling(dyn, _coupling_init(n, d, rng, args.seeds), jax.random.key(args.seed + n), path,
-                                 num_runs=args.seeds)
+        res = meanfield.coupling(dyn, _coupling_init(n, d, np.random.default_rng([args.seed, n]), args.seeds),
+                                 jax.random.fold_in(key, n), path, num_runs=args.seeds)
         sq[n] = np.asarray(res.sq_distance, np.float64)  # (seeds, T + 1)
         final = sq[n][:, -1]
         print(f"N={n}: E|θ_T - θ̄_T|² = {final.mean():.4g} ± {final.std(ddof=1) / np.sqrt(args.seeds):.2g} "
