@@ -2,8 +2,8 @@
 
 Covers the package's dependencies and its ``test`` extra: the set `.ci/min_versions.sh` installs
 to run the README's test command on the oldest versions the package says it supports. With
-``--extras docs,typecheck`` it prints those extras' bounds alone (the docs build and the type
-check run on them next). Every such requirement must carry a ``>=`` bound; one without is an
+``--extras docs,typecheck`` it prints those extras' bounds alone (`.ci/dev_floors.sh` runs mypy
+and the docs build on them). Every such requirement must carry a ``>=`` bound; one without is an
 error, so a new dependency cannot join untested.
 """
 

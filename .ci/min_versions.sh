@@ -2,9 +2,8 @@
 # The README's test command against the oldest versions pyproject.toml allows: Python 3.11 (this
 # machine's python3) and every dependency of the package and of its test extra pinned at its
 # lower bound (`.ci/floors.py` reads them from pyproject.toml, so a bound cannot be raised or
-# lowered without this check running on it); everything else as pip resolves it. Then the docs
-# build and mypy with the docs and typecheck extras at their lower bounds. Called by .ci/run; runs
-# on its own too.
+# lowered without this check running on it); everything else as pip resolves it. Called by
+# .ci/run; runs on its own too. The docs and typecheck extras' bounds: .ci/dev_floors.sh.
 #
 # Checks pinned bit for bit with the JAX the main run installs hold to stated rounding
 # tolerances here (tests/_stack.py).
@@ -22,21 +21,3 @@ echo "oldest versions: ${floors[*]}"
 python -m pip install --quiet -e ".[test]" "${floors[@]}"
 python -c "import sys, jax, flax, optax, orbax.checkpoint as o; print(f'Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, orbax-checkpoint {o.__version__}')"
 python -m pytest -q -p no:cacheprovider
-deactivate
-
-# The docs build and the type check with the lower bounds of their extras (sphinx, myst-parser,
-# furo, mypy), in a third environment with the package's dependencies as pip resolves them: these
-# are tools run on the source, not against the oldest jax (whose jaxlib ships without stubs). The
-# notebooks extra's bounds were checked by hand (docs/development.md, "Tested versions").
-dev_venv="$(mktemp -d)/venv"
-python3 -m venv "$dev_venv"
-# shellcheck disable=SC1091
-. "$dev_venv/bin/activate"
-python -m pip install --quiet --upgrade pip
-dev_lines="$(python .ci/floors.py --extras docs,typecheck)"
-mapfile -t dev_floors <<< "$dev_lines"
-echo "oldest docs and typecheck versions: ${dev_floors[*]}"
-python -m pip install --quiet -e ".[docs,typecheck]" "${dev_floors[@]}"
-python -m mypy --cache-dir "$(mktemp -d)"
-python -m sphinx -W --keep-going -q -b html docs "$(mktemp -d)/html"
-echo "docs and type check passed on their extras' lower bounds"

@@ -140,6 +140,7 @@ def test_every_help_text_prints_as_written():
     assert "20% attackers" in " ".join(reproduce.format_help().split())
 
 
+@pytest.mark.slow  # three CLI runs; CI runs it in the slow step
 def test_optimize_mirror_cbo_is_the_library_run(capsys):
     """`--dynamic mirror_cbo --mirror-map ProjectionBall` runs the same program as mirror_cbo with that map:
     equal best energy, and every particle in the unit ball although the minimiser lies outside it."""

@@ -66,6 +66,7 @@ def test_bad_input(tmp_path, capsys, argv, match):
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_meanfield_coupling_systems_depend_on_seed_and_n_alone(tmp_path, capsys, monkeypatch):
     """An N-particle system starts and moves the same whatever --reference and the other sizes are,
     so two runs with different R compare the reference's effect at equal N."""

@@ -77,8 +77,8 @@ def _floors_module():
 
 def test_every_requirement_has_the_lower_bound_ci_installs(tmp_path):
     """.ci/min_versions.sh installs exactly the lower bounds pyproject.toml states, for the dependencies and the
-    test extra, then for the docs and typecheck extras; a requirement without a lower bound is refused, so none
-    can join untested."""
+    test extra (.ci/dev_floors.sh those of the docs and typecheck extras); a requirement without a lower bound is
+    refused, so none can join untested."""
     module = _floors_module()
     floors = module.floors(ROOT / "pyproject.toml")
     pins = dict(f.split("==") for f in floors)
@@ -88,7 +88,7 @@ def test_every_requirement_has_the_lower_bound_ci_installs(tmp_path):
     bad.write_text('[project]\ndependencies = ["jax>=0.7.0", "optax"]\n[project.optional-dependencies]\ntest = []\n')
     with pytest.raises(SystemExit, match="optax: no lower bound"):
         module.floors(bad)
-    # The docs build and the type check run on their extras' bounds next (min_versions.sh).
+    # The docs build and the type check on their extras' bounds (.ci/dev_floors.sh).
     dev = dict(f.split("==") for f in module.floors(ROOT / "pyproject.toml", ("docs", "typecheck")))
     assert set(dev) == {"sphinx", "myst-parser", "furo", "mypy"}
     with pytest.raises(SystemExit, match="no extra named nope"):
