@@ -185,7 +185,10 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+        from cbo_jax._provenance import environment
+
+        recorded = {**summary, "environment": environment()}
+        (args.output / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
         np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
         print(f"saved          {args.output}/summary.json, history.npz")
     print(json.dumps(_json_safe(summary)))
@@ -296,7 +299,10 @@ def _cmd_reproduce(args) -> int:
     with ResultsDir(out_dir, overwrite=args.overwrite, owned=None):  # the whole directory is this reproduction's
         result = exp.run(args)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
-        (out_dir / "summary.json").write_text(json.dumps(_json_safe(result), indent=2) + "\n")
+        from cbo_jax._provenance import environment
+
+        recorded = {**result, "environment": environment()}
+        (out_dir / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
     print(json.dumps(_json_safe(result)))
     return 0
@@ -374,9 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
+    from cbo_jax import _provenance
+
     try:
         _maybe_initialize_distributed(args)
-        return args.func(args)
+        # summary.json records this command line (also when main() is called from Python)
+        with _provenance.command(["cbo-jax", *(sys.argv[1:] if argv is None else argv)]):
+            return args.func(args)
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 2

@@ -171,7 +171,8 @@ def _kv_table(obj: dict) -> tuple[list[str], list[list[str]]]:
 
 
 def _comparison(children: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]] | None:
-    flats = [(name, flatten(s)) for name, s in children]
+    # The environment block (versions, device, command) is shown per run, not compared.
+    flats = [(name, flatten({k: v for k, v in s.items() if k != "environment"})) for name, s in children]
     shared = [k for k, v in flats[0][1].items()
               if isinstance(v, (int, float)) and not isinstance(v, bool)
               and all(isinstance(f.get(k), (int, float)) and not isinstance(f.get(k), bool) for _, f in flats[1:])]

@@ -23,7 +23,10 @@ def test_optimize_prints_summary_and_saves(tmp_path, capsys):
     summary = _last_json(capsys.readouterr().out)
     assert summary["runs"] == 3 and summary["steps"] == 300
     assert summary["best_energy"] < 1e-2
-    assert json.loads((tmp_path / "summary.json").read_text())["objective"] == "sphere"
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["objective"] == "sphere"
+    assert saved["environment"]["command"].startswith("cbo-jax optimize --objective sphere --dim 5")
+    assert "environment" not in summary  # the printed line is the result alone
     assert (tmp_path / "history.npz").exists()
 
 
@@ -65,7 +68,9 @@ def test_reproduce_rastrigin_success_small(tmp_path, capsys):
     result = _last_json(capsys.readouterr().out)
     assert result["experiment"] == "rastrigin-success"
     assert result["successes"] >= 9
-    assert json.loads((tmp_path / "summary.json").read_text())["successes"] == result["successes"]
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["successes"] == result["successes"]
+    assert saved["environment"]["command"] == f"cbo-jax reproduce rastrigin-success --runs 10 --no-progress --output {tmp_path}"
 
 
 def test_readme_has_exactly_two_setup_commands():

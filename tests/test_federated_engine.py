@@ -88,6 +88,8 @@ def test_registry_contract(name, tmp_path):
     rows = lambda d: [{k: v for k, v in json.loads(x).items() if k != "elapsed_s"}  # noqa: E731
                       for x in (d / "metrics.jsonl").read_text().splitlines()]
     assert rows(tmp_path / "full") == rows(tmp_path / "part")
+    env = json.loads((tmp_path / "part" / "summary.json").read_text())["environment"]  # provenance, not fingerprint
+    assert env["jax"] == jax.__version__ and env["backend"] == jax.default_backend()
 
 
 @pytest.mark.slow

@@ -9,8 +9,9 @@ functions passed in (:mod:`cbo_jax.federated.metrics`).
 
 With ``out``, the run leaves a results directory: ``metrics.jsonl`` (one row per
 round; TensorBoard event files too with ``tensorboard=True``), ``config.json``,
-``summary.json`` and ``metrics.png`` (every scalar curve), and checkpoints with
-``checkpoint_every``.
+``summary.json`` (final numbers, and under ``"environment"`` the versions, device and
+command that produced them: ``cbo_jax._provenance``) and ``metrics.png`` (every scalar
+curve), and checkpoints with ``checkpoint_every``.
 
 With ``mesh``, every per-agent array of the data and of the state (the fields the
 state lists in ``agent_fields``) is split over the devices and the jitted rounds run
@@ -37,6 +38,7 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
+from cbo_jax._provenance import environment
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -270,7 +272,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
     if out is not None:
-        (out / "summary.json").write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+        recorded = {**summary, "environment": environment()}
+        (out / "summary.json").write_text(json.dumps(json_safe(recorded), indent=2) + "\n")
         if plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
     return RunResult(lay.unpad_state(state), history, summary)

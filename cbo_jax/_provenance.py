@@ -1,0 +1,109 @@
+"""Where and with what a result was computed: the ``environment`` block of ``summary.json``.
+
+Every results directory the command line and :func:`cbo_jax.federated.run` write holds a
+``summary.json``; :func:`environment` is recorded in it under ``"environment"`` so that a
+number read months later (or on another machine, or from a GPU) says which code, which
+JAX, which device and which command produced it:
+
+* ``cbo_jax``, ``jax``, ``jaxlib``, ``numpy``, ``python``: versions;
+* ``backend``, ``device_kind``, ``device_count``, ``process_count``, ``x64``: the JAX
+  runtime the numbers come from (``device_kind`` is the first device's, as
+  ``benchmarks/gpu_suite.py`` names it);
+* ``cpu_count``, ``platform``: the host;
+* ``command``: the command line, as a shell would take it back (``cbo-jax ...`` for the
+  command line, also when :func:`cbo_jax.cli.main` is called from Python; else ``sys.argv``);
+* ``date_utc``: when the summary was written;
+* ``git_commit`` and ``git_dirty``: only when the package is imported from a git
+  checkout (an editable install of a clone); ``git_dirty`` says tracked files differ
+  from that commit, so the commit alone does not reproduce the run.
+
+Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["command", "environment", "git_state"]
+
+_COMMAND: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("cbo_jax_command", default=None)
+
+
+@contextlib.contextmanager
+def command(argv: list[str]) -> Iterator[None]:
+    """Within the block, :func:`environment` records ``argv`` as the command (the CLI sets it)."""
+    token = _COMMAND.set(list(argv))
+    try:
+        yield
+    finally:
+        _COMMAND.reset(token)
+
+
+def git_state(path: str | Path | None = None) -> dict[str, Any]:
+    """``{"git_commit": sha, "git_dirty": bool}`` of the checkout holding ``path``, or ``{}``.
+
+    ``path`` defaults to this package's directory; ``{}`` when it is not in a git work
+    tree (an installed wheel), git is missing, or git does not answer within 5 s.
+    """
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    if not any((p / ".git").exists() for p in (where, *where.parents)):
+        return {}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=5,
+                              check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {"git_commit": commit, "git_dirty": dirty}
+
+
+def environment(argv: list[str] | None = None) -> dict[str, Any]:
+    """The environment block recorded in ``summary.json`` (see the module docstring).
+
+    Args:
+      argv: the command line to record (default: the one :func:`command` set, else
+        ``sys.argv`` with the program's base name).
+    """
+    import jax
+    import jaxlib
+    import numpy as np
+
+    from cbo_jax import __version__
+
+    if argv is None:
+        argv = _COMMAND.get() or sys.argv
+    argv = list(argv)
+    if argv:
+        argv[0] = os.path.basename(argv[0])
+    devices = jax.devices()
+    env: dict[str, Any] = {
+        "cbo_jax": __version__,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind,
+        "device_count": jax.device_count(),
+        "process_count": jax.process_count(),
+        "x64": jax.dtypes.canonicalize_dtype(np.float64) == np.float64,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(terse=True),
+        "command": shlex.join(argv),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    env.update(git_state())
+    return env
