@@ -82,6 +82,7 @@ if F64_WORKER:
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
+from cbo_jax.provenance import environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -235,17 +236,9 @@ def time_interleaved(dyn, x0: np.ndarray, steps: int, pairs: int, counter: _Comp
 
 
 def device_string() -> str:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = jax.devices()[0]
-    return f"{dev.platform.upper()} ({cpu}, {os.cpu_count()} cores), jax device {dev.device_kind}"
+    from cbo_jax.provenance import describe
+
+    return describe()
 
 
 def _fmt_rate(r):
@@ -421,6 +414,7 @@ def main(argv=None):
         "repeats": repeats,
         "quick": bool(args.quick),
         "device": device_string(),
+        "environment": environment(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "jaxlib_version": importlib.metadata.version("jaxlib"),

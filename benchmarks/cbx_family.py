@@ -56,7 +56,6 @@ import datetime
 import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -72,6 +71,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
+from cbo_jax.provenance import environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -267,17 +267,9 @@ def step_diffs(quick: bool) -> dict:
 
 
 def device_string() -> str:
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    dev = jax.devices()[0]
-    return f"{dev.platform.upper()} ({cpu}, {os.cpu_count()} cores), jax device {dev.device_kind}"
+    from cbo_jax.provenance import describe
+
+    return describe()
 
 
 def main(argv=None):
@@ -428,6 +420,7 @@ def main(argv=None):
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
         "device": device_string(),
+        "environment": environment(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "cbx_version": importlib.metadata.version("cbx"),

@@ -41,6 +41,7 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
+from cbo_jax.provenance import describe, environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -149,7 +150,8 @@ def main(argv=None) -> int:
         "N": last["N"],
         "speedup_vs_numpy": last.get("speedup_vs_numpy"),
         "K": K, "d": D,
-        "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
+        "device": describe(),
+        "environment": environment(),
         "jax_version": jax.__version__,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),

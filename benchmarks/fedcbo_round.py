@@ -114,7 +114,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import sys
 import time
 
@@ -132,6 +131,7 @@ from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_keys, agent_loss, local_train, make_optimizer
 from cbo_jax.federated.metrics import _agent_eval_impl, _grouped_eval_impl
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
+from cbo_jax.provenance import describe, environment
 
 N_SAMPLES = 200
 IN, HID, OUT = 784, 200, 10
@@ -273,17 +273,6 @@ def load_avg() -> str:
         return "n/a"
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def make_data(kind: str, n_agents: int, seed: int) -> AgentData:
     if kind == "synthetic":
         rng = np.random.default_rng(seed)
@@ -396,8 +385,9 @@ def main(argv=None) -> dict:
 
     t_start = time.perf_counter()
     load_start = load_avg()
+    env = environment()
     print(f"# FedCBO round cost  {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# {cpu_name()}, {os.cpu_count()} cores, jax {jax.__version__} ({jax.devices()[0].platform}), load avg {load_start}")
+    print(f"# {describe(env)}, jax {jax.__version__}, load avg {load_start}")
     print(f"# N={n_agents} M={m} n={N_SAMPLES} tau={tau} B={args.batch_size} lr={args.lr} momentum={args.momentum} "
           f"data={args.data} repeats={repeats} (min reported) setting={args.setting} test images/cluster={test_size}")
 
@@ -631,8 +621,9 @@ def main(argv=None) -> dict:
         "checks": checks,
         "load_avg_start": load_start,
         "load_avg_end": load_end,
-        "device": f"{cpu_name()}, {os.cpu_count()} cores",
+        "device": describe(env),
         "jax": jax.__version__,
+        "environment": env,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
     }
     line = json.dumps(result)

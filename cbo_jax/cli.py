@@ -185,7 +185,7 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        from cbo_jax._provenance import environment
+        from cbo_jax.provenance import environment
 
         recorded = {**summary, "environment": environment()}
         (args.output / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
@@ -299,7 +299,7 @@ def _cmd_reproduce(args) -> int:
     with ResultsDir(out_dir, overwrite=args.overwrite, owned=None):  # the whole directory is this reproduction's
         result = exp.run(args)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
-        from cbo_jax._provenance import environment
+        from cbo_jax.provenance import environment
 
         recorded = {**result, "environment": environment()}
         (out_dir / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
@@ -380,12 +380,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
-    from cbo_jax import _provenance
+    from cbo_jax import provenance
 
     try:
         _maybe_initialize_distributed(args)
         # summary.json records this command line (also when main() is called from Python)
-        with _provenance.command(["cbo-jax", *(sys.argv[1:] if argv is None else argv)]):
+        with provenance.command(["cbo-jax", *(sys.argv[1:] if argv is None else argv)]):
             return args.func(args)
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)

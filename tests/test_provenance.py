@@ -9,26 +9,26 @@ import numpy as np
 import pytest
 
 import cbo_jax
-from cbo_jax import _provenance
+from cbo_jax import provenance
 from cbo_jax.report import render
 
 
 def test_environment_names_versions_device_and_command():
-    env = _provenance.environment(["/usr/bin/prog", "a b", "--x=1"])
+    env = provenance.environment(["/usr/bin/prog", "a b", "--x=1"])
     assert env["cbo_jax"] == cbo_jax.__version__ and env["jax"] == jax.__version__ and env["numpy"] == np.__version__
     assert env["backend"] == jax.default_backend() and env["device_kind"] == jax.devices()[0].device_kind
     assert env["device_count"] == jax.device_count() and env["process_count"] == 1
     assert env["command"] == "prog 'a b' --x=1"  # shell-quoted, program by its base name
-    assert env["date_utc"].endswith("+00:00")
+    assert env["date_utc"].endswith("+00:00") and env["cpu_model"]
     json.dumps(env)  # plain JSON
-    with _provenance.command(["cbo-jax", "demo"]):
-        assert _provenance.environment()["command"] == "cbo-jax demo"
-    assert _provenance.environment()["command"] != "cbo-jax demo"  # reset after the block
+    with provenance.command(["cbo-jax", "demo"]):
+        assert provenance.environment()["command"] == "cbo-jax demo"
+    assert provenance.environment()["command"] != "cbo-jax demo"  # reset after the block
 
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_git_state_of_a_checkout(tmp_path):
-    assert _provenance.git_state(tmp_path) == {}  # not a work tree
+    assert provenance.git_state(tmp_path) == {}  # not a work tree
     git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
     git("init", "-q")
     (tmp_path / "f.txt").write_text("1")
@@ -36,20 +36,27 @@ def test_git_state_of_a_checkout(tmp_path):
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
     sha = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     (tmp_path / "sub").mkdir()
-    assert _provenance.git_state(tmp_path / "sub") == {"git_commit": sha, "git_dirty": False}
+    assert provenance.git_state(tmp_path / "sub") == {"git_commit": sha, "git_dirty": False}
     (tmp_path / "new.txt").write_text("untracked files do not count")
-    assert _provenance.git_state(tmp_path)["git_dirty"] is False
+    assert provenance.git_state(tmp_path)["git_dirty"] is False
     (tmp_path / "f.txt").write_text("2")
-    assert _provenance.git_state(tmp_path) == {"git_commit": sha, "git_dirty": True}
+    assert provenance.git_state(tmp_path) == {"git_commit": sha, "git_dirty": True}
 
 
 def test_report_compares_results_not_environments(tmp_path):
     for name, acc, devices in (("a", 90.0, 1), ("b", 80.0, 8)):
         d = tmp_path / name
         d.mkdir()
-        env = {**_provenance.environment(), "device_count": devices}
+        env = {**provenance.environment(), "device_count": devices}
         (d / "summary.json").write_text(json.dumps({"final_test_acc": acc, "environment": env}))
     page = render(tmp_path, fmt="md").read_text()
     table = [line for line in page.splitlines() if line.startswith("| run")]
     assert table and "final_test_acc" in table[0] and "environment" not in table[0]
     assert "environment.device_count" in page  # each run's own table still shows it
+
+
+def test_describe_is_one_line_naming_the_device():
+    env = provenance.environment()
+    line = provenance.describe(env)
+    assert line.startswith(env["backend"].upper() + " (") and line.endswith(f"jax device {env['device_kind']}")
+    assert f"{env['cpu_count']} cores" in line and env["cpu_model"] in line

@@ -10,7 +10,7 @@ functions passed in (:mod:`cbo_jax.federated.metrics`).
 With ``out``, the run leaves a results directory: ``metrics.jsonl`` (one row per
 round; TensorBoard event files too with ``tensorboard=True``), ``config.json``,
 ``summary.json`` (final numbers, and under ``"environment"`` the versions, device and
-command that produced them: ``cbo_jax._provenance``) and ``metrics.png`` (every scalar
+command that produced them: ``cbo_jax.provenance``) and ``metrics.png`` (every scalar
 curve), and checkpoints with ``checkpoint_every``.
 
 With ``mesh``, every per-agent array of the data and of the state (the fields the
@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
-from cbo_jax._provenance import environment
+from cbo_jax.provenance import environment
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm

@@ -9,7 +9,7 @@ JAX, which device and which command produced it:
 * ``backend``, ``device_kind``, ``device_count``, ``process_count``, ``x64``: the JAX
   runtime the numbers come from (``device_kind`` is the first device's, as
   ``benchmarks/gpu_suite.py`` names it);
-* ``cpu_count``, ``platform``: the host;
+* ``cpu_model``, ``cpu_count``, ``platform``: the host;
 * ``command``: the command line, as a shell would take it back (``cbo-jax ...`` for the
   command line, also when :func:`cbo_jax.cli.main` is called from Python; else ``sys.argv``);
 * ``date_utc``: when the summary was written;
@@ -18,6 +18,14 @@ JAX, which device and which command produced it:
   from that commit, so the commit alone does not reproduce the run.
 
 Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
+Scripts of one's own can record the same block (``json.dump({..., "environment":
+environment()}, f)``); :func:`describe` is its one-line form for tables, as the benchmarks
+print it.
+
+>>> from cbo_jax.provenance import environment, describe
+>>> env = environment()
+>>> env["backend"] in ("cpu", "gpu", "tpu")
+True
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["command", "environment", "git_state"]
+__all__ = ["command", "cpu_model", "describe", "environment", "git_state"]
 
 _COMMAND: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("cbo_jax_command", default=None)
 
@@ -70,6 +78,25 @@ def git_state(path: str | Path | None = None) -> dict[str, Any]:
     return {"git_commit": commit, "git_dirty": dirty}
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo`` on Linux, else :func:`platform.processor`)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def describe(env: dict[str, Any] | None = None) -> str:
+    """One line for a results table: ``"CPU (<model>, 2 cores), jax device cpu"``."""
+    env = environment() if env is None else env
+    return (f"{env['backend'].upper()} ({env['cpu_model']}, {env['cpu_count']} cores), "
+            f"jax device {env['device_kind']}")
+
+
 def environment(argv: list[str] | None = None) -> dict[str, Any]:
     """The environment block recorded in ``summary.json`` (see the module docstring).
 
@@ -100,6 +127,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
         "x64": jax.dtypes.canonicalize_dtype(np.float64) == np.float64,
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(terse=True),
         "command": shlex.join(argv),
