@@ -5,7 +5,9 @@ Every run of cbo_jax writes plain files: ``summary.json`` (final numbers),
 :func:`render` walks a results directory and turns them into a single document:
 
 * one section per directory that holds results, in path order;
-* its ``summary.json`` (and any other ``*.json`` object) as a key/value table;
+* its ``summary.json`` (and any other ``*.json`` object) as a key/value table, with the
+  ``environment`` block (:mod:`cbo_jax.provenance`) as one line above it: command,
+  versions, device, commit, date;
 * when the directory's sub-directories each hold a ``summary.json`` (methods of one
   comparison, seeds of one method), a comparison table with one row per sub-directory
   over the numbers they share;
@@ -170,6 +172,30 @@ def _kv_table(obj: dict) -> tuple[list[str], list[list[str]]]:
     return ["key", "value"], rows
 
 
+def _provenance_line(env: dict) -> str:
+    """A summary's ``environment`` block (:mod:`cbo_jax.provenance`) as one sentence."""
+    parts = []
+    if env.get("command"):
+        parts.append(f"`{env['command']}`")
+    versions = ", ".join(f"{name} {env[key]}" for key, name in (("cbo_jax", "cbo_jax"), ("jax", "JAX"),
+                                                                 ("jaxlib", "jaxlib")) if env.get(key))
+    if versions:
+        parts.append(versions)
+    if env.get("backend"):
+        host = ", ".join(str(x) for x in (env.get("cpu_model"), env.get("cpu_count") and f"{env['cpu_count']} cores")
+                         if x)
+        kind = str(env.get("device_kind", ""))
+        device = env["backend"].upper() + (f" {kind}" if kind.lower() != env["backend"] else "")
+        if env.get("device_count", 1) != 1:
+            device += f" x {env['device_count']}"
+        parts.append(device + (f" (host: {host})" if host else ""))
+    if env.get("git_commit"):
+        parts.append(f"commit {str(env['git_commit'])[:10]}" + (" with uncommitted changes" if env.get("git_dirty") else ""))
+    if env.get("date_utc"):
+        parts.append(str(env["date_utc"]))
+    return "Produced by " + "; ".join(parts) + "." if parts else "Produced by: (no environment recorded)."
+
+
 def _comparison(children: list[tuple[str, dict]]) -> tuple[list[str], list[list[str]]] | None:
     # The environment block (versions, device, command) is shown per run, not compared.
     flats = [(name, flatten({k: v for k, v in s.items() if k != "environment"})) for name, s in children]
@@ -224,8 +250,14 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
         for js in sorted(d.glob("*.json")):
             obj = _read_json(js)
             if isinstance(obj, dict) and obj:
+                env = obj.get("environment")
+                if isinstance(env, dict):
+                    obj = {k: v for k, v in obj.items() if k != "environment"}
                 section.append(("p", f"`{js.name}`"))
-                section.append(("table", *_kv_table(obj)))
+                if isinstance(env, dict):
+                    section.append(("p", _provenance_line(env)))
+                if obj:
+                    section.append(("table", *_kv_table(obj)))
         kids = [c for c in sorted(d.iterdir()) if c.is_dir() and c.name not in _SKIP_DIRS]
         summaries = [(c.name, s) for c in kids if isinstance(s := _read_json(c / "summary.json"), dict)]
         if len(summaries) >= 2:

@@ -52,7 +52,10 @@ def test_report_compares_results_not_environments(tmp_path):
     page = render(tmp_path, fmt="md").read_text()
     table = [line for line in page.splitlines() if line.startswith("| run")]
     assert table and "final_test_acc" in table[0] and "environment" not in table[0]
-    assert "environment.device_count" in page  # each run's own table still shows it
+    assert "environment." not in page  # each run's block is one line above its table
+    env = provenance.environment()
+    assert page.count(f"Produced by `{env['command']}`; cbo_jax {env['cbo_jax']}, JAX {env['jax']}") == 2
+    assert "x 8 (host: " in page and env["date_utc"][:10] in page
 
 
 def test_describe_is_one_line_naming_the_device():
