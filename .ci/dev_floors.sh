@@ -7,15 +7,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-dev_venv="$(mktemp -d)/venv"
-python3 -m venv "$dev_venv"
-# shellcheck disable=SC1091
-. "$dev_venv/bin/activate"
-python -m pip install --quiet --upgrade pip
-dev_lines="$(python .ci/floors.py --extras docs,typecheck)"
-mapfile -t dev_floors <<< "$dev_lines"
-echo "oldest docs and typecheck versions: ${dev_floors[*]}"
-python -m pip install --quiet -e ".[docs,typecheck]" "${dev_floors[@]}"
+# shellcheck source=.ci/_venv.sh
+. .ci/_venv.sh
+fresh_venv
+read_floors --extras docs,typecheck
+echo "oldest docs and typecheck versions: ${floors[*]}"
+python -m pip install --quiet -e ".[docs,typecheck]" "${floors[@]}"
 python -m mypy --cache-dir "$(mktemp -d)"
 python -m sphinx -W --keep-going -q -b html docs "$(mktemp -d)/html"
 echo "docs and type check passed on their extras' lower bounds"

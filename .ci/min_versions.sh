@@ -10,13 +10,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv="$(mktemp -d)/venv"
-python3 -m venv "$venv"
-# shellcheck disable=SC1091
-. "$venv/bin/activate"
-python -m pip install --quiet --upgrade pip
-floor_lines="$(python .ci/floors.py)"  # fails the step on a requirement without a lower bound
-mapfile -t floors <<< "$floor_lines"
+# shellcheck source=.ci/_venv.sh
+. .ci/_venv.sh
+fresh_venv
+read_floors
 echo "oldest versions: ${floors[*]}"
 python -m pip install --quiet -e ".[test]" "${floors[@]}"
 python -c "import sys, jax, flax, optax, orbax.checkpoint as o; print(f'Python {sys.version.split()[0]}, jax {jax.__version__}, flax {flax.__version__}, optax {optax.__version__}, orbax-checkpoint {o.__version__}')"
