@@ -13,9 +13,9 @@ JAX, which device and which command produced it:
 * ``command``: the command line, as a shell would take it back (``cbo-jax ...`` for the
   command line, also when :func:`cbo_jax.cli.main` is called from Python; else ``sys.argv``);
 * ``date_utc``: when the summary was written;
-* ``git_commit`` and ``git_dirty``: only when the package is imported from a git
-  checkout (an editable install of a clone); ``git_dirty`` says tracked files differ
-  from that commit, so the commit alone does not reproduce the run.
+* ``git_commit`` and ``git_dirty``: only when the package is imported from the root of
+  a git checkout (an editable install of a clone); ``git_dirty`` says tracked files
+  differ from that commit, so the commit alone does not reproduce the run.
 
 Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
 Scripts of one's own can record the same block (``json.dump({..., "environment":
@@ -57,13 +57,16 @@ def command(argv: list[str]) -> Iterator[None]:
 
 
 def git_state(path: str | Path | None = None) -> dict[str, Any]:
-    """``{"git_commit": sha, "git_dirty": bool}`` of the checkout holding ``path``, or ``{}``.
+    """``{"git_commit": sha, "git_dirty": bool}`` of the git work tree whose top level is ``path``, or ``{}``.
 
-    ``path`` defaults to this package's directory; ``{}`` when it is not in a git work
-    tree (an installed wheel), git is missing, or git does not answer within 5 s.
+    ``path`` defaults to the directory above this package, which is the clone's root for
+    an editable install of a clone. ``{}`` when ``path`` is not the top of a work tree
+    (an installed wheel, even in a virtual environment that sits inside some other
+    repository), git is missing, or git does not answer within 5 s. ``git_dirty``: a
+    tracked file differs from the commit (untracked files do not count).
     """
-    where = Path(path) if path is not None else Path(__file__).resolve().parent
-    if not any((p / ".git").exists() for p in (where, *where.parents)):
+    where = Path(path) if path is not None else Path(__file__).resolve().parents[1]
+    if not (where / ".git").exists():
         return {}
 
     def git(*args: str) -> str:

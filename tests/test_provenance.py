@@ -35,8 +35,9 @@ def test_git_state_of_a_checkout(tmp_path):
     git("add", "f.txt")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
     sha = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    (tmp_path / "sub").mkdir()
-    assert provenance.git_state(tmp_path / "sub") == {"git_commit": sha, "git_dirty": False}
+    assert provenance.git_state(tmp_path) == {"git_commit": sha, "git_dirty": False}
+    (tmp_path / "venv" / "site-packages").mkdir(parents=True)  # an install inside someone else's repository
+    assert provenance.git_state(tmp_path / "venv" / "site-packages") == {}
     (tmp_path / "new.txt").write_text("untracked files do not count")
     assert provenance.git_state(tmp_path)["git_dirty"] is False
     (tmp_path / "f.txt").write_text("2")
