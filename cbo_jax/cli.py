@@ -384,6 +384,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _maybe_initialize_distributed(args)
+        from cbo_jax import compilation_cache
+
+        compilation_cache.enable()  # compiled programs reused by the next run (CBO_JAX_COMPILATION_CACHE=0: off)
         # summary.json records this command line (also when main() is called from Python)
         with provenance.command(["cbo-jax", *(sys.argv[1:] if argv is None else argv)]):
             return args.func(args)

@@ -8,7 +8,8 @@ JAX, which device and which command produced it:
 * ``cbo_jax``, ``jax``, ``jaxlib``, ``numpy``, ``python``: versions;
 * ``backend``, ``device_kind``, ``device_count``, ``process_count``, ``x64``: the JAX
   runtime the numbers come from (``device_kind`` is the first device's, as
-  ``benchmarks/gpu_suite.py`` names it);
+  ``benchmarks/gpu_suite.py`` names it); ``compilation_cache``: the persistent
+  compilation cache's directory, or ``None`` (:mod:`cbo_jax.compilation_cache`);
 * ``cpu_model``, ``cpu_count``, ``platform``: the host;
 * ``command``: the command line, as a shell would take it back (``cbo-jax ...`` for the
   command line, also when :func:`cbo_jax.cli.main` is called from Python; else ``sys.argv``);
@@ -130,6 +131,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
         "x64": jax.dtypes.canonicalize_dtype(np.float64) == np.float64,
+        "compilation_cache": jax.config.jax_compilation_cache_dir,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(terse=True),

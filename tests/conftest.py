@@ -2,6 +2,9 @@ import os
 
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads twice over.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The cbo-jax command's persistent compilation cache stays off in tests (also in the commands they start):
+# tests that count compilations must see every one, and a test run writes nothing under ~/.cache.
+os.environ["CBO_JAX_COMPILATION_CACHE"] = "0"
 
 # Property tests (tests/test_properties.py): in CI every run draws the same examples, so a
 # submission never fails on a case no earlier run saw; elsewhere they are drawn anew.

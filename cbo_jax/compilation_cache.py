@@ -1,0 +1,85 @@
+"""JAX's persistent compilation cache, on by default for the ``cbo-jax`` command.
+
+A run spends much of its first minute compiling: the demo's two-round run took about
+90 s on a 2-core CPU, of which about 60 s went to XLA compilations that are the same
+from one run to the next. With the persistent cache, XLA's compiled programs are
+written to disk and read back by the next process that compiles the same program (same
+shapes, same configuration, same JAX and jaxlib), and the same run took 30 s
+(``benchmarks/RESULTS_reliability.md``, "Compilation cache"). The results are the same:
+the cache stores compiled programs, not results.
+
+The ``cbo-jax`` command turns it on (:func:`enable`) before any work, at
+
+* ``$CBO_JAX_COMPILATION_CACHE`` if that is set to a directory; the values ``0``,
+  ``off``, ``false`` and ``no`` turn the cache off for the command;
+* else JAX's own ``JAX_COMPILATION_CACHE_DIR`` (or ``jax_compilation_cache_dir``), which
+  is left as the user set it;
+* else ``$XDG_CACHE_HOME/cbo_jax/xla`` (``~/.cache/cbo_jax/xla``).
+
+Its size is capped (``max_size``, 2 GiB by default; JAX evicts the least recently used
+programs beyond it) where the ``filelock`` package is installed, which JAX's eviction
+needs; without it the cache grows without a cap (a compiled program takes 2–250 kB in the demo;
+delete the directory to empty it). Only compilations that took at least JAX's
+``jax_persistent_cache_min_compile_time_secs`` (1 s by default) are stored. Scripts and
+notebooks call :func:`enable` themselves; importing :mod:`cbo_jax` changes no JAX
+setting. The test suite turns the cache off (``tests/conftest.py``), so that tests which
+count compilations see every one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+from pathlib import Path
+
+__all__ = ["ENV", "default_dir", "enable"]
+
+ENV = "CBO_JAX_COMPILATION_CACHE"
+_OFF = ("0", "off", "false", "no")
+
+
+def default_dir() -> Path | None:
+    """Where :func:`enable` puts the cache when not told: ``None`` when ``$CBO_JAX_COMPILATION_CACHE`` is off."""
+    value = os.environ.get(ENV, "").strip()
+    if value.lower() in _OFF:
+        return None
+    if value:
+        return Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cbo_jax" / "xla"
+
+
+def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path | None:
+    """Turn on JAX's persistent compilation cache; returns its directory, or ``None`` if it stays off.
+
+    Call it before the first compilation of the process (JAX reads the setting once).
+
+    Args:
+      path: the cache directory. Default: a directory JAX already uses (its own
+        ``jax_compilation_cache_dir`` setting wins), else :func:`default_dir`.
+      max_size: the cache's size limit in bytes (least recently used programs are
+        evicted beyond it; needs the ``filelock`` package, else there is no limit);
+        ``-1``: no limit.
+
+    A directory that cannot be created leaves the cache off, with a warning; the run goes
+    on as without it.
+    """
+    import jax
+
+    current = jax.config.jax_compilation_cache_dir
+    if path is None and current:
+        return Path(current)
+    target = Path(path).expanduser() if path is not None else default_dir()
+    if target is None:
+        return None
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        warnings.warn(f"compilation cache off: cannot create {target} ({err.strerror or err}); set {ENV} to a "
+                      f"writable directory, or to 0 to silence this", stacklevel=2)
+        return None
+    jax.config.update("jax_compilation_cache_dir", str(target))
+    if max_size >= 0 and importlib.util.find_spec("filelock") is not None:  # JAX needs filelock to evict
+        jax.config.update("jax_compilation_cache_max_size", int(max_size))
+    return target
