@@ -260,6 +260,8 @@ def simulate(
                     _write_rows(writer, rec, done, stride)
                 done += length
                 if bar is not None:
+                    # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
+                    jax.block_until_ready(state)
                     bar.update(length)
                     if hasattr(state, "best_energy"):
                         bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")

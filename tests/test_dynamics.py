@@ -266,3 +266,34 @@ def test_batched_run_r_equals_the_single_run_from_split_key_r(rng):
             alone = cj.simulate(dyn, x0[r], jax.random.split(key, 3)[r], 20)
             np.testing.assert_allclose(np.asarray(alone.state.x), np.asarray(both.state.x[r]), rtol=0,
                                        atol=0.0 if on_pinned_jax() else 1e-12)
+
+
+def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
+    """The bar moves when a chunk's steps are computed, not when they are queued (dispatch is asynchronous)."""
+    import importlib
+
+    sim = importlib.import_module("cbo_jax.simulate")  # the module (cbo_jax.simulate is also the function)
+    seen, current = [], {}
+
+    class Bar:
+        def update(self, n):
+            seen.append((n, current["state"].x.is_ready()))
+
+        def set_postfix(self, **kw):
+            pass
+
+        def close(self):
+            pass
+
+    run_chunk = sim._run_chunk
+
+    def spy(state, **kw):
+        current["state"], rec = run_chunk(state, **kw)
+        return current["state"], rec
+
+    monkeypatch.setattr(sim, "_progress_bar", lambda total, desc: Bar())
+    monkeypatch.setattr(sim, "_run_chunk", spy)
+    dyn = cj.cbo(objectives.Rastrigin(), cj.CBOConfig(sigma1=1.0, dt=0.01, alpha=30.0))
+    x0 = jax.random.uniform(jax.random.key(0), (2000, 20), minval=-3, maxval=3)
+    cj.simulate(dyn, x0, jax.random.key(1), 60, chunk_size=20, progress=True)
+    assert seen == [(20, True)] * 3

@@ -462,7 +462,7 @@ def run_coupling(args: argparse.Namespace) -> dict:
     ref_dyn = coupling_system(d, args.objective, args.sigma1, args.alpha, chunk)
     path = meanfield.reference_consensus(ref_dyn, _coupling_init(n_ref, d, np.random.default_rng([args.seed, 0])),
                                          jax.random.fold_in(key, 0), steps, progress=not args.no_progress,
-                                         desc="reference")
+                                         desc="reference", chunk_size=max(1, steps // 20))  # 20 bar updates
     print(f"reference ensemble R={n_ref:.0e}: {time.perf_counter() - t0:.1f} s", flush=True)
     sq = {}
     for n in sizes:
