@@ -62,8 +62,8 @@ def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path |
         evicted beyond it; needs the ``filelock`` package, else there is no limit);
         ``-1``: no limit.
 
-    A directory that cannot be created leaves the cache off, with a warning; the run goes
-    on as without it.
+    A directory that cannot be created or written leaves the cache off, with a warning;
+    the run goes on as without it.
     """
     import jax
 
@@ -75,8 +75,10 @@ def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path |
         return None
     try:
         target.mkdir(parents=True, exist_ok=True)
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
     except OSError as err:
-        warnings.warn(f"compilation cache off: cannot create {target} ({err.strerror or err}); set {ENV} to a "
+        warnings.warn(f"compilation cache off: cannot use {target} ({err.strerror or err}); set {ENV} to a "
                       f"writable directory, or to 0 to silence this", stacklevel=2)
         return None
     jax.config.update("jax_compilation_cache_dir", str(target))

@@ -27,8 +27,11 @@ def test_enable_leaves_the_cache_off_when_told_or_unwritable(monkeypatch, tmp_pa
     assert cc.enable() is None
     blocker = tmp_path / "file"
     blocker.write_text("a file, not a directory")
-    with pytest.warns(UserWarning, match="compilation cache off: cannot create"):
+    with pytest.warns(UserWarning, match="compilation cache off: cannot use"):
         assert cc.enable(blocker / "cache") is None
+    monkeypatch.setattr(cc.os, "access", lambda path, mode: False)  # a read-only directory (root writes anywhere)
+    with pytest.warns(UserWarning, match="not writable"):
+        assert cc.enable(tmp_path) is None
 
 
 # One process per run: JAX reads the cache setting once per process. The listener counts the
