@@ -8,13 +8,13 @@ shapes, same configuration, same JAX and jaxlib), and the same run took 30 s
 (``benchmarks/RESULTS_reliability.md``, "Compilation cache"). The results are the same:
 the cache stores compiled programs, not results.
 
-The ``cbo-jax`` command turns it on (:func:`enable`) before any work, at
+The ``cbo-jax`` command turns it on (:func:`enable`) before any work:
 
-* ``$CBO_JAX_COMPILATION_CACHE`` if that is set to a directory; the values ``0``,
-  ``off``, ``false`` and ``no`` turn the cache off for the command;
-* else JAX's own ``JAX_COMPILATION_CACHE_DIR`` (or ``jax_compilation_cache_dir``), which
-  is left as the user set it;
-* else ``$XDG_CACHE_HOME/cbo_jax/xla`` (``~/.cache/cbo_jax/xla``).
+* where JAX already has a cache directory (the user set ``JAX_COMPILATION_CACHE_DIR`` or
+  ``jax_compilation_cache_dir``), that setting is left as it is;
+* else at ``$CBO_JAX_COMPILATION_CACHE`` if that names a directory; the values ``0``,
+  ``off``, ``false`` and ``no`` leave the cache off;
+* else at ``$XDG_CACHE_HOME/cbo_jax/xla`` (``~/.cache/cbo_jax/xla``).
 
 Its size is capped (``max_size``, 2 GiB by default; JAX evicts the least recently used
 programs beyond it) where the ``filelock`` package is installed, which JAX's eviction
