@@ -33,7 +33,7 @@ import os
 import warnings
 from pathlib import Path
 
-__all__ = ["ENV", "default_dir", "enable"]
+__all__ = ["ENV", "current_dir", "default_dir", "enable"]
 
 ENV = "CBO_JAX_COMPILATION_CACHE"
 _OFF = ("0", "off", "false", "no")
@@ -48,6 +48,13 @@ def default_dir() -> Path | None:
         return Path(value).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "cbo_jax" / "xla"
+
+
+def current_dir() -> str | None:
+    """The directory of JAX's persistent compilation cache in this process, or ``None`` when it is off."""
+    import jax
+
+    return getattr(jax.config, "jax_compilation_cache_dir", None) or None
 
 
 def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path | None:
@@ -67,7 +74,7 @@ def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path |
     """
     import jax
 
-    current = jax.config.jax_compilation_cache_dir
+    current = current_dir()
     if path is None and current:
         return Path(current)
     target = Path(path).expanduser() if path is not None else default_dir()

@@ -112,7 +112,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
     import jaxlib
     import numpy as np
 
-    from cbo_jax import __version__
+    from cbo_jax import __version__, compilation_cache
 
     if argv is None:
         argv = _COMMAND.get() or sys.argv
@@ -131,7 +131,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         "device_count": jax.device_count(),
         "process_count": jax.process_count(),
         "x64": jax.dtypes.canonicalize_dtype(np.float64) == np.float64,
-        "compilation_cache": jax.config.jax_compilation_cache_dir,
+        "compilation_cache": compilation_cache.current_dir(),
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(terse=True),
