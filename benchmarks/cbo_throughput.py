@@ -82,7 +82,7 @@ if F64_WORKER:
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
-from cbo_jax.provenance import environment  # noqa: E402
+from cbo_jax.provenance import describe, environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -233,12 +233,6 @@ def time_interleaved(dyn, x0: np.ndarray, steps: int, pairs: int, counter: _Comp
         "median_cbo_jax_particle_steps_per_s": float(np.median(jax_rates)),
         "recompiles_during_timing": jax_warm["recompiles_during_timing"],
     }
-
-
-def device_string() -> str:
-    from cbo_jax.provenance import describe
-
-    return describe()
 
 
 def _fmt_rate(r):
@@ -403,6 +397,7 @@ def main(argv=None):
         headline_rate = interleaved["median_cbo_jax_particle_steps_per_s"]
         headline_speedup = interleaved["median_ratio"]
         how = f"median of {args.interleaved} back-to-back pairs"
+    env = environment()
     out = {
         "particle_steps_per_s": headline_rate,
         "speedup_vs_cbxpy": headline_speedup,
@@ -413,8 +408,8 @@ def main(argv=None):
         "steps": steps,
         "repeats": repeats,
         "quick": bool(args.quick),
-        "device": device_string(),
-        "environment": environment(),
+        "device": describe(env),
+        "environment": env,
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "jaxlib_version": importlib.metadata.version("jaxlib"),

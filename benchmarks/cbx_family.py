@@ -71,7 +71,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
-from cbo_jax.provenance import environment  # noqa: E402
+from cbo_jax.provenance import describe, environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -266,12 +266,6 @@ def step_diffs(quick: bool) -> dict:
     return by_dyn
 
 
-def device_string() -> str:
-    from cbo_jax.provenance import describe
-
-    return describe()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="3 pairs, short runs, one float64 case per dynamic")
@@ -411,6 +405,7 @@ def main(argv=None):
     ok_speed = all(r["speedup_vs_cbxpy"] >= 5 for r in results.values())
     ok_diff = all((r.get("max_step_diff_vs_cbxpy") or 0) <= 1e-10 for r in results.values())
     ok_evosax = results.get("pso", {}).get("speedup_vs_evosax", 1.0) >= 1
+    env = environment()
     out = {
         "dynamics": results,
         "pass": {"speedup_vs_cbxpy_ge_5": ok_speed, "max_step_diff_le_1e-10": ok_diff, "pso_vs_evosax_ge_1": ok_evosax},
@@ -419,8 +414,8 @@ def main(argv=None):
                    f"up to {AMAX}",
         "load_average_before": load_before,
         "load_average_after": os.getloadavg(),
-        "device": device_string(),
-        "environment": environment(),
+        "device": describe(env),
+        "environment": env,
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "cbx_version": importlib.metadata.version("cbx"),

@@ -145,13 +145,14 @@ def main(argv=None) -> int:
         sp = f"{r['speedup_vs_numpy']:.2f}x" if "speedup_vs_numpy" in r else "-"
         print(f"| {r['N']:,} | {r['steps']} | {r['cbo_jax']['particle_steps_per_s'] / 1e6:.3f} | {npv} | {sp} |")
     last = rows[-1]
+    env = environment()
     out = {
         "particle_steps_per_s": last["cbo_jax"]["particle_steps_per_s"],
         "N": last["N"],
         "speedup_vs_numpy": last.get("speedup_vs_numpy"),
         "K": K, "d": D,
-        "device": describe(),
-        "environment": environment(),
+        "device": describe(env),
+        "environment": env,
         "jax_version": jax.__version__,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),

@@ -185,10 +185,9 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        from cbo_jax.provenance import environment
+        from cbo_jax.writer import write_summary
 
-        recorded = {**summary, "environment": environment()}
-        (args.output / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
+        write_summary(args.output / "summary.json", summary)
         np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
         print(f"saved          {args.output}/summary.json, history.npz")
     print(json.dumps(_json_safe(summary)))
@@ -299,10 +298,9 @@ def _cmd_reproduce(args) -> int:
     with ResultsDir(out_dir, overwrite=args.overwrite, owned=None):  # the whole directory is this reproduction's
         result = exp.run(args)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
-        from cbo_jax.provenance import environment
+        from cbo_jax.writer import write_summary
 
-        recorded = {**result, "environment": environment()}
-        (out_dir / "summary.json").write_text(json.dumps(_json_safe(recorded), indent=2) + "\n")
+        write_summary(out_dir / "summary.json", result)
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
     print(json.dumps(_json_safe(result)))
     return 0

@@ -19,9 +19,10 @@ JAX, which device and which command produced it:
   differ from that commit, so the commit alone does not reproduce the run.
 
 Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
-Scripts of one's own can record the same block (``json.dump({..., "environment":
-environment()}, f)``); :func:`describe` is its one-line form for tables, as the benchmarks
-print it.
+Scripts of one's own record the same block with
+:func:`cbo_jax.writer.write_summary` (``write_summary(path, summary)``), which is how the
+command line and the federated runner write theirs; :func:`describe` is its one-line form
+for tables, as the benchmarks print it.
 
 >>> from cbo_jax.provenance import environment, describe
 >>> env = environment()

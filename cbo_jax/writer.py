@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl"]
+__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl", "write_summary"]
 
 
 def to_python(value: Any) -> Any:
@@ -42,6 +42,20 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def write_summary(path: str | Path, summary: dict) -> None:
+    """Write ``summary`` to ``path`` (a ``summary.json``) with the ``"environment"`` block added.
+
+    The file holds ``summary``'s entries as valid JSON (arrays as lists, non-finite numbers
+    as ``null``) and, under ``"environment"``, :func:`cbo_jax.provenance.environment`: the
+    versions, device and command that produced the numbers. ``summary`` itself is left as
+    it is, so what a command prints stays the result alone.
+    """
+    from cbo_jax.provenance import environment
+
+    recorded = {**summary, "environment": environment()}
+    Path(path).write_text(json.dumps(json_safe(to_python(recorded)), indent=2) + "\n")
 
 
 def _scalars(prefix: str, value: Any):

@@ -64,3 +64,14 @@ def test_describe_is_one_line_naming_the_device():
     line = provenance.describe(env)
     assert line.startswith(env["backend"].upper() + " (") and line.endswith(f"jax device {env['device_kind']}")
     assert f"{env['cpu_count']} cores" in line and env["cpu_model"] in line
+
+
+def test_write_summary_adds_the_environment_and_leaves_the_summary(tmp_path):
+    from cbo_jax.writer import write_summary
+
+    summary = {"best_energy": np.float32(0.5), "per_run": np.array([1.0, np.inf]), "nan": float("nan")}
+    write_summary(tmp_path / "summary.json", summary)
+    got = json.loads((tmp_path / "summary.json").read_text())
+    assert got["best_energy"] == 0.5 and got["per_run"] == [1.0, None] and got["nan"] is None  # valid JSON
+    assert got["environment"]["cbo_jax"] == cbo_jax.__version__
+    assert "environment" not in summary  # what a command prints stays the result alone

@@ -38,12 +38,11 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
-from cbo_jax.provenance import environment
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.metrics import Evaluation
-from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python
+from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python, write_summary
 
 __all__ = ["RunResult", "run", "fingerprint"]
 
@@ -272,8 +271,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
     if out is not None:
-        recorded = {**summary, "environment": environment()}
-        (out / "summary.json").write_text(json.dumps(json_safe(recorded), indent=2) + "\n")
+        write_summary(out / "summary.json", summary)
         if plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
     return RunResult(lay.unpad_state(state), history, summary)
