@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 import cbo_jax as cj
+from cbo_jax.provenance import environment
 
 HIGH_D = {"rastrigin": ("Rastrigin", 20), "ackley": ("Ackley", 20)}
 PLANAR = {  # name: (CBXpy class, box)
@@ -104,7 +105,7 @@ def main(argv=None):
         print(f"{name:18s} d={d:<3d} {dyn:11s} cbo_jax {ours:4d}/{args.runs}  CBXpy {theirs:4d}/{args.runs}  "
               f"({t1 - t0:.0f} s, {t2 - t1:.0f} s)", flush=True)
     out = {"rows": rows, "runs": args.runs, "wall_seconds": time.perf_counter() - t_start,
-           "jax_version": jax.__version__}
+           "jax_version": jax.__version__, "environment": environment()}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=2)

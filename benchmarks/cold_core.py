@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
+from cbo_jax.provenance import environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _warm  # noqa: E402
@@ -98,6 +99,7 @@ def main(argv=None) -> int:
         "jax_version": jax.__version__,
         "load_average": os.getloadavg(),
         "date": datetime.date.today().isoformat(),
+        "environment": environment(),
     }
     if args.json:
         with open(args.json, "w") as fh:

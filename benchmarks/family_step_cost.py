@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
+from cbo_jax.provenance import environment
 
 N, D, T = 10_000, 20, 60
 
@@ -69,5 +70,6 @@ def draws() -> dict:
 
 if __name__ == "__main__":
     res = {"N": N, "d": D, "steps": T, "steps_timed": steps(), "draws": draws(),
-           "load_average": list(__import__("os").getloadavg()), "jax_version": jax.__version__}
+           "load_average": list(__import__("os").getloadavg()), "jax_version": jax.__version__,
+           "environment": environment()}
     print(json.dumps(res))

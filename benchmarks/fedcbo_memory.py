@@ -225,6 +225,8 @@ def main(argv=None) -> dict:
               f"{fmt(r.get('compile_seconds'), '{:.1f}'):>9} {str(fits[str(c)]):>9}")
         if r.get("reason") or r.get("stderr_tail"):
             print(f"{'':>10} {r.get('reason') or r.get('stderr_tail')}")
+    from cbo_jax.provenance import environment  # here: the parent process measures nothing itself
+
     result = {
         "benchmark": "fedcbo_memory",
         "peak_rss_gb": {str(c): r.get("peak_rss_gb") for c, r in results.items()},
@@ -235,6 +237,7 @@ def main(argv=None) -> dict:
                      "model": "mlp-784-200-10", "data": "synthetic", "variant": args.variant},
         "details": {str(c): r for c, r in results.items()},
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "environment": environment(),
     }
     line = json.dumps(result)
     if args.json:

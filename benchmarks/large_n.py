@@ -146,8 +146,10 @@ def main(argv=None) -> int:
         print(f"| {r['n']:.0e} | {r['particle_chunk'] or '-'} | {r['steps']} | {r['particle_steps_per_s'] / 1e6:.2f} | "
               f"{r['peak_rss_gb']:.2f} | {r['x_gb']:.2f} |")
     if args.json:
+        from cbo_jax.provenance import environment  # here: the parent process measures nothing itself
+
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "load": os.getloadavg()[0]}, f, indent=1)
+            json.dump({"rows": rows, "load": os.getloadavg()[0], "environment": environment()}, f, indent=1)
     full = [r for r in rows if r["steps"] >= args.steps and r["particle_chunk"] == chunk_for(r["n"])]
     if not full:
         print(json.dumps({"largest_n": 0, "dim": D, "dtype": "float32", "steps": 0, "peak_rss_gb": None,

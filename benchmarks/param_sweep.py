@@ -56,6 +56,7 @@ import numpy as np  # noqa: E402
 import cbo_jax as cj  # noqa: E402
 from cbo_jax import objectives, schedules  # noqa: E402
 from cbo_jax import params as P  # noqa: E402
+from cbo_jax.provenance import environment  # noqa: E402
 
 FACTOR, ALPHA_MAX = 1.05, 1e5
 
@@ -147,6 +148,7 @@ def main(argv=None) -> int:
         summary["config_loop_seconds"] = round(seconds["config_loop"], 4)
         summary["speedup_vs_config_loop"] = round(seconds["config_loop"] / seconds["vmapped"], 2)
     summary["load"] = round(os.getloadavg()[0], 2)
+    summary["environment"] = environment()
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)

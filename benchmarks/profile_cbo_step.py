@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
+from cbo_jax.provenance import environment
 
 # The library's own settings for the benchmark problem (issue 2).
 LAMBDA, SIGMA, DT = 1.0, 10.1, 0.01
@@ -355,6 +356,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     p = profile_step(args.n, args.dim, args.k, args.repeats)
     print(format_profile(p))
+    p["environment"] = environment()
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(p, fh, indent=2)

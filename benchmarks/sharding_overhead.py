@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 import cbo_jax as cj  # noqa: E402
 from cbo_jax import objectives, schedules, sharding  # noqa: E402
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles  # noqa: E402
+from cbo_jax.provenance import environment  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -81,7 +82,7 @@ def main(argv=None) -> int:
               f"{1e3 * best[(s, '8 devices')] / args.steps:.3f} | {ratio[s]:.2f} |")
     out = {"overhead_ratio": ratio["cbo"], "clustered_overhead_ratio": ratio["clustered"], "N": args.n,
            "steps": args.steps, "rng": args.rng, "devices": jax.device_count(), "cores": os.cpu_count(),
-           "seconds": {f"{s}/{d}": v for (s, d), v in times.items()}}
+           "seconds": {f"{s}/{d}": v for (s, d), v in times.items()}, "environment": environment()}
     print(json.dumps(out))
     return 0
 

@@ -36,7 +36,7 @@ import numpy as np
 
 import cbo_jax as cj
 from cbo_jax import sde
-from cbo_jax.provenance import describe
+from cbo_jax.provenance import describe, environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cbx_family as cf  # noqa: E402
@@ -132,8 +132,10 @@ def main(argv=None) -> int:
         print(f"{name:32s} {r['speedup']:.2f}x ({r['speedup_min']:.2f}-{r['speedup_max']:.2f}), "
               f"{r['off_particle_steps_per_s'] / 1e6:.2f} -> {r['on_particle_steps_per_s'] / 1e6:.2f} M particle-steps/s, "
               f"{'bitwise equal' if r['bitwise_equal'] else 'max |dx| %.1e' % r['max_abs_diff']}", flush=True)
+    env = environment()
     res = {"cases": out, "load_average_before": load, "load_average_after": os.getloadavg(),
-           "jax_version": jax.__version__, "device": describe(), "date": datetime.date.today().isoformat(),
+           "jax_version": jax.__version__, "device": describe(env), "environment": env,
+           "date": datetime.date.today().isoformat(),
            "wall_seconds_total": time.perf_counter() - t_start}
     if args.json:
         with open(args.json, "w") as fh:
