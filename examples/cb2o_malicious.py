@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, cb2o, clustered, particles
 
 d, N = 5, 2000
 a, b = np.ones(d), -np.ones(d)
@@ -21,11 +20,11 @@ upper = lambda x: jnp.sum((x - a) ** 2, -1)  # noqa: E731
 
 rng = np.random.default_rng(0)
 malicious = rng.permutation(N) < N // 5
-attack = Malicious(drift=lambda t, x: -5.0 * (x - b), diffusion=lambda t, x: jnp.full(x.shape[0], 0.05))
-p = particles(rng.uniform(-2, 2, (N, d)), malicious=malicious)
-config = ClusteredConfig(lambda1=1.0, sigma1=0.5, dt=0.01, alpha=1e3, beta=0.5)
+attack = cj.Malicious(drift=lambda t, x: -5.0 * (x - b), diffusion=lambda t, x: jnp.full(x.shape[0], 0.05))
+p = cj.particles(rng.uniform(-2, 2, (N, d)), malicious=malicious)
+config = cj.ClusteredConfig(lambda1=1.0, sigma1=0.5, dt=0.01, alpha=1e3, beta=0.5)
 
-robust = cj.simulate(cb2o(lower, upper, config, malicious=attack), p, jax.random.key(0), 2000)
-plain = cj.simulate(clustered([lower], config, malicious=attack), p, jax.random.key(0), 2000)
+robust = cj.simulate(cj.cb2o(lower, upper, config, malicious=attack), p, jax.random.key(0), 2000)
+plain = cj.simulate(cj.clustered([lower], config, malicious=attack), p, jax.random.key(0), 2000)
 print("CB²O consensus distance to a:", np.linalg.norm(np.asarray(robust.state.consensus)[0] - a))
 print("CBO  consensus distance to a:", np.linalg.norm(np.asarray(plain.state.consensus)[0] - a))

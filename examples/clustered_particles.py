@@ -9,19 +9,18 @@ import jax
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
 
 K, d, N = 4, 10, 4000
 rng = np.random.default_rng(0)
 centers = rng.uniform(-2, 2, (K, d))                       # θ*_k, one minimiser per class
 objs = [cj.objectives.Rastrigin(shift=c) for c in centers]
 
-config = ClusteredConfig(
+config = cj.ClusteredConfig(
     lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic",
     alpha=cj.schedules.Multiplicative(alpha0=30.0, factor=1.05, alpha_max=1e5),
 )
-p = particles(rng.uniform(-3, 3, (N, d)), label=np.arange(N) % K)   # labels pick the objective only
-result = cj.simulate(clustered(objs, config), p, jax.random.key(1), num_steps=2000, progress=True)
+p = cj.particles(rng.uniform(-3, 3, (N, d)), label=np.arange(N) % K)   # labels pick the objective only
+result = cj.simulate(cj.clustered(objs, config), p, jax.random.key(1), num_steps=2000, progress=True)
 
 m = np.asarray(result.state.consensus)                    # (K, d): one consensus point per class
 for k in range(K):

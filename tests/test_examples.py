@@ -1,0 +1,50 @@
+"""The scripts in examples/ run as a user runs them, and print what their docstrings claim.
+
+Each runs as its own process from an empty working directory (what it writes lands there),
+at its own sizes: together about a minute on 2 CPU cores, so they run in CI's slow step.
+``examples/federated_custom_model.py`` has a CI step of its own (.ci/run).
+"""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+pytestmark = pytest.mark.slow
+
+
+def _run(name: str, cwd: Path) -> list[str]:
+    proc = subprocess.run([sys.executable, str(EXAMPLES / name)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_quickstart_solves_rastrigin_in_nearly_every_run(tmp_path):
+    (line,) = [ln for ln in _run("quickstart.py", tmp_path) if ln.startswith("successes:")]
+    successes, runs = map(int, re.fullmatch(r"successes: (\d+) of (\d+)", line).groups())
+    assert runs == 100 and successes >= 90, line  # 100 of 100 when written
+
+
+def test_cb2o_keeps_the_benign_minimiser_and_cbo_is_dragged_away(tmp_path):
+    out = dict(ln.split(":", 1) for ln in _run("cb2o_malicious.py", tmp_path))
+    assert float(out["CB²O consensus distance to a"]) < 1e-2
+    assert float(out["CBO  consensus distance to a"]) > 1.0  # |a - b| = 2 sqrt(5): pulled to b
+
+
+def test_clustered_particles_find_every_class_minimiser(tmp_path):
+    errors = [float(ln.rsplit("=", 1)[1]) for ln in _run("clustered_particles.py", tmp_path) if ln.startswith("class ")]
+    assert len(errors) == 4 and max(errors) < 1e-3, errors
+
+
+def test_fedcbo_rotated_mnist_learns_and_writes_its_results(tmp_path):
+    summary = ast.literal_eval(_run("fedcbo_rotated_mnist.py", tmp_path)[-1])
+    assert summary["algorithm"] == "fedcbo" and summary["rounds"] == 15
+    assert summary["final_test_acc"] > 70, summary  # 83.2 on the bundled subset when written
+    out = tmp_path / "results" / "example-fedcbo"
+    assert {"summary.json", "metrics.jsonl", "config.json"} <= {p.name for p in out.iterdir()}
