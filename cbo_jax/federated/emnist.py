@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
-from cbo_jax.federated.mnist import MNIST, DataError
+from cbo_jax.federated.mnist import MNIST, _tfds_splits
 
 __all__ = ["EMNIST_BALANCED_CLASSES", "EMNIST_SOURCE_O", "EMNIST_TARGET_ZERO", "load_emnist_tfds"]
 
@@ -38,21 +36,5 @@ def load_emnist_tfds(data_dir: str | os.PathLike | None = None, split_name: str 
       transpose: swap rows and columns so that images are upright (EMNIST is stored
         transposed).
     """
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError as err:
-        raise DataError("tensorflow-datasets is not installed: pip install 'cbo-jax[data]'") from err
-    out = {}
-    for split in ("train", "test"):
-        try:
-            source = tfds.data_source(f"emnist/{split_name}", split=split, data_dir=data_dir, download=download)
-        except Exception as err:  # noqa: BLE001 - tfds raises many types for a missing dataset
-            raise DataError(f"tensorflow-datasets could not provide emnist/{split_name}/{split}: {err}") from err
-        examples = [source[i] for i in range(len(source))]
-        arr = np.stack([np.asarray(ex["image"]) for ex in examples]) if examples else np.zeros((0, 28, 28, 1), np.uint8)
-        arr = arr[..., 0] if arr.ndim == 4 else arr
-        if transpose:
-            arr = np.swapaxes(arr, 1, 2)
-        out[f"{split}_images"] = np.ascontiguousarray(arr).astype(np.uint8)
-        out[f"{split}_labels"] = np.asarray([int(ex["label"]) for ex in examples], np.int32)
-    return MNIST(**out, source=f"tfds:emnist/{split_name}")
+    return MNIST(**_tfds_splits(f"emnist/{split_name}", data_dir, download, transpose),
+                 source=f"tfds:emnist/{split_name}")

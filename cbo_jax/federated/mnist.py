@@ -116,6 +116,15 @@ def load_tfds(data_dir: str | os.PathLike | None = None, download: bool = False)
     Uses ``tfds.data_source`` (random access on array_record files), which needs no
     TensorFlow. ``download=True`` lets tfds fetch and prepare the data on first use.
     """
+    return MNIST(**_tfds_splits("mnist", data_dir, download), source="tfds")
+
+
+def _tfds_splits(name: str, data_dir, download: bool, transpose: bool = False) -> dict:
+    """The train and test images (uint8, ``(n, 28, 28)``) and labels (int32) of tfds dataset ``name``.
+
+    Through ``tfds.data_source`` (no TensorFlow needed); shared by :func:`load_tfds` and
+    :func:`cbo_jax.federated.emnist.load_emnist_tfds`. ``transpose`` swaps rows and columns.
+    """
     try:
         import tensorflow_datasets as tfds
     except ImportError as err:
@@ -123,16 +132,17 @@ def load_tfds(data_dir: str | os.PathLike | None = None, download: bool = False)
     out = {}
     for split in ("train", "test"):
         try:
-            source = tfds.data_source("mnist", split=split, data_dir=data_dir, download=download)
+            source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
         except Exception as err:  # noqa: BLE001 - tfds raises many types for a missing dataset
-            raise DataError(f"tensorflow-datasets could not provide mnist/{split}: {err}") from err
+            raise DataError(f"tensorflow-datasets could not provide {name}/{split}: {err}") from err
         examples = [source[i] for i in range(len(source))]
-        images = [np.asarray(ex["image"]) for ex in examples]
-        labels = [int(ex["label"]) for ex in examples]
-        arr = np.stack(images) if images else np.zeros((0, 28, 28), np.uint8)
-        out[f"{split}_images"] = (arr[..., 0] if arr.ndim == 4 else arr).astype(np.uint8)
-        out[f"{split}_labels"] = np.asarray(labels, np.int32)
-    return MNIST(**out, source="tfds")
+        arr = np.stack([np.asarray(ex["image"]) for ex in examples]) if examples else np.zeros((0, 28, 28), np.uint8)
+        arr = arr[..., 0] if arr.ndim == 4 else arr
+        if transpose:
+            arr = np.swapaxes(arr, 1, 2)
+        out[f"{split}_images"] = np.ascontiguousarray(arr).astype(np.uint8)
+        out[f"{split}_labels"] = np.asarray([int(ex["label"]) for ex in examples], np.int32)
+    return out
 
 
 def load_bundled() -> MNIST:
