@@ -9,6 +9,7 @@ updates a progress bar and stops early when every run has met its stopping crite
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import time
@@ -306,6 +307,51 @@ def _progress_bar(total: int, desc: str):
     return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
 
 
+def _typed(value: Any) -> Any:
+    """A hashable key for a configuration value that tells ``1`` from ``1.0`` and ``True``.
+
+    Dataclasses (configs, schedules) by their type and fields, recursively; sequences and
+    dicts item by item; anything else as ``(type, value)`` (identity for objects without
+    value equality). Unhashable leaves (arrays) make :func:`hash` of the key fail.
+    """
+    import dataclasses
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value),) + tuple((f.name, _typed(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, (tuple, list)):
+        return (type(value),) + tuple(_typed(v) for v in value)
+    if isinstance(value, dict):
+        return (dict,) + tuple(sorted((k, _typed(v)) for k, v in value.items()))
+    return (type(value), value)
+
+
+# minimize's dynamics by (objective, config): equal calls reuse one Dynamics, so simulate's
+# jitted programs (keyed on its step function) compile once. Oldest entry out after 8.
+_MINIMIZE_DYNAMICS: collections.OrderedDict = collections.OrderedDict()
+_MINIMIZE_CACHE_SIZE = 8
+
+
+def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
+    from cbo_jax import population as pop
+    from cbo_jax.dynamics.cbo import cbo
+
+    def build() -> Dynamics:
+        return cbo(pop.per_agent(objective) if lift else objective, config, **cfg_kw)
+
+    key = (objective, lift, _typed(config), _typed(cfg_kw))  # the objective by identity (its ``==``)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable objective or an array in the config: build afresh
+        return build()
+    if key in _MINIMIZE_DYNAMICS:
+        _MINIMIZE_DYNAMICS.move_to_end(key)
+        return _MINIMIZE_DYNAMICS[key]
+    dyn = _MINIMIZE_DYNAMICS[key] = build()
+    while len(_MINIMIZE_DYNAMICS) > _MINIMIZE_CACHE_SIZE:
+        _MINIMIZE_DYNAMICS.popitem(last=False)
+    return dyn
+
+
 _SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
                      "desc", "params", "out", "log_every", "tensorboard", "overwrite")
 
@@ -335,12 +381,15 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
       kwargs: :class:`~cbo_jax.CBOConfig` fields (override ``config``) and
         :func:`simulate` options; any other keyword is an error that lists the valid ones.
 
-    The best particle is ``result.state.best_x``.
+    The best particle is ``result.state.best_x``. A call with the same ``objective`` object
+    and equal settings as one of the last eight reuses its dynamics, so a loop of calls (over
+    seeds or ``x0``) compiles once: for a sweep in one program see :func:`simulate` with
+    ``num_runs`` or ``params``.
     """
     import dataclasses
 
     from cbo_jax import population as pop
-    from cbo_jax.dynamics.cbo import CBOConfig, cbo, looks_single_particle
+    from cbo_jax.dynamics.cbo import CBOConfig, looks_single_particle
 
     fields = [f.name for f in dataclasses.fields(CBOConfig)]
     own = ["x0", "key", "num_steps", "config", "dim", "num_particles", "init_bounds"]
@@ -375,6 +424,5 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         batched_ok = tuple(out.shape) == (pop.num_agents(single),)
     except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
         batched_ok = False
-    if not batched_ok and looks_single_particle(objective, single):
-        objective = pop.per_agent(objective)
-    return simulate(cbo(objective, config, **cfg_kw), x0, key, num_steps, **sim_kw)
+    lift = bool(not batched_ok and looks_single_particle(objective, single))
+    return simulate(_minimize_dynamics(objective, lift, config, cfg_kw), x0, key, num_steps, **sim_kw)

@@ -26,6 +26,34 @@ def test_minimize_with_dim_and_an_integer_seed_lifts_a_single_particle_objective
     np.testing.assert_array_equal(jax.random.key_data(a.state.key), jax.random.key_data(jax.random.key(5)))
 
 
+def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build():
+    """minimize reuses the dynamics of an equal call (same objective object, equal config), so a
+    loop of minimize calls compiles once; the results are those of dynamics built anew."""
+    import importlib
+
+    sim = importlib.import_module("cbo_jax.simulate")  # the module (cbo_jax.simulate is also the function)
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    f = objectives.Rastrigin(shift=np.full(4, 0.5))  # an array in the objective: keyed by the object itself
+    cj.minimize(f, dim=4, key=0, num_steps=30, alpha=30.0, sigma1=0.7)
+    before = len(compiles)
+    again = cj.minimize(f, dim=4, key=1, num_steps=30, alpha=30.0, sigma1=0.7)
+    assert len(compiles) == before, "an equal minimize call compiled again"
+    k_init, k_run = jax.random.split(jax.random.key(1))
+    x0 = jax.random.uniform(k_init, (100, 4), jnp.float32, -3.0, 3.0)
+    fresh = cj.simulate(cj.cbo(f, alpha=30.0, sigma1=0.7), x0, k_run, 30)
+    np.testing.assert_array_equal(np.asarray(again.state.x), np.asarray(fresh.state.x))
+    # Another value (or the same number as another type) is other dynamics, and the cache stays bounded.
+    other = cj.minimize(f, dim=4, key=1, num_steps=30, alpha=30.0, sigma1=0.8)
+    assert not np.array_equal(np.asarray(other.state.x), np.asarray(again.state.x))
+    assert sim._typed({"alpha": 30}) != sim._typed({"alpha": 30.0})  # keywords before the config normalises them
+    for a in range(2 * sim._MINIMIZE_CACHE_SIZE):
+        cj.minimize(f, dim=4, key=0, num_steps=0, alpha=float(a + 1))
+    assert len(sim._MINIMIZE_DYNAMICS) == sim._MINIMIZE_CACHE_SIZE
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: cj.minimize(objectives.Sphere(), dim=2, sigma=1.0), r"unknown keyword 'sigma' \(did you mean .*sigma1"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, steps=10), r"valid keywords: .*num_steps"),
