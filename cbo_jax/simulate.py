@@ -384,7 +384,10 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
     The best particle is ``result.state.best_x``. A call with the same ``objective`` object
     and equal settings as one of the last eight reuses its dynamics, so a loop of calls (over
     seeds or ``x0``) compiles once: for a sweep in one program see :func:`simulate` with
-    ``num_runs`` or ``params``.
+    ``num_runs`` or ``params``. As with :func:`jax.jit`, the objective is taken to be a pure
+    function: a global or an attribute it reads, changed between two calls with the same
+    function object, is not seen by the second (pass a new function, or put the value in
+    the objective's fields, e.g. ``Rastrigin(shift=b)``).
     """
     import dataclasses
 
