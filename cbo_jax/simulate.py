@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, cast
@@ -329,6 +330,7 @@ def _typed(value: Any) -> Any:
 # jitted programs (keyed on its step function) compile once. Oldest entry out after 8.
 _MINIMIZE_DYNAMICS: collections.OrderedDict = collections.OrderedDict()
 _MINIMIZE_CACHE_SIZE = 8
+_MINIMIZE_LOCK = threading.Lock()
 
 
 def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
@@ -343,12 +345,15 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
         hash(key)
     except TypeError:  # an unhashable objective or an array in the config: build afresh
         return build()
-    if key in _MINIMIZE_DYNAMICS:
-        _MINIMIZE_DYNAMICS.move_to_end(key)
-        return _MINIMIZE_DYNAMICS[key]
-    dyn = _MINIMIZE_DYNAMICS[key] = build()
-    while len(_MINIMIZE_DYNAMICS) > _MINIMIZE_CACHE_SIZE:
-        _MINIMIZE_DYNAMICS.popitem(last=False)
+    with _MINIMIZE_LOCK:  # minimize may be called from several threads
+        if key in _MINIMIZE_DYNAMICS:
+            _MINIMIZE_DYNAMICS.move_to_end(key)
+            return _MINIMIZE_DYNAMICS[key]
+    dyn = build()  # outside the lock: building may trace the objective
+    with _MINIMIZE_LOCK:
+        dyn = _MINIMIZE_DYNAMICS.setdefault(key, dyn)
+        while len(_MINIMIZE_DYNAMICS) > _MINIMIZE_CACHE_SIZE:
+            _MINIMIZE_DYNAMICS.popitem(last=False)
     return dyn
 
 
