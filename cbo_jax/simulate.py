@@ -340,8 +340,8 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
     def build() -> Dynamics:
         return cbo(pop.per_agent(objective) if lift else objective, config, **cfg_kw)
 
-    key = (objective, lift, _typed(config), _typed(cfg_kw))  # the objective by identity (its ``==``)
     try:
+        key = (objective, lift, _typed(config), _typed(cfg_kw))  # the objective by its own ``==`` (identity)
         hash(key)
     except TypeError:  # an unhashable objective or an array in the config: build afresh
         return build()
