@@ -53,6 +53,16 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build():
         cj.minimize(f, dim=4, key=0, num_steps=0, alpha=float(a + 1))
     assert len(sim._MINIMIZE_DYNAMICS) == sim._MINIMIZE_CACHE_SIZE
 
+    class Unhashable:  # an objective that cannot be a key runs all the same, built anew each call
+        __hash__ = None
+
+        def __call__(self, x):
+            return jnp.sum(x**2, axis=-1)
+
+    keys = list(sim._MINIMIZE_DYNAMICS)
+    assert cj.minimize(Unhashable(), dim=2, key=0, num_steps=5).state.x.shape == (100, 2)
+    assert list(sim._MINIMIZE_DYNAMICS) == keys
+
 
 @pytest.mark.parametrize("call,match", [
     (lambda: cj.minimize(objectives.Sphere(), dim=2, sigma=1.0), r"unknown keyword 'sigma' \(did you mean .*sigma1"),
