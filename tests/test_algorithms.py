@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from cbo_jax import models
+from cbo_jax import population as pop
 from cbo_jax.federated import metrics, run, selection
 from cbo_jax.federated.aggregation import consensus_downloads
-from cbo_jax.federated.algorithms import AgentData, FedCBOConfig, IFCAConfig, fedcbo, ifca
+from cbo_jax.federated.algorithms import AgentData, FedAvgConfig, FedCBOConfig, IFCAConfig, fedavg, fedcbo, ifca
 from cbo_jax.federated.algorithms.fedcbo import loss_energy
 from cbo_jax.federated.data import FederatedData
-from cbo_jax.federated.local import LocalSGDConfig
+from cbo_jax.federated.local import LocalSGDConfig, local_train
 
 TINY = models.mlp_mnist(hidden=(3,), num_classes=4, input_shape=(2, 2))
 
@@ -105,6 +106,40 @@ def test_nan_model_never_poisons_a_consensus():
             continue
         for leaf in jax.tree_util.tree_leaves(mcons):
             assert np.all(np.isfinite(np.asarray(leaf[j])))
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ifca"])
+def test_a_diverged_agent_gets_weight_zero_in_the_server_average(name):
+    """Agent 3's local training diverges (NaN inputs): its NaN model must not reach the
+    server models (0 · NaN = NaN in a plain weighted sum); each server model is the
+    count-weighted mean of its finite members, computed here in float64."""
+    data = _tiny_data(4)
+    data = data._replace(x=data.x.at[3].set(jnp.nan))
+    loc = LocalSGDConfig(epochs=2, batch_size=4, momentum=0.0)
+    alg = fedavg(TINY, FedAvgConfig(local=loc), 4) if name == "fedavg" else ifca(TINY, IFCAConfig(k=2, local=loc), 4)
+    state = alg.init(jax.random.key(0))
+    new, info = jax.jit(alg.round)(state, data)
+    k_local = jax.random.split(state.key, 3)[2]
+    if name == "fedavg":
+        servers = jax.tree_util.tree_map(lambda a: a[None], state.params)
+        assignment = np.zeros(4, int)
+        new_servers = jax.tree_util.tree_map(lambda a: a[None], new.params)
+    else:
+        servers, assignment, new_servers = state.params, np.asarray(info.assignment), new.params
+    trained = local_train(TINY, loc, jax.tree_util.tree_map(lambda a: a[assignment], servers), None, data, k_local)
+    finite = np.asarray(pop.tree_isfinite_rows(trained.params))
+    assert not finite[3] and finite[:3].all()  # the premise: exactly agent 3 diverged
+    counts = np.asarray(data.counts, np.float64)
+    for k in range(len(jax.tree_util.tree_leaves(servers)[0])):
+        w = counts * ((assignment == k) & finite)
+        for got, rows, old in zip(jax.tree_util.tree_leaves(new_servers), jax.tree_util.tree_leaves(trained.params),
+                                  jax.tree_util.tree_leaves(servers)):
+            if w.sum() == 0:  # nothing finite to average: the server model is kept
+                np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(old[k]))
+                continue
+            rows = np.where(finite.reshape((-1,) + (1,) * (rows.ndim - 1)), np.asarray(rows, np.float64), 0.0)
+            want = np.tensordot(w / w.sum(), rows, axes=1)
+            np.testing.assert_allclose(np.asarray(got[k]), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow  # the default run's time budget; CI runs it in the slow step

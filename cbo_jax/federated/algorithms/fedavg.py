@@ -5,6 +5,9 @@ epochs), and the server replaces the global model by the average of their models
 weighted by their numbers of samples,
 
     θ ← Σ_{j ∈ G_n} n_j θ_j / Σ_{j ∈ G_n} n_j.
+
+A trained model holding a NaN or an infinity (diverged local training) gets weight zero,
+as in the consensus kernels; a round with no finite model of ``G_n`` keeps the global model.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax import population as pop
 from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
                                                per_agent_fields, weighted_rows_mean)
 from cbo_jax.federated.local import local_train
@@ -55,7 +59,11 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         active = participants(k_part, data.agent_mask, cfg.participation)
         start = broadcast(state.params, data.counts.shape[0])
         trained = local_train(model, cfg.local, start, None, data, k_local)
-        params = weighted_rows_mean(trained.params, jnp.where(active, data.counts, 0).astype(jnp.float32))
+        clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN
+        weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
+        averaged = weighted_rows_mean(clean, weights)
+        params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
+                                        state.params)
         return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss)
 
     return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),

@@ -4,7 +4,8 @@ The server keeps ``k`` models. Per round, every agent of ``G_n`` estimates its c
 as the argmin over the ``k`` server models of its local training loss, trains the
 chosen model locally (τ epochs), and the server averages, for each cluster estimate,
 the models of the agents that chose it (weighted by their numbers of samples). A
-server model nobody chose is kept.
+trained model holding a NaN or an infinity gets weight zero, and a server model with no
+finite model to average is kept.
 """
 
 from __future__ import annotations
@@ -74,8 +75,10 @@ def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
         assignment = jnp.argmin(losses, axis=1).astype(jnp.int32)
         trained = local_train(model, cfg.local, pop.gather(state.params, assignment), None, data, k_local)
         member = (assignment[None, :] == jnp.arange(cfg.k)[:, None]) & active[None, :]
-        averaged = weighted_rows_mean(trained.params, jnp.where(member, data.counts[None, :], 0).astype(jnp.float32))
-        chosen = jnp.any(member, axis=1)
+        clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN in every server model
+        weights = jnp.where(member & finite[None, :], data.counts[None, :], 0).astype(jnp.float32)
+        averaged = weighted_rows_mean(clean, weights)
+        chosen = jnp.any(weights > 0, axis=1)
         params = jax.tree_util.tree_map(
             lambda new, old: jnp.where(jnp.reshape(chosen, (cfg.k,) + (1,) * (new.ndim - 1)), new, old), averaged,
             state.params)
