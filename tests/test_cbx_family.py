@@ -221,6 +221,33 @@ def test_polar_local_covariance_against_numpy():
     np.testing.assert_allclose(np.asarray(c), c_ref, atol=1e-12)
 
 
+def test_polar_weights_survive_huge_energies_and_a_collapsed_swarm():
+    """float32 edge cases: α·|E| beyond float32's range (the energies are shifted by their
+    minimum before the exponent), and every particle at one point under the Taz kernel
+    (scale max|x_i - x_j| = 0). Either used to give m_i = 0."""
+    pc = cj.dynamics.polar.polar_consensus
+    x = jnp.asarray([[0.5, 0.5], [1.0, 1.0], [1.5, 1.5]], jnp.float32)
+    for e, best in (([1e34, 2e34, 3e34], 0), ([-1e34, -2e34, -3e34], 2)):
+        m = pc(x, jnp.asarray(e, jnp.float32), jnp.float32(1e5), kappa=1e6)  # a wide kernel: m_i = the global one
+        np.testing.assert_array_equal(np.asarray(m), np.tile(np.asarray(x[best]), (3, 1)))
+    same = jnp.full((4, 2), 2.0, jnp.float32)
+    m = pc(same, jnp.asarray([1.0, 2.0, 3.0, 4.0], jnp.float32), 1.0, kappa=1.0, kernel="taz")
+    np.testing.assert_array_equal(np.asarray(m), np.asarray(same))
+
+
+@pytest.mark.parametrize("build", [cj.cbo_memory, cj.pso])
+def test_a_memory_with_a_nan_energy_is_replaced(build):
+    """Particle 0 starts where the objective is NaN (sqrt of a negative coordinate); once it
+    moves out, its memory must follow: a NaN memory energy counts as the worst, not as one
+    no energy is below."""
+    f = lambda z: jnp.sqrt(z[:, 0]) + jnp.sum((z - 1.0) ** 2, axis=1)  # noqa: E731
+    x0 = np.array([[-0.5, 0.0], [0.5, 0.5], [2.0, 2.0], [1.5, 0.5]], np.float32)
+    res = cj.simulate(build(f, lambda1=1.0, sigma1=0.0, lambda_memory=0.0, alpha=1.0), x0, 0, 50)
+    assert np.isnan(float(f(jnp.asarray(x0[:1]))[0]))  # the premise
+    assert np.isfinite(np.asarray(res.state.energy)).all()
+    np.testing.assert_allclose(np.asarray(res.state.energy), np.asarray(f(res.state.aux.y)), rtol=1e-6)
+
+
 # ---------------------------------------------------------------------------- bad input
 
 

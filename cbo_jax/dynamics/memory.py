@@ -91,8 +91,11 @@ def memory_consensus(state, in_batch):
 
 
 def memory_absorb(state, x, aux, energy):
-    """``y_i ← x_i`` where ``E(x_i) < E(y_i)``; the memories and their energies are the state."""
-    better = state.energy > energy
+    """``y_i ← x_i`` where ``E(x_i) < E(y_i)``; the memories and their energies are the state.
+
+    A memory whose energy is NaN counts as the worst (``+inf``): any non-NaN energy replaces it.
+    """
+    better = (state.energy > energy) | (jnp.isnan(state.energy) & ~jnp.isnan(energy))
     y = pop.tree_where_rows(better, x, aux.y)
     e = jnp.where(better, energy, state.energy)
     return core.Absorbed(x=x, aux=aux._replace(y=y), energy=e, best_points=y, best_energy=e, alpha_energy=e)

@@ -126,7 +126,8 @@ def _row_blocks(a, b, nb):
 
 
 def _max_distance(x, valid, b, nb):
-    """``max_{i,j} |x_i - x_j|`` over the valid particles, block by block (the Taz kernel's scale)."""
+    """``max_{i,j} |x_i - x_j|`` over the valid particles, block by block (the Taz kernel's scale;
+    ``1`` when every valid particle is at one point, where the kernel is ``1`` for any scale)."""
     xs = _row_blocks(x, b, nb)
     vs = _row_blocks(valid, b, nb)
 
@@ -135,7 +136,8 @@ def _max_distance(x, valid, b, nb):
         r2 = jnp.sum((xi[:, None, :] - x[None]) ** 2, axis=-1)
         return jnp.max(jnp.where(vi[:, None] & valid[None], r2, 0))
 
-    return jnp.sqrt(jnp.max(jax.lax.map(one, (xs, vs))))
+    dmax = jnp.sqrt(jnp.max(jax.lax.map(one, (xs, vs))))
+    return jnp.where(dmax > 0, dmax, 1.0).astype(dmax.dtype)  # a collapsed swarm: r = 0 for every pair, any scale
 
 
 def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax):
@@ -165,7 +167,10 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     xz = jnp.where(ok[:, None], x, 0)
     center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1)
     a = jnp.where(ok[:, None], x - center, 0)
-    ebias = jnp.where(ok, -alpha * jnp.where(ok, energy, 0), -jnp.inf)
+    # Energies shifted by the smallest valid one (the weights are normalised per row, so a
+    # common shift cancels): -α E itself overflows float32 for large α |E|.
+    e_min = jnp.min(jnp.where(ok, energy, jnp.inf))
+    ebias = jnp.where(ok, -alpha * jnp.where(ok, energy - e_min, 0), -jnp.inf)
     kf = alpha if kernel_factor == "alpha" else 1.0
     b, nb = _blocks(n, chunk, x.shape[1])
     dmax = _max_distance(xz, ok, b, nb) if kernel == "taz" else None
