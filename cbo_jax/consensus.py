@@ -10,7 +10,7 @@ The consensus point of a population ``{x_i}`` with energies ``E_i`` is
 shifted by their minimum over the valid agents so that the best agent has log-weight
 exactly ``0`` and every other log-weight is ``-α (E_i - E_min) <= 0``; normalisation is
 a log-sum-exp. The result is the exact normalised Gibbs weight, finite for any
-``α >= 0`` (``1e12`` included) and any finite energies. Agents with a non-finite
+``α >= 0`` (``1e12`` and ``∞``, the arg-min, included) and any finite energies. Agents with a non-finite
 energy, or masked out, get weight exactly ``0``, and so does an agent whose parameters hold a NaN or an infinity: its
 row is zeroed before the contraction (``0 · NaN`` would otherwise be NaN), so such an
 agent can never poison the consensus.
@@ -45,6 +45,13 @@ def _alpha_col(alpha, energy):
     return alpha if alpha.ndim == 0 else alpha[..., None]
 
 
+def gibbs_exponent(alpha, shifted):
+    """``-α · (E - E_min)`` for shifted energies ``>= 0``, with its limits where the product
+    is ``0 · ∞``: ``0`` for the best agents at ``α = ∞`` and for every agent at ``α = 0``
+    (an energy spread beyond the float range). Anywhere else it is the plain product."""
+    return jnp.where((shifted == 0) | (alpha == 0), 0.0, -alpha * shifted).astype(shifted.dtype)
+
+
 def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
     """Normalised log-weights ``log(ω_i / Σ_j ω_j)`` along the last axis.
 
@@ -62,7 +69,7 @@ def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = Non
         valid = valid & mask
     e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
     shifted = jnp.where(valid, energy - e_min, 0.0)  # >= 0 on valid agents
-    logw = jnp.where(valid, -_alpha_col(alpha, energy) * shifted, -jnp.inf)
+    logw = jnp.where(valid, gibbs_exponent(_alpha_col(alpha, energy), shifted), -jnp.inf)
     # max(logw) == 0 exactly (attained by the best agent), so logsumexp needs no shift
     # and lies in [0, log N].
     return logw - jax.nn.logsumexp(logw, axis=-1, keepdims=True)
@@ -131,7 +138,7 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
         start = c * chunk
         e = jax.lax.dynamic_slice_in_dim(energy, start, chunk, axis=-1)
         v = jax.lax.dynamic_slice_in_dim(valid, start, chunk, axis=-1)
-        w = jnp.where(v, jnp.exp(-a * jnp.where(v, e - e_min, 0.0)), 0.0)
+        w = jnp.where(v, jnp.exp(gibbs_exponent(a, jnp.where(v, e - e_min, 0.0))), 0.0)
         rows, _ = pop.zero_nonfinite_rows(_rows(population, start, chunk))  # 0 · NaN would be NaN
         part = jax.tree_util.tree_map(
             lambda leaf: jnp.tensordot(w.astype(leaf.dtype), leaf, axes=(-1, 0)), rows)

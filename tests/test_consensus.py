@@ -199,3 +199,17 @@ def test_effective_sample_size_mask_and_batch():
     mask = jnp.asarray([[True] * 6, [True, True, False, False, False, False]])
     np.testing.assert_allclose(np.asarray(consensus.effective_sample_size(e, 1.0, mask)), [6.0, 2.0], rtol=1e-6)
     np.testing.assert_allclose(np.asarray(consensus.effective_sample_size(e, 1.0)), [6.0, 6.0], rtol=1e-6)
+
+
+def test_weights_at_the_limits_of_alpha_are_finite():
+    """α = ∞ (a Multiply schedule without a maximum overflows float32) is the arg-min, ties
+    shared; α = 0 is uniform also when the energy spread overflows float32 (∞ · 0 and 0 · ∞
+    are NaN in a plain product). The streaming kernel agrees."""
+    e = jnp.asarray([1.0, 0.0, 3.0, 0.0], jnp.float32)
+    np.testing.assert_array_equal(np.asarray(cj.consensus_weights(e, jnp.inf)), [0, 0.5, 0, 0.5])
+    huge = jnp.asarray([-3e38, 3e38], jnp.float32)  # E - E_min = inf in float32
+    np.testing.assert_array_equal(np.asarray(cj.consensus_weights(huge, 0.0)), [0.5, 0.5])
+    x = jnp.arange(8.0, dtype=jnp.float32).reshape(4, 2)
+    for alpha, energy, want in ((jnp.inf, e, [4.0, 5.0]), (0.0, jnp.concatenate([huge, huge]), [3.0, 4.0])):
+        np.testing.assert_array_equal(np.asarray(cj.consensus_point(x, energy, alpha)), want)
+        np.testing.assert_array_equal(np.asarray(consensus.streaming_consensus_point(x, energy, alpha, chunk=2)), want)

@@ -42,6 +42,7 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
+from cbo_jax.consensus import gibbs_exponent
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
@@ -170,7 +171,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     # Energies shifted by the smallest valid one (the weights are normalised per row, so a
     # common shift cancels): -α E itself overflows float32 for large α |E|.
     e_min = jnp.min(jnp.where(ok, energy, jnp.inf))
-    ebias = jnp.where(ok, -alpha * jnp.where(ok, energy - e_min, 0), -jnp.inf)
+    ebias = jnp.where(ok, gibbs_exponent(jnp.asarray(alpha, x.dtype), jnp.where(ok, energy - e_min, 0)), -jnp.inf)
     kf = alpha if kernel_factor == "alpha" else 1.0
     b, nb = _blocks(n, chunk, x.shape[1])
     dmax = _max_distance(xz, ok, b, nb) if kernel == "taz" else None
