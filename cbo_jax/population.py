@@ -78,9 +78,11 @@ def weighted_mean(population: PyTree, weights: jax.Array) -> PyTree:
 def weighted_average(population: PyTree, weights: jax.Array) -> PyTree:
     """``Σ_i w_i x_i / Σ_i w_i`` over the agent axis for weights ``>= 0`` (``(N,)`` or ``(K, N)``).
 
-    All-zero weights give zeros (no division by zero).
+    All-zero weights give zeros (no division by zero); any positive total, however small, is
+    normalised exactly.
     """
-    w = weights / jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), 1e-30)
+    total = jnp.sum(weights, axis=-1, keepdims=True)
+    w = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1), 0)
     return weighted_mean(population, w)
 
 

@@ -213,3 +213,14 @@ def test_weights_at_the_limits_of_alpha_are_finite():
     for alpha, energy, want in ((jnp.inf, e, [4.0, 5.0]), (0.0, jnp.concatenate([huge, huge]), [3.0, 4.0])):
         np.testing.assert_array_equal(np.asarray(cj.consensus_point(x, energy, alpha)), want)
         np.testing.assert_array_equal(np.asarray(consensus.streaming_consensus_point(x, energy, alpha, chunk=2)), want)
+
+
+def test_weighted_average_normalises_any_positive_total():
+    """``Σ w_i x_i / Σ w_i`` for tiny weights too (a clamp of the total at 1e-30 scaled the
+    result down); all-zero weights give zeros."""
+    from cbo_jax import population as pop
+    x = jnp.asarray([[1.0], [3.0]], jnp.float32)
+    np.testing.assert_allclose(np.asarray(pop.weighted_average(x, jnp.asarray([1e-33, 1e-33], jnp.float32))), [2.0])
+    np.testing.assert_array_equal(np.asarray(pop.weighted_average(x, jnp.zeros(2, jnp.float32))), [0.0])
+    rows = pop.weighted_average(x, jnp.asarray([[1e-36, 0.0], [0.0, 0.0]], jnp.float32))  # (K, N) weights
+    np.testing.assert_allclose(np.asarray(rows), [[1.0], [0.0]])
