@@ -180,6 +180,13 @@ def test_bad_input():
         cj.simulate(dyn, particles(np.full((10, 3), np.nan, np.float32)), jax.random.key(0), 1)
     with pytest.raises(ValueError, match="upper"):
         clustered(objs, upper=[objectives.Sphere()] * 3)
+    # every objective is traced on the particles' shapes, the upper ones and the K-th lower one too:
+    # an objective of ONE particle ((d,) -> ()) would broadcast one energy to all particles
+    one_particle = lambda th: jnp.sum((th - 1.0) ** 2)  # noqa: E731
+    with pytest.raises(ValueError, match="upper objective 0 must return one energy per particle.*ONE particle"):
+        cj.simulate(cb2o(objectives.Sphere(), one_particle), particles(x), jax.random.key(0), 1)
+    with pytest.raises(ValueError, match="lower objective 1 must return one energy per particle"):
+        cj.simulate(clustered([objs[0], one_particle]), particles(x), jax.random.key(0), 1)
 
 
 def test_cb2o_consensus_matches_numpy_quantile_reference():

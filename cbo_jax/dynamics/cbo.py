@@ -310,18 +310,24 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     _checks.all_finite(name, x0)
     if extra is not None:
         extra(single, n)
+    check_objective(name, objective, single, n)
+    return n
+
+
+def check_objective(name: str, objective, single: PyTree, n: int, what: str = "objective") -> None:
+    """Trace ``objective`` on the shapes of one run's population ``single`` (``N = n``
+    agents): it must run and return ``(n,)``; a clear ``ValueError`` otherwise."""
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
     except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise ValueError(f"objective failed on a population shaped like {name}: {err}") from err
+        raise ValueError(f"{what} failed on a population shaped like {name}: {err}") from err
     if tuple(out.shape) != (n,):
         hint = ""
         if looks_single_particle(objective, single):
             hint = (" It looks like an objective of ONE particle (it maps one particle to a scalar): lift it with "
                     "cbo_jax.population.per_agent(f) (cbo_jax.minimize does this by itself).")
-        raise ValueError(f"objective must return one energy per particle, shape ({n},); got {tuple(out.shape)}."
+        raise ValueError(f"{what} must return one energy per particle, shape ({n},); got {tuple(out.shape)}."
                          + hint)
-    return n
 
 
 def looks_single_particle(objective, population: PyTree) -> bool:

@@ -41,7 +41,7 @@ from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
-from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_population
+from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_objective, check_population
 from cbo_jax.schedules import as_schedule
 from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal, written_out
 
@@ -425,7 +425,12 @@ def clustered(
         if not isinstance(p, Particles):
             raise ValueError(f"{name} must be a Particles bundle: cbo_jax.dynamics.clustered.particles(x, label, ...)")
         lead = 1 if num_runs is not None else 0
-        n = check_population(f"{name}.x", p.x, lambda x: losses(x)[0], num_runs)
+        n = check_population(f"{name}.x", p.x, lower[0], num_runs)
+        single = jax.tree_util.tree_map(lambda leaf: leaf[0], p.x) if num_runs is not None else p.x
+        for what, fs in (("lower objective", lower), ("upper objective", uppers or [])):
+            for i, f in enumerate(fs):
+                if not (what == "lower objective" and i == 0):  # checked with the population above
+                    check_objective(f"{name}.x", f, single, n, what=f"{what} {i}")
         lab = np.asarray(p.label)
         if lab.shape[lead:] != (n,):
             raise ValueError(f"{name}.label must have one entry per particle ({n}), got shape {lab.shape}")
@@ -455,7 +460,10 @@ def cb2o(
     """The single-class CB²O system, eq. (1.2)–(1.5): minimise ``G`` over the minimisers of ``L``.
 
     Consensus weights ``exp(-α G)`` on the β-quantile sub-level set of ``L``;
-    ``beta`` (default ``0.5`` here) is a :class:`ClusteredConfig` field.
+    ``beta`` is a :class:`ClusteredConfig` field. Without ``config`` it defaults to ``0.5``
+    here; a ``config`` given is used as it is, and :class:`ClusteredConfig`'s own default
+    ``beta=1.0`` keeps every particle in the quantile set, so the lower level then plays no
+    part in the weights: set ``beta`` in the config.
     """
     if config is None:
         overrides.setdefault("beta", 0.5)
