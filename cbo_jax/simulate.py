@@ -299,7 +299,12 @@ def _state_levels(state, num_runs) -> int:
     step = getattr(state, "step", None)
     if step is None:
         return int(num_runs is not None)
-    return int(np.ndim(step))
+    shape = np.shape(step)
+    if num_runs is not None and (not shape or shape[-1] != num_runs):
+        runs = f"{shape[-1]} runs on its run axis" if shape else "no run axis"
+        raise ValueError(f"initial_state has {runs}, but num_runs={num_runs}: pass the num_runs it was made with "
+                         "(None for a state of one run)")
+    return len(shape)
 
 
 def _progress_bar(total: int, desc: str):

@@ -245,6 +245,13 @@ def test_checkpoint_and_resume_equals_whole_run(tmp_path):
     np.testing.assert_array_equal(rest.history["best_energy"], whole.history["best_energy"][40:])
     with pytest.raises(ValueError, match="no checkpoint there"):
         checkpoint.restore(tmp_path / "missing", like)
+    # a num_runs that does not match the state's run axis is refused (it used to run 3 runs
+    # for num_runs=5, and one for a state of one run with num_runs=2)
+    with pytest.raises(ValueError, match="initial_state has 3 runs on its run axis, but num_runs=5"):
+        cj.simulate(dyn, None, None, 5, num_runs=5, initial_state=state)
+    one = cj.simulate(dyn, x0[0], jax.random.key(5), 2).state
+    with pytest.raises(ValueError, match="initial_state has no run axis, but num_runs=2"):
+        cj.simulate(dyn, None, None, 5, num_runs=2, initial_state=one)
 
 
 @pytest.mark.parametrize("rng", ["fast", "partitionable"])
