@@ -203,9 +203,14 @@ def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = N
 
     ``q_β`` is the β-quantile (linear interpolation, as ``numpy.quantile``) of the
     energies of the valid agents (finite, and ``mask`` where given) along the last
-    axis. ``β = 1`` keeps every valid agent (plain CBO). Returns a boolean array of
-    the shape of ``energy``; invalid agents are never in the set.
+    axis. ``β = 1`` keeps every valid agent (plain CBO). ``beta`` is one number in
+    ``(0, 1]`` for every row (a Python number is checked here; a traced one cannot be).
+    Returns a boolean array of the shape of ``energy``; invalid agents are never in the set.
     """
+    if isinstance(beta, (int, float)) and not 0.0 < beta <= 1.0:
+        raise ValueError(f"quantile_mask: beta must lie in (0, 1], got {beta}")
+    if jnp.ndim(beta) != 0:
+        raise ValueError(f"quantile_mask: beta must be one number for every row, got shape {jnp.shape(beta)}")
     energy = jnp.asarray(energy)
     valid = jnp.isfinite(energy)
     if mask is not None:

@@ -224,3 +224,13 @@ def test_weighted_average_normalises_any_positive_total():
     np.testing.assert_array_equal(np.asarray(pop.weighted_average(x, jnp.zeros(2, jnp.float32))), [0.0])
     rows = pop.weighted_average(x, jnp.asarray([[1e-36, 0.0], [0.0, 0.0]], jnp.float32))  # (K, N) weights
     np.testing.assert_allclose(np.asarray(rows), [[1.0], [0.0]])
+
+
+def test_quantile_mask_refuses_a_beta_outside_its_range_or_one_per_row():
+    e = jnp.arange(6.0)
+    for bad in (0.0, 2.0, -0.5):
+        with pytest.raises(ValueError, match=r"beta must lie in \(0, 1\]"):
+            cj.quantile_mask(e, bad)
+    with pytest.raises(ValueError, match="one number for every row"):
+        cj.quantile_mask(jnp.stack([e, e]), jnp.asarray([0.5, 0.5]))
+    np.testing.assert_array_equal(np.asarray(cj.quantile_mask(e, 0.5)), [True, True, True, False, False, False])
