@@ -3,6 +3,7 @@
 Determinism, resume and padding of every algorithm: tests/test_federated_engine.py."""
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -360,3 +361,17 @@ def test_grouped_test_evaluation_equals_the_per_agent_one():
             m = size if c is None else int(counts[k])
             out = np.asarray(TINY.apply(jax.tree_util.tree_map(lambda a: a[j], params), x[k]))[:m]
             assert abs(float(acc[j]) - np.mean(out.argmax(-1) == np.asarray(y[k])[:m])) < 1e-6
+
+
+class _Info(NamedTuple):
+    active: jax.Array
+    train_loss: jax.Array
+
+
+def test_round_stats_train_loss_is_the_mean_over_the_participants():
+    """Every agent trains in the vmapped kernel, but only G_n's training is kept: the
+    reported training loss is theirs (it was the mean over every agent)."""
+    info = metrics.round_stats(_Info(jnp.asarray([True, False, True, False]), jnp.asarray([1.0, 9.0, 3.0, 9.0])))
+    assert float(info["train_loss"]) == 2.0 and int(info["participants"]) == 2
+    none = metrics.round_stats(_Info(jnp.zeros(2, bool), jnp.asarray([1.0, 2.0])))
+    assert np.isnan(float(none["train_loss"]))  # no participant, no training loss

@@ -293,6 +293,21 @@ def test_dfedavgm_neighbours_stay_in_their_group_and_average_by_size(ds):
         dfedavgm(TINY, DFedAvgMConfig(M=6), ds.cluster)  # clusters have 6 agents: at most 5 neighbours
 
 
+def test_data_split_otherwise_than_the_algorithm_was_built_for_is_named_at_trace_time(ds):
+    data, key = ds.attack_data(), jax.random.key(0)  # 8 benign agents, 4 attackers
+    alg = fedcb2o(TINY, FedCB2OConfig(M=5, local=LOCAL), ds.cluster, ds.malicious)
+    jax.eval_shape(alg.round, alg.init(key), data)  # the split it was built for traces
+    mask = np.r_[[False] * 9, [True] * 3]  # the same 12 agents: 9 benign, 3 attackers
+    alg = fedcb2o(TINY, FedCB2OConfig(M=5, local=LOCAL), ds.cluster, mask)
+    with pytest.raises(ValueError, match=r"holds 8 benign agents \(8 validation splits\) and 4 attackers, but fedcb2o "
+                                         r"was built for 9 benign agents and 3 attackers"):
+        jax.eval_shape(alg.round, alg.init(key), data)
+    oracle_min = dfedavgm(TINY, DFedAvgMConfig(M=3, local=LOCAL), ds.cluster)  # groups of all 12 agents
+    with pytest.raises(ValueError, match=r"holds 8 agents \(8 benign, 0 attackers\), but dfedavgm was built for "
+                                         r"groups of 12 agents"):
+        jax.eval_shape(oracle_min.round, oracle_min.init(key), ds.attack_data(attackers=False))
+
+
 # --- metrics ------------------------------------------------------------------------------------
 
 def test_attack_metrics_and_fig5_categories():

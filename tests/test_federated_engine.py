@@ -22,6 +22,7 @@ import pytest
 import _federated_variants as fv
 import cbo_jax.federated as fl
 from cbo_jax.federated import padding
+from cbo_jax.writer import read_jsonl
 
 REGISTRY = ("fedcbo_egreedy_iso", "fedavg", "ifca", "local", "fedpd", "fedsgld", "fedcb2o_G", "oracle_max")
 
@@ -285,3 +286,50 @@ def test_metrics_writer_keeps_json_valid(tmp_path):
     with MetricsWriter(tmp_path, keep=[{"round": 1}]) as w:
         w.write({"round": 2})
     assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+def test_checkpoint_every_is_honoured_between_evaluations_and_a_resume_from_one_equals_the_whole_run(tmp_path,
+                                                                                                      monkeypatch):
+    from cbo_jax import checkpoint as ckpt
+    from cbo_jax.federated import runner
+
+    rng = np.random.default_rng(0)
+    data = fl.AgentData(jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32),
+                        jnp.asarray(rng.integers(0, 3, size=(4, 8)), jnp.int32), jnp.full((4,), 8, jnp.int32))
+    alg = fl.local_only(fl.from_flax(nn.Dense(3), np.zeros((1, 2), np.float32)),
+                        fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4)), 4)
+    kw = dict(every=3, metrics=[lambda ev: {"evaluated": ev.round}], round_metrics=[fl.metrics.round_stats],
+              progress=False, plots=False)
+    whole = fl.run(alg, data, 9, jax.random.key(0), **kw)
+    saved, save = [], ckpt.save
+
+    def spy(path, state, *, step, **k):
+        saved.append(step)
+        return save(path, state, step=step, **k)
+
+    monkeypatch.setattr(runner.ckpt, "save", spy)
+    ck = fl.run(alg, data, 9, jax.random.key(0), checkpoint_every=2, out=tmp_path / "ck", **kw)
+    assert saved == [2, 4, 6, 8, 9]  # every 2 rounds and after the last, though evaluations come every 3
+    strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
+    assert strip(ck.history) == strip(whole.history)  # the same rows: evaluated at rounds 3, 6 and 9 only
+    assert [r["round"] for r in whole.history if "evaluated" in r] == [3, 6, 9]
+
+    def killed(path, state, *, step, **k):  # the run is killed just after its checkpoint at round 4
+        spy(path, state, step=step, **k)
+        if step == 4:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner.ckpt, "save", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fl.run(alg, data, 9, jax.random.key(0), checkpoint_every=2, out=tmp_path / "part", **kw)
+    monkeypatch.setattr(runner.ckpt, "save", spy)
+    saved.clear()
+    res = fl.run(alg, data, 9, jax.random.key(0), checkpoint_every=2, out=tmp_path / "part", resume=True, **kw)
+    assert saved == [6, 8, 9]
+    for a, b, c in zip(jax.tree_util.tree_leaves(whole.state), jax.tree_util.tree_leaves(ck.state),
+                       jax.tree_util.tree_leaves(res.state)):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b, c = (jax.random.key_data(v) for v in (a, b, c))
+        np.testing.assert_array_equal(a, b)  # bitwise, whatever the scan blocks
+        np.testing.assert_array_equal(a, c)
+    assert strip(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == strip(whole.history)

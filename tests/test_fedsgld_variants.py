@@ -129,6 +129,24 @@ def test_per_sample_accountant_by_hand_and_against_dp_accounting():
     assert brep.device_epsilon.shape == (R, 4) and np.all(brep.device_epsilon == brep.epsilon[:, None])
 
 
+@pytest.mark.parametrize("clipping", ["per_sample", "batch"])
+def test_privacy_metric_takes_device_sizes_and_goes_on_past_its_rounds(clipping):
+    """The ``privacy`` evaluation metric: per-sample clipping with the device sizes, and a
+    run extended beyond ``rounds`` (resume with extend) gets ε of its later rounds."""
+    from cbo_jax.federated import metrics
+
+    oracle = SGLDConfig(steps=6, burn_in=3, lr=0.01, noise=0.5, clip_norm=2.0, sampling_rate=0.2, clipping=clipping)
+    cfg = FedSGLDConfig(oracle=oracle, delta=1e-5)
+    kw = {"device_sizes": [45, 30, 100]} if clipping == "per_sample" else {}
+    whole = privacy.account(cfg, 7, **kw).epsilon
+    metric = metrics.privacy(cfg, 3, **kw)
+    ev = lambda r: metrics.Evaluation(r, False, None, "server", None)  # noqa: E731
+    assert [metric(ev(r))["epsilon"] for r in (3, 4, 7, 1)] == [whole[2], whole[3], whole[6], whole[0]]
+    if clipping == "per_sample":
+        with pytest.raises(ValueError, match="device_sizes"):
+            metrics.privacy(cfg, 3)
+
+
 # ----------------------------------------------------------------------------- the chain's start
 
 

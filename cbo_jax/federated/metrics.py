@@ -60,10 +60,19 @@ class Evaluation(NamedTuple):
 
 
 def round_stats(info) -> dict:
-    """Mean local training loss, ε of the selection, participants in ``G_n``."""
+    """Mean local training loss, ε of the selection, participants in ``G_n``.
+
+    ``train_loss`` is the mean over the agents of ``G_n`` where the info has ``active``: every
+    agent trains in the vmapped kernel, but only the participants' training is kept.
+    """
     out = {}
     if hasattr(info, "train_loss"):
-        out["train_loss"] = jnp.mean(info.train_loss)
+        if hasattr(info, "active"):
+            # NaN for a round without participants (there is no training loss to report)
+            out["train_loss"] = (jnp.sum(jnp.where(info.active, info.train_loss, 0))
+                                 / jnp.sum(info.active).astype(info.train_loss.dtype))
+        else:
+            out["train_loss"] = jnp.mean(info.train_loss)
     if hasattr(info, "eps"):
         out["eps"] = info.eps
     if hasattr(info, "active"):
@@ -402,14 +411,21 @@ def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
     return metric
 
 
-def privacy(cfg, rounds: int, delta: float | None = None) -> Callable:
-    """FedSGLD's per-device ``epsilon`` after each round (:func:`cbo_jax.federated.privacy.account`)."""
+def privacy(cfg, rounds: int, delta: float | None = None, device_sizes=None) -> Callable:
+    """FedSGLD's per-device ``epsilon`` after each round (:func:`cbo_jax.federated.privacy.account`;
+    per-sample clipping: the least protected device's, which needs ``device_sizes``, the ``n_i``).
+
+    ε is tabled for ``rounds`` rounds; a run extended beyond them (``resume=True,
+    extend=True``) gets the table recomputed for its later rounds.
+    """
     from cbo_jax.federated import privacy as dp
 
-    eps = dp.account(cfg, rounds, delta).epsilon
+    table = [dp.account(cfg, rounds, delta, device_sizes=device_sizes).epsilon]
 
     def metric(ev: Evaluation) -> dict:
-        return {"epsilon": float(eps[ev.round - 1])}
+        if ev.round > len(table[0]):  # ε after k rounds does not depend on how many are tabled
+            table[0] = dp.account(cfg, max(ev.round, 2 * len(table[0])), delta, device_sizes=device_sizes).epsilon
+        return {"epsilon": float(table[0][ev.round - 1])}
 
     return metric
 

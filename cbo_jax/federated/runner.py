@@ -4,8 +4,10 @@
 jitted ``lax.scan`` (compiled once, reused; the state is donated), computing the round
 metrics inside the scan from each round's info; then, on the host, it evaluates the
 evaluation metrics, writes one row per round, updates the progress bar and optionally
-checkpoints. Nothing here knows which algorithm runs: what is measured is the metric
-functions passed in (:mod:`cbo_jax.federated.metrics`).
+checkpoints. With ``checkpoint_every``, the scans are ``gcd(every, checkpoint_every)``
+rounds long, and the host stops at every evaluation round and every checkpoint round;
+where the scans end changes no number. Nothing here knows which algorithm runs: what is
+measured is the metric functions passed in (:mod:`cbo_jax.federated.metrics`).
 
 With ``out``, the run leaves a results directory: ``metrics.jsonl`` (one row per
 round; TensorBoard event files too with ``tensorboard=True``), ``config.json``,
@@ -27,6 +29,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Sequence
@@ -95,13 +98,14 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       metrics: evaluation metrics ``f(Evaluation) -> dict``, run every ``every`` rounds
         and after the last.
       round_metrics: round metrics ``f(info) -> dict`` of arrays, traced every round.
-      every: rounds per compiled scan and between evaluations.
+      every: rounds between evaluations (and per compiled scan without ``checkpoint_every``).
       out: results directory (``metrics.jsonl``, ``config.json``, ``summary.json``, plots).
       config: what ``config.json`` records (a dataclass or a dict; default: the algorithm's
         name and config, ``rounds`` and ``every``).
       mesh: a :func:`cbo_jax.sharding.agent_mesh` to split the agents over devices.
-      checkpoint_every: with ``out``, checkpoint every this many rounds (and after the
-        last) to ``out/checkpoint`` (:mod:`cbo_jax.checkpoint`).
+      checkpoint_every: with ``out``, checkpoint after every round that is a multiple of
+        this (whatever ``every``; and after the last) to ``out/checkpoint``
+        (:mod:`cbo_jax.checkpoint`).
       resume: with ``out``, continue from ``out/checkpoint`` when it exists: the state
         and the rows up to its round are restored, and the run goes on to ``rounds``.
         A run stopped after round r and resumed ends in exactly the state, and writes
@@ -235,27 +239,40 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         bar = tqdm(total=rounds, initial=done, desc=algorithm.name, unit="round", dynamic_ncols=True)
     last_eval: dict = {}
     try:
+        # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
+        # a couple of scan lengths compile. The rounds are the same whatever the scans.
+        step = every if not checkpoint_every else math.gcd(every, checkpoint_every)
         while done < rounds:
-            # Evaluation rounds are multiples of every (and the last), also after a resume.
-            length = min(every - done % every, rounds - done)
-            state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
-                                      length=length)
-            rec = to_python(jax.device_get(rec))
-            done += length
+            # Stop at the next evaluation round (multiples of every, and the last, also after a
+            # resume) or checkpoint round (multiples of checkpoint_every).
+            stop = min(rounds, _next_multiple(done, every), _next_multiple(done, checkpoint_every or rounds))
+            start, recs = done, []
+            while done < stop:
+                length = min(step - done % step, stop - done)
+                state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
+                                          length=length)
+                recs.append((length, rec))
+                done += length
+            recs = to_python(jax.device_get(recs))
             user = lay.unpad_state(state)
-            kind, params = algorithm.eval_models(user)
-            last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params))
-            for i in range(length):
-                row = {"round": done - length + i + 1}
-                row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
-                if i == length - 1:
-                    row.update(last_eval)
-                    row["elapsed_s"] = round(time.perf_counter() - t0, 3)
-                history.append(row)
-                if writer is not None:
-                    writer.write(row)
+            evaluate = done % every == 0 or done == rounds
+            if evaluate:
+                kind, params = algorithm.eval_models(user)
+                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params))
+            r = start
+            for length, rec in recs:
+                for i in range(length):
+                    r += 1
+                    row = {"round": r}
+                    row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
+                    if evaluate and r == done:
+                        row.update(last_eval)
+                        row["elapsed_s"] = round(time.perf_counter() - t0, 3)
+                    history.append(row)
+                    if writer is not None:
+                        writer.write(row)
             if bar is not None:
-                bar.update(length)
+                bar.update(done - start)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
                 ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp})
@@ -275,6 +292,10 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         if plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
     return RunResult(lay.unpad_state(state), history, summary)
+
+
+def _next_multiple(done: int, k: int) -> int:
+    return (done // k + 1) * k
 
 
 def _scalars(row: dict) -> dict:

@@ -86,9 +86,10 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
     """Build DFedAvgM over agents with group ids ``groups`` (``(N,)``; the oracle's clusters).
 
     The round function takes :class:`~cbo_jax.federated.attacks.AttackData` (its
-    training groups; the validation splits are not used). Agents after the ``N`` it was
-    built for (inactive padding agents of a sharded run) are nobody's neighbour and keep
-    their models.
+    training groups; the validation splits are not used) of the ``N`` agents of
+    ``groups`` (fewer are refused with a ``ValueError`` when the round is traced). Agents
+    after the ``N`` it was built for (inactive padding agents of a sharded run) are
+    nobody's neighbour and keep their models.
     """
     groups = np.asarray(groups, np.int32)
     n = groups.shape[0]
@@ -104,6 +105,9 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         return DFedAvgMState(params, jax.vmap(make_optimizer(cfg.local).init)(params), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: DFedAvgMState, data: AttackData):
+        if data.num_agents < n:  # static shapes: named at trace time (Oracle Min's data needs its benign groups)
+            raise ValueError(f"the data holds {data.num_agents} agents ({data.benign.num_agents} benign, "
+                             f"{data.malicious.num_agents} attackers), but {name} was built for groups of {n} agents")
         key, k_local, k_sel = jax.random.split(state.key, 3)
         trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, data.groups, k_local)
         size = pop.num_agents(trained.params)

@@ -195,9 +195,11 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         attackers' strategy reads them.
       num_classes: classes of the validation losses (default ``model.num_classes``).
 
-    The round function takes :class:`~cbo_jax.federated.attacks.AttackData`. Agents
-    after the ``N`` it was built for (inactive padding agents of a sharded run) are
-    never selected and keep their models.
+    The round function takes :class:`~cbo_jax.federated.attacks.AttackData` split as
+    ``malicious`` says (``N_b`` benign agents with their validation splits, then the
+    attackers); data split otherwise is refused with a ``ValueError`` when the round is
+    traced. Agents after the ``N`` it was built for (inactive padding agents of a sharded
+    run) are never selected and keep their models.
     """
     cluster = np.asarray(cluster, np.int32)
     malicious = np.asarray(malicious, bool)
@@ -213,6 +215,7 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
     if num_classes is None:
         raise ValueError("FedCB²O compares class-wise losses: it needs a classifier (model.num_classes)")
     attackers = np.nonzero(malicious)[0]
+    default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
     rule = selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta)
 
     def init(key: jax.Array) -> FedCB2OState:
@@ -223,7 +226,17 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         return FedCB2OState(params, jax.vmap(make_optimizer(cfg.local).init)(params), rule.init(nb, n),
                             jnp.zeros((), jnp.int32), k_state)
 
+    def check_split(data: AttackData) -> None:
+        # The shapes are static: a data split other than the mask's is named at trace time. Padding
+        # agents (sharded runs) come after the last group: the attackers, or the benign agents.
+        b, m, v = data.benign.num_agents, data.malicious.num_agents, data.val.num_agents
+        if v != nb or not (b == nb and m >= n - nb if attackers.size else b >= nb and m == 0):
+            raise ValueError(f"the data holds {b} benign agents ({v} validation splits) and {m} attackers, but "
+                             f"{name or default} was built for {nb} benign agents and {n - nb} attackers (its "
+                             f"malicious mask)")
+
     def round_fn(state: FedCB2OState, data: AttackData):
+        check_split(data)
         key, k_local, k_sel, k_att = jax.random.split(state.key, 4)
         trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, data.groups, k_local)
         params = trained.params
@@ -246,5 +259,4 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid)
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
-    default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
     return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg)
