@@ -264,6 +264,9 @@ def values_from_dict(data: dict, cls, *, prefix: tuple[str, ...] = (), flat: dic
             p = path + (k,)
             if p in groups and isinstance(v, dict):
                 walk(v, p)
+            elif p in groups:  # a section given as something other than an object
+                raise ValueError(f"{source}: {'.'.join(p)} is a section of options: it needs a JSON object "
+                                 f"({{...}}), got {type(v).__name__} {v!r}")
             elif p in leaves:
                 out[p] = check_value(v, leaves[p].type, f"{source}: {'.'.join(p)}")
             elif not path and flat and k in flat:

@@ -121,6 +121,7 @@ def test_run_bad_input_is_a_clear_error(tmp_path, capsys, algorithm, extra, matc
         ({**TINY_BASELINE, "lr": "0.1"}, "lr: expected float"),
         ({**TINY_BASELINE, "reset_optimizer": "no"}, "reset_optimizer: expected bool"),
         ([1, 2], "expected a JSON object"),
+        ({**TINY_BASELINE, "data": 5}, "data is a section of options: it needs a JSON object"),
         ("{not json", "not valid JSON"),
     ],
 )
