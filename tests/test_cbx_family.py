@@ -466,3 +466,88 @@ def test_every_dynamic_sharded_over_eight_devices_equals_one_device():
             continue
         assert out[name] < 1e-4 and out[name + "_best"] < 1e-4, (name, out)
         assert "agents" in out[name + "_spec"]
+
+
+def test_max_evals_checks_the_first_step():
+    """``max_evals`` is checked before every step (as CBXpy does), the first included: N = 8 and a
+    budget of 12 take no step (before, the first step was never checked and the count reached 16)."""
+    f = objectives.Rastrigin()
+    x0 = _x0((8, 3))
+    res = cj.simulate(cj.cbo(f, max_evals=12), x0, 0, 3)
+    assert int(res.state.step) == 0 and int(res.state.evals) == 8 and not bool(res.state.active)
+    np.testing.assert_array_equal(res.history["evals"], [8, 8, 8])
+    res = cj.simulate(cj.cbo(f, max_evals=16), x0, 0, 3)  # exactly one step fits
+    np.testing.assert_array_equal(res.history["evals"], [16, 16, 16])
+    assert int(res.state.step) == 1
+
+
+def test_max_evals_counts_the_prestep():
+    """DriftConstrainedCBO's independent-noise pre-step re-evaluates all N particles when it fires:
+    the budget looks ahead at it (before, max_evals=25 with N = 8 reached 32)."""
+    f = objectives.Rastrigin()
+    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=0.1, eps_indep=1e3,
+                                   max_evals=25)
+    res = cj.simulate(dyn, _x0((8, 3)), 0, 5)  # the pre-step fires from the second step on
+    assert int(np.max(res.history["evals"])) <= 25
+    np.testing.assert_array_equal(res.history["evals"], [16] * 5)
+    assert int(res.state.step) == 1 and not bool(res.state.active)
+    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=0.1, eps_indep=1e3,
+                                   max_evals=32)
+    res = cj.simulate(dyn, _x0((8, 3)), 0, 5)  # 8 + 8 + (8 + 8): the second step fits exactly
+    np.testing.assert_array_equal(res.history["evals"], [16, 32, 32, 32, 32])
+
+
+_PADDED_COUNTS = r"""
+import json, os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+import jax, numpy as np
+import cbo_jax as cj
+from cbo_jax import objectives, sharding
+from cbo_jax import resampling as R
+assert jax.device_count() == 8
+mesh = sharding.agent_mesh()
+f = objectives.Rastrigin()
+x0 = np.random.default_rng(0).uniform(-1, 1, (44, 2)).astype(np.float32)  # padded to 48
+out = {}
+cases = {
+    # update_thresh huge: the update-norm trigger fires whenever its lag is finite
+    "update": cj.cbo(f, rng="per-particle", resampling=R.Resampling(R.UpdateStagnation(update_thresh=1e6), sigma=0.5)),
+    "budget": cj.cbo(f, rng="per-particle", max_evals=44 * 4 + 10),  # init and 3 steps
+    # the spread falls below eps_indep from the third step on: the independent noise kicks (and re-evaluates)
+    "kick": cj.drift_constrained_cbo(f, constraints=lambda x: jax.numpy.sum(x ** 2) - 1, sigma_indep=1.0,
+                                     eps_indep=100.0, rng="per-particle"),
+}
+for name, dyn in cases.items():
+    a = cj.simulate(dyn, x0, 0, 6)
+    b = cj.simulate(dyn, x0, 0, 6, mesh=mesh)
+    out[name] = {"x": float(np.max(np.abs(np.asarray(a.state.x) - np.asarray(b.state.x[:44])))),
+                 "steps": [int(a.state.step), int(b.state.step)],
+                 "evals": [a.history["evals"].tolist(), b.history["evals"].tolist()],
+                 "resamplings": [np.asarray(h.history.get("resamplings", [])).tolist() for h in (a, b)]}
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_padding_agents_never_count_in_evaluations_or_update_norm():
+    """N = 44 padded to 48 over 8 simulated devices, per-particle noise: the padding rows are
+    neither counted as evaluations (``max_evals`` stopped the sharded run a step early) nor
+    summed into the update norm of ``UpdateStagnation`` (its NaN lag never fired) nor into
+    DriftConstrainedCBO's spread (a NaN mean, so the independent noise never kicked)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", _PADDED_COUNTS], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    upd, budget = out["update"], out["budget"]
+    assert upd["resamplings"][0] == [0, 1, 2, 3, 4, 5] and upd["resamplings"][1] == upd["resamplings"][0], upd
+    assert upd["evals"][1] == upd["evals"][0] and upd["x"] < 1e-4, upd
+    assert budget["steps"] == [3, 3] and budget["evals"][1] == budget["evals"][0] == [88, 132, 176, 176, 176, 176]
+    assert budget["x"] < 1e-4, budget
+    kick = out["kick"]  # the kick's spread is over the real agents (a NaN mean never kicked)
+    assert kick["evals"][1] == kick["evals"][0] == [88, 132, 220, 308, 396, 484] and kick["x"] < 1e-4, kick

@@ -146,33 +146,39 @@ def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: Drif
             delta = jnp.linalg.solve(A, x_tilde[..., None])[..., 0]
         return x - delta, st.aux
 
+    def kicks(state, x):
+        """Whether the independent noise kicks ``x`` (the particles around ``state``'s consensus;
+        their spread over the real agents, not a sharded run's NaN padding)."""
+        agents = core._agents(state, x.shape[0])
+        real = jnp.arange(x.shape[0]) < agents
+        sq = jnp.where(real, jnp.sum((x - state.consensus) ** 2, axis=1), 0)
+        spread = jnp.sum(sq) / agents.astype(sq.dtype) / x.shape[1]
+        return (state.step > 0) & (spread < state.params.extra.eps_indep)
+
     def prestep(state, key):
         prm = state.params
-        x0, c = state.x, state.consensus
-        d = x0.shape[1]
-
-        def spread(x):
-            return jnp.mean(jnp.sum((x - c) ** 2, axis=1)) / d
+        x0 = state.x
 
         def cond(carry):
             x, i = carry
-            return (state.step > 0) & (spread(x) < prm.extra.eps_indep)
+            return kicks(state, x)
 
         def body(carry):
             x, i = carry
             z = core.draw_normal(jax.random.fold_in(key, i), x, jnp.arange(x.shape[0]), config.rng)
             return x + (prm.extra.sigma_indep * jnp.sqrt(prm.dt)) * z, i + 1
 
-        x, kicks = jax.lax.while_loop(cond, body, (x0, jnp.zeros((), jnp.int32)))
-        kicked = kicks > 0
+        x, n_kicks = jax.lax.while_loop(cond, body, (x0, jnp.zeros((), jnp.int32)))
+        kicked = n_kicks > 0
         energy = jax.lax.cond(kicked, objective, lambda _: state.energy, x)
-        return state._replace(x=x, energy=energy), x0.shape[0] * kicked.astype(jnp.int32)
+        return state._replace(x=x, energy=energy), kicked
 
     def check(x0, n, cfg):
         _check_constraints(cfg.constraints, x0, n)
 
     kernel = core.Kernel(name="drift_constrained_cbo", move=move, corrects=False, check=check,
-                         prestep=prestep if config.sigma_indep > 0 else None)
+                         prestep=prestep if config.sigma_indep > 0 else None,
+                         prestep_evaluates=(lambda state: kicks(state, state.x)) if config.sigma_indep > 0 else None)
     return core.build(objective, config, kernel)
 
 

@@ -103,7 +103,12 @@ class FamilyConfig:
       energy_tol: stop a run once its best energy is ``<= energy_tol``.
       diff_tol: stop a run once its consensus point moves by less than ``diff_tol``.
       max_evals: stop a run before a step would take it past this many objective
-        evaluations (CBXpy's ``max_eval`` termination).
+        evaluations (CBXpy's ``max_eval`` termination, checked before every step as
+        CBXpy does): a step is taken only if the evaluations counted so far plus that
+        step's (its particles, ``E(m)`` where needed, and a pre-step's re-evaluation,
+        DriftConstrainedCBO's independent noise, when it will fire) stay
+        ``<= max_evals``. The ``N`` evaluations of ``init`` are always made; a budget below
+        them plus one step's (``2 N`` for plain CBO) takes no step at all.
       stagnation_patience, stagnation_tol: stop a run once the standard deviation of
         ``E(m)`` over the last ``stagnation_patience`` steps is below ``stagnation_tol``
         (CBXpy's ``energy_stagnation``; default tolerance ``1e-9``).
@@ -218,11 +223,15 @@ class Ctrl(NamedTuple):
       stagnation: ``(patience,)`` ring buffer of ``E(m)`` (``inf`` before it fills), or ``None``.
       resample: the resampling triggers' states, or ``None``.
       resamplings: int32 number of resamplings of this run so far, or ``None``.
+      agents: int32 number of real agents: the rows finite at ``init``; the rows after
+        them are the NaN padding of a sharded run (:mod:`cbo_jax.sharding`), which the
+        evaluation count and the update norm leave out. ``None``: every row.
     """
 
     stagnation: Any = None
     resample: Any = None
     resamplings: Any = None
+    agents: Any = None
 
 
 class Move(NamedTuple):
@@ -293,8 +302,11 @@ class Kernel(NamedTuple):
         (default: the consensus log-weights of ``state.energy``).
       advance: optional ``advance(state, m, key, in_batch) -> (x, energy, grad)`` that
         replaces move, clip and evaluation (CBO's chunked large-N path).
-      prestep: optional ``prestep(state, key) -> (state, evals)`` run before the consensus
-        (DriftConstrainedCBO's independent noise); ``evals``: objective evaluations it made.
+      prestep: optional ``prestep(state, key) -> (state, evaluated)`` run before the consensus
+        (DriftConstrainedCBO's independent noise); ``evaluated``: whether it re-evaluated the
+        objective at every particle (counted as the run's real agents).
+      prestep_evaluates: ``prestep_evaluates(state) -> bool``: whether the prestep of a step
+        from ``state`` will re-evaluate (the ``max_evals`` budget looks one step ahead).
     """
 
     name: str
@@ -309,6 +321,7 @@ class Kernel(NamedTuple):
     cov_weights: Callable | None = None
     advance: Callable | None = None
     prestep: Callable | None = None
+    prestep_evaluates: Callable | None = None
 
 
 def energy_evaluator(objective, uses_gradient: bool):
@@ -428,6 +441,14 @@ def _pick_row(tree, energy, row):
     return jax.tree_util.tree_map(pick, tree), jnp.sum(jnp.where(onehot, energy, 0))
 
 
+def _agents(state, n):
+    """The number of real (non-padding) agents of ``state``'s run (``n``: rows of the agent axis)."""
+    ctrl = state.ctrl
+    if ctrl is None or ctrl.agents is None:
+        return jnp.asarray(n, jnp.int32)
+    return ctrl.agents
+
+
 def _add_agent_axis(m):
     return jax.tree_util.tree_map(lambda leaf: leaf[None], m)
 
@@ -485,6 +506,8 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         energy, grad = evaluate(x0)
         n = energy.shape[0]
+        # A population is finite (check_population); non-finite rows are a sharded run's padding.
+        agents = jnp.sum(pop.tree_isfinite_rows(x0).astype(jnp.int32))
         alpha = jnp.asarray(params_lib.alpha_init(schedule, prm.alpha), dtype)
         aux = None if kernel.init_aux is None else kernel.init_aux(x0, energy, prm)
         row = _best_row(energy)
@@ -495,7 +518,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
             best_energy=energy[row], active=jnp.ones((), bool), params=prm,
             batch=None if config.batch_size is None else batching.init(n),
             in_batch=None if config.batch_size is None else jnp.ones((n,), bool),
-            aux=aux, evals=jnp.asarray(n, jnp.int32), ctrl=None,
+            aux=aux, evals=agents, ctrl=None,
         )
         m = consensus_of(state, None)
         ctrl = Ctrl(
@@ -503,8 +526,23 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
                         else jnp.full((config.stagnation_patience,), jnp.inf, dtype)),
             resample=None if resampling is None else resampling.init(m, dtype),
             resamplings=None if resampling is None else jnp.zeros((), jnp.int32),
+            agents=agents,
         )
-        return state._replace(consensus=m, ctrl=ctrl)
+        state = state._replace(consensus=m, ctrl=ctrl)
+        if config.early_stop and config.max_evals is not None:  # CBXpy checks before the first step too
+            state = state._replace(active=~over_budget(state, agents))
+        return state
+
+    def step_evals(agents):
+        """Objective evaluations of one step besides a prestep's: the particles and ``E(m)`` where needed."""
+        return agents + (0 if not needs_fm else agents if kernel.per_particle_consensus else 1)
+
+    def over_budget(state, agents):
+        """Whether the next step from ``state`` would take the run past ``max_evals``."""
+        nxt = step_evals(agents)
+        if kernel.prestep_evaluates is not None:
+            nxt = nxt + jnp.where(kernel.prestep_evaluates(state), agents, 0)
+        return state.evals + nxt > config.max_evals
 
     def _step(state0, m_given):
         state = state0
@@ -513,16 +551,16 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         batch, in_batch = state.batch, None
         if config.batch_size is not None:
             in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
+        agents = _agents(state, n)
         pre_evals = 0
         if kernel.prestep is not None:
-            state, pre_evals = kernel.prestep(state, jax.random.fold_in(state.key, PRESTEP_STREAM))
+            state, evaluated = kernel.prestep(state, jax.random.fold_in(state.key, PRESTEP_STREAM))
+            pre_evals = jnp.where(evaluated, agents, 0)
         m = consensus_of(state, in_batch) if m_given is None else m_given
         key, sub = jax.random.split(state.key)
-        extra_evals = 0
         f_m = None
         if needs_fm:
             f_m = energy_of_consensus(m)
-            extra_evals = n if kernel.per_particle_consensus else 1
         ids = jnp.arange(n, dtype=jnp.int32)
         ctrl = state.ctrl
         if kernel.advance is not None:
@@ -561,17 +599,18 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
                 # A cond (not a select) so that an un-jitted step draws only when it fires.
                 x = jax.lax.cond(fire, lambda x: jax.tree_util.tree_map(
                     lambda a, z: a + sigma_r * z, x, draw_normal(k_r, x, ids, config.rng)), lambda x: x, x)
-                if resampling.tracks_update_norm:
-                    sq = sum(jnp.sum((a - b) ** 2) for a, b in zip(jax.tree_util.tree_leaves(x),
-                                                                    jax.tree_util.tree_leaves(state.x)))
-                    trig = resampling.after_move(trig, jnp.sqrt(sq) / n)
+                if resampling.tracks_update_norm:  # over the real agents (not a sharded run's NaN padding)
+                    real = ids < agents
+                    sq = sum(jnp.sum(jnp.where(real.reshape((-1,) + (1,) * (a.ndim - 1)), (a - b) ** 2, 0))
+                             for a, b in zip(jax.tree_util.tree_leaves(x), jax.tree_util.tree_leaves(state.x)))
+                    trig = resampling.after_move(trig, jnp.sqrt(sq) / agents.astype(sq.dtype))
                 ctrl = ctrl._replace(resample=trig, resamplings=ctrl.resamplings + fire.astype(jnp.int32))
             energy, grad = evaluate(x)
         if kernel.absorb is not None:
             a = kernel.absorb(state, x, aux, energy)
         else:
             a = Absorbed(x, aux, energy, x, energy, state.energy)
-        return finish(state, state0, a, grad, m, key, batch, in_batch, f_m, ctrl, n + extra_evals, pre_evals)
+        return finish(state, state0, a, grad, m, key, batch, in_batch, f_m, ctrl, step_evals(agents), pre_evals)
 
     def finish(state, state0, a: Absorbed, grad, m, key, batch, in_batch, f_m, ctrl, evals, pre_evals):
         prm = state.params
@@ -607,7 +646,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
                                                            jax.tree_util.tree_leaves(state.consensus)))
             stop = stop | ((state.step > 0) & (jnp.sqrt(sq) < config.diff_tol))
         if config.max_evals is not None:
-            stop = stop | (new_evals + jnp.asarray(evals, jnp.int32) > config.max_evals)
+            stop = stop | over_budget(new, _agents(new, a.energy.shape[0]))
         new = new._replace(active=~stop)
         # A stopped run keeps its state exactly (including its key and step count).
         return jax.tree_util.tree_map(lambda u, v: jnp.where(state0.active, u, v), new, state0)
