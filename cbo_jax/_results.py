@@ -31,12 +31,13 @@ class ResultsDir:
       overwrite: remove earlier results first.
       owned: glob patterns of the files a run writes (default :data:`RUN_FILES`); ``None``:
         the whole directory belongs to the run (any entry counts as a result).
+      resumable: whether the run can resume (the refusal then suggests ``--resume``).
     """
 
     def __init__(self, path: str | Path, *, resume: bool = False, overwrite: bool = False,
-                 owned: tuple[str, ...] | None = RUN_FILES):
+                 owned: tuple[str, ...] | None = RUN_FILES, resumable: bool = True):
         self.path = Path(path)
-        self.resume, self.overwrite, self.owned = resume, overwrite, owned
+        self.resume, self.overwrite, self.owned, self.resumable = resume, overwrite, owned, resumable
         self._fh = None
 
     def _results(self) -> list[Path]:
@@ -72,7 +73,8 @@ class ResultsDir:
             if not self.overwrite:
                 self.__exit__()
                 names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found[:6])
-                raise ValueError(f"{self.path} already holds results ({names}); resume them, choose another output "
+                resume = "resume them (--resume), " if self.resumable else ""
+                raise ValueError(f"{self.path} already holds results ({names}); {resume}choose another output "
                                  f"directory, or overwrite them (--overwrite)")
             for p in found:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()

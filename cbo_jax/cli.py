@@ -23,12 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+from cbo_jax.experiments import positive_int as _positive_int  # one argparse type for counts
 
 
 def _add_optimize(sub) -> None:
@@ -54,8 +49,9 @@ def _add_optimize(sub) -> None:
                    help="with --dynamic mirror_cbo: the mirror map, with its default parameters (default L2); "
                         "start the particles in its admissible set (--init-low/--init-high): the best particle "
                         "is tracked from the initial ones, as in CBXpy")
-    p.add_argument("--noise", default="anisotropic",
-                   choices=["anisotropic", "isotropic", "constant", "covariance", "none"])
+    p.add_argument("--noise", default=None,
+                   choices=["anisotropic", "isotropic", "constant", "covariance", "none"],
+                   help="the noise model (default: the dynamic's own; anisotropic for cbo, covariance for cbs)")
     p.add_argument("--lambda2", type=float, default=0.0, help="gradient drift λ2")
     p.add_argument("--sigma2", type=float, default=0.0, help="gradient noise σ2")
     p.add_argument("--alpha", type=float, default=30.0, help="α (initial α for schedules)")
@@ -112,8 +108,10 @@ def _cmd_optimize(args) -> int:
         alpha = schedules.Multiplicative(args.alpha, args.alpha_factor, args.alpha_max)
     else:
         alpha = schedules.EffectiveSampleSize(eta=args.ess_eta, alpha0=args.alpha, alpha_max=args.alpha_max)
-    common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha, noise=args.noise,
+    common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha,
                   energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype)
+    if args.noise is not None:  # else the dynamic's own default (CBS's covariance noise is what makes it CBS)
+        common["noise"] = args.noise
     if args.mirror_map is not None and args.dynamic != "mirror_cbo":
         raise ValueError(f"--mirror-map needs --dynamic mirror_cbo (got --dynamic {args.dynamic})")
     if args.dynamic == "mirror_cbo":
@@ -143,7 +141,7 @@ def _cmd_optimize(args) -> int:
         from cbo_jax._results import ResultsDir
 
         # Before the simulation: an unusable or occupied output directory is an error now.
-        with ResultsDir(args.output, overwrite=args.overwrite,
+        with ResultsDir(args.output, overwrite=args.overwrite, resumable=False,
                         owned=("summary.json", "history.npz", "metrics.jsonl", "events.out.tfevents.*")):
             pass
     from cbo_jax.dynamics.family import DYNAMICS
@@ -295,7 +293,7 @@ def _cmd_reproduce(args) -> int:
     out_dir = args.output or Path("results") / exp.name
     args.output = out_dir
     t0 = time.perf_counter()
-    with ResultsDir(out_dir, overwrite=args.overwrite, owned=None):  # the whole directory is this reproduction's
+    with ResultsDir(out_dir, overwrite=args.overwrite, owned=None, resumable=False):  # the whole directory is this reproduction's
         result = exp.run(args)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         from cbo_jax.writer import write_summary
@@ -391,6 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback through JAX's internals
+        print("cbo-jax: interrupted (a run with --checkpoint-every resumes with --resume)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

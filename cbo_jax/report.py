@@ -33,6 +33,7 @@ import html
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -84,10 +85,15 @@ def flatten(obj: dict, prefix: str = "", max_list: int = 8) -> dict[str, Any]:
 
 
 def _read_json(path: Path) -> Any:
+    return _try_read_json(path)[0]
+
+
+def _try_read_json(path: Path) -> tuple[Any, str | None]:
+    """``(object, None)``, or ``(None, reason)`` for a file that cannot be read or parsed."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+        return json.loads(path.read_text()), None
+    except (OSError, ValueError) as err:
+        return None, str(err) or type(err).__name__
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -248,8 +254,12 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
         level = 2 if len(rel.parts) <= 1 else 3
         section: list[tuple] = []
         for js in sorted(d.glob("*.json")):
-            obj = _read_json(js)
-            if isinstance(obj, dict) and obj:
+            obj, err = _try_read_json(js)
+            if err is not None:  # shown, not skipped: a corrupt summary must not give an empty page
+                note = f"unreadable: {js.relative_to(root)}: {err}"
+                print(f"cbo-jax report: {note}", file=sys.stderr)
+                section.append(("p", f"unreadable: `{js.name}`: {err}"))
+            elif isinstance(obj, dict) and obj:
                 env = obj.get("environment")
                 if isinstance(env, dict):
                     obj = {k: v for k, v in obj.items() if k != "environment"}

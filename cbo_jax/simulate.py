@@ -247,7 +247,8 @@ def simulate(
             from cbo_jax._results import ResultsDir
             from cbo_jax.writer import MetricsWriter
 
-            guard = ResultsDir(out, overwrite=overwrite, owned=("metrics.jsonl", "events.out.tfevents.*")).__enter__()
+            guard = ResultsDir(out, overwrite=overwrite, owned=("metrics.jsonl", "events.out.tfevents.*"),
+                               resumable=False).__enter__()
             writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
             stride = log_every or max(1, num_steps // 1000)
         try:

@@ -101,7 +101,8 @@ def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
     hist = np.load(out / "history.npz")
     np.testing.assert_allclose([r["best_energy"] for r in rows], hist["best_energy"][[0, 9, 19, 29]], rtol=1e-6)
     capsys.readouterr()
-    assert main(args) == 2 and "already holds results" in capsys.readouterr().err  # no silent overwrite
+    err = capsys.readouterr().err if main(args) == 2 else ""
+    assert "already holds results" in err and "--resume" not in err  # no silent overwrite; optimize cannot resume
     assert main(args + ["--overwrite"]) == 0
     (tmp_path / "file").write_text("x")
     assert main(["optimize", "--steps", "1000000", "--no-progress", "--output", str(tmp_path / "file" / "sub")]) == 2
@@ -175,3 +176,105 @@ def test_optimize_mirror_cbo_is_the_library_run(capsys):
     assert 3 * (2 - 3 ** -0.5) ** 2 - 1e-4 <= best <= 3 * (2 - 3 ** -0.5) ** 2 + 0.2
     assert main(["optimize", "--mirror-map", "L2", "--no-progress"]) == 2
     assert "--mirror-map needs --dynamic mirror_cbo" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["rastrigin-success", "--runs", "-2"], "--runs"),
+    (["rastrigin-success", "--steps", "0"], "--steps"),
+    (["fedcbo-table1", "--seeds", "-1"], "--seeds"),
+    (["fedcbo-table1", "--rounds", "0"], "--rounds"),
+    (["fedcbo-noise", "--seeds", "0"], "--seeds"),
+    (["fedcb2o-attack", "--seeds", "-1"], "--seeds"),
+    (["fedcb2o-attack", "--rounds", "0"], "--rounds"),
+    (["fedcb2o-tg", "--T-G", "-1"], "--T-G"),
+    (["cb2o-malicious", "--dim", "0"], "--dim"),
+])
+def test_reproduce_counts_must_be_positive(argv, flag, capsys, tmp_path, monkeypatch):
+    """A count below 1 is a one-line usage error before any work (was: a raw MLIRError, a
+    KeyError after the sweep, or --rounds 0 silently running the default rounds)."""
+    import dataclasses
+
+    import cbo_jax.experiments as experiments
+
+    def ran(args):
+        raise AssertionError(f"the experiment ran with {argv}")
+
+    real = experiments.registry
+    monkeypatch.setattr(experiments, "registry",
+                        lambda: {k: dataclasses.replace(e, run=ran) for k, e in real().items()})
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and "must be >=" in err and "Traceback" not in err
+
+
+def test_reproduce_explicit_counts_are_not_replaced_by_defaults():
+    """``--rounds``/``--seeds`` given (even a falsy value) are used, never the scale's default."""
+    import argparse
+
+    from cbo_jax.experiments import fedcb2o_attack, fedcbo_table1
+
+    args = argparse.Namespace(scale="small", rounds=0, seeds=None, source="auto", data_dir=None, preset="paper")
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        fedcbo_table1._configs(args)
+    args.rounds, args.seeds = 2, 0
+    assert fedcbo_table1._configs(args)[1] == 0
+    seen = {}
+    args = argparse.Namespace(scale="small", seeds=0, rounds=None, epochs=None, lr=None, alpha=None, alpha_fedcbo=None,
+                              T_G=None, model=None)
+
+    def stop(variants, scale, seeds, args):
+        seen["seeds"] = seeds
+        raise RuntimeError("stop")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(fedcb2o_attack, "_run_variants", stop)
+    mp.setattr(fedcb2o_attack, "_cb2o_builder", lambda *a, **k: None)
+    mp.setattr(fedcb2o_attack, "_cb2o_cfg", lambda *a, **k: None)
+    mp.setattr(fedcb2o_attack, "_oracle_builder", lambda *a, **k: None)
+    try:
+        for run in (fedcb2o_attack.run_tg_sweep,):
+            with pytest.raises(RuntimeError, match="stop"):
+                run(args)
+            assert seen.pop("seeds") == 0
+    finally:
+        mp.undo()
+
+
+def test_optimize_cbs_keeps_its_covariance_noise(capsys):
+    """`--dynamic cbs` without `--noise` is CBS (covariance noise, its own default): the CLI's
+    noise default used to be anisotropic for every dynamic, which made CBS take the CBO step."""
+    import jax
+
+    from cbo_jax import schedules
+    from cbo_jax.dynamics.family import CBSConfig, cbs
+    from cbo_jax.objectives import get_objective
+    from cbo_jax.simulate import simulate
+
+    argv = ["optimize", "--dynamic", "cbs", "--objective", "sphere", "--dim", "2", "--particles", "20",
+            "--steps", "30", "--no-progress"]
+    assert main(argv) == 0
+    best = _last_json(capsys.readouterr().out)["best_energy"]
+    cfg = CBSConfig(alpha=schedules.Multiplicative(30.0, 1.05, 1e5))
+    assert cfg.noise == "covariance"
+    k_init, k_run = jax.random.split(jax.random.key(0))
+    x0 = jax.random.uniform(k_init, (1, 20, 2), minval=-3.0, maxval=3.0)
+    res = simulate(cbs(get_objective("sphere"), cfg), x0, k_run, 30, num_runs=1, progress=False)
+    assert best == float(res.state.best_energy.min())
+
+
+def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
+    """KeyboardInterrupt during a command ends it with one line on stderr, not a traceback."""
+    from cbo_jax import cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    for action in parser._subparsers._group_actions[0].choices.values():  # every command's function
+        action.set_defaults(func=interrupted)
+    assert cli.main(["optimize", "--no-progress"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == ["cbo-jax: interrupted (a run with --checkpoint-every resumes with --resume)"]

@@ -91,3 +91,10 @@ def test_meanfield_coupling_systems_depend_on_seed_and_n_alone(tmp_path, capsys,
     np.testing.assert_array_equal(x_a, x_b)
     np.testing.assert_array_equal(k_a, k_b)
     assert not np.array_equal(seen[0][1][:, :20], x_a)  # another N, another stream
+
+
+def test_cb2o_malicious_in_one_dimension(tmp_path, capsys):
+    """d = 1: the figure is a strip along θ_1 (was: IndexError in the 2-D plot after the runs)."""
+    out = _run(tmp_path, capsys, "cb2o-malicious", "--particles", "40", "--dim", "1", "--steps", "5")
+    assert out["d"] == 1
+    assert (tmp_path / "cb2o_malicious.png").stat().st_size > 0

@@ -309,3 +309,36 @@ def test_experiment_config_validates():
     ns = argparse.Namespace(rounds=5, steps=4, burn_in=2, lr=0.01, gamma=1.0, clip_norm=1.0, sampling_rate=0.1,
                             server_momentum=0.0, delta=1e-5, data_seed=0, seed=0)
     assert config_from_args(ns).rounds == 5
+
+
+def test_cli_curves_json_is_strict_and_progress_follows_the_flag(monkeypatch, tmp_path):
+    """curves_*.json holds non-finite values as null (strict JSON), and the training runs
+    show progress unless --no-progress."""
+    import json
+
+    from cbo_jax.experiments import fedsgld_synthetic as exp
+
+    seen = []
+
+    def fake_case(cfg, data, noise, noisy, fedpd_curves=None, matched=False, progress=False):
+        seen.append(progress)
+        curve = {"train_loss": np.array([1.0, np.nan, np.inf])}
+        return ({"fedsgld": {"train_loss": 1.0}, "fedpd": {"train_loss": 2.0}},
+                {"fedpd": curve, "fedsgld": curve, "paper_start_batch_clip": curve})
+
+    monkeypatch.setattr(exp, "run_case", fake_case)
+    monkeypatch.setattr(exp, "plot_curves", lambda *a, **k: None)
+    ns = argparse.Namespace(rounds=2, steps=4, burn_in=2, lr=0.01, gamma=1.0, clip_norm=1.0, sampling_rate=0.1,
+                            server_momentum=0.0, delta=1e-5, data_seed=0, seed=0, max_samples=5, output=str(tmp_path),
+                            no_progress=False)
+    exp.run(ns)
+    ns.no_progress = True
+    exp.run(ns)
+    assert seen == [True, True, False, False]
+
+    def strict(token):
+        raise ValueError(f"non-standard JSON token {token}")
+
+    for case in ("low_noise", "high_noise"):
+        curves = json.loads((tmp_path / f"curves_{case}.json").read_text(), parse_constant=strict)
+        assert curves["fedpd"]["train_loss"] == [1.0, None, None]

@@ -100,3 +100,19 @@ def test_real_mnist_idx_files_match_published_facts():
     with np.load(mnist.BUNDLED_PATH) as z:
         idx = z["train_index"]
     np.testing.assert_array_equal(bundled.train_images, data.train_images[idx])
+
+
+@pytest.mark.parametrize("split, stem", [("train", "train-images-idx3-ubyte"), ("test", "t10k-images-idx3-ubyte")])
+def test_empty_split_is_refused_naming_the_file(tmp_path, split, stem):
+    """A split with 0 images is a DataError (a ValueError) at load time, not a ZeroDivisionError mid-run."""
+    d = _fake_dir(tmp_path, **{f"n_{split}": 0})
+    with pytest.raises(ValueError, match=f"{stem}.gz: holds 0 images; the {split} split must not be empty"):
+        mnist.load_idx_dir(d)
+
+
+def test_missing_bundled_subset_names_the_real_build_command(tmp_path, monkeypatch):
+    monkeypatch.setattr(mnist, "BUNDLED_PATH", tmp_path / "missing.npz")
+    with pytest.raises(mnist.DataError, match=r"python -m cbo_jax\.data\.build_subset") as err:
+        mnist.load_bundled()
+    assert "scripts/" not in str(err.value)
+    assert "scripts/" not in mnist.__doc__ and "python -m cbo_jax.data.build_subset" in mnist.__doc__

@@ -123,3 +123,17 @@ def test_report_cli_and_bad_input(tmp_path, capsys):
 def test_flatten():
     assert flatten({"a": {"b": 1, "c": [1, 2]}, "d": list(range(20)), "e": [{"x": 1}]}) == {
         "a.b": 1, "a.c": [1, 2], "d": "[20 values]", "e": "[1 values]"}
+
+
+def test_report_names_an_unreadable_summary(tmp_path, capsys):
+    """A corrupt summary.json is reported (page and stderr), not silently dropped."""
+    root = tmp_path / "results"
+    (root / "run1").mkdir(parents=True)
+    (root / "run1" / "summary.json").write_text("{bad")
+    assert cli.main(["report", str(root)]) == 0
+    page = (root / "report.html").read_text()
+    assert "<h2>run1</h2>" in page and "unreadable: <code>summary.json</code>: Expecting property name" in page
+    err = capsys.readouterr().err
+    assert "unreadable: run1/summary.json: Expecting property name" in err
+    text = render(root, fmt="md").read_text()
+    assert "## run1" in text and "unreadable: `summary.json`: Expecting property name" in text

@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from cbo_jax import models, sharding
-from cbo_jax.experiments import Experiment
+from cbo_jax.experiments import Experiment, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated import metrics as fm
@@ -99,13 +99,13 @@ SCALES = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 small, 1 paper)")
-    p.add_argument("--rounds", type=int, default=None, help="override the scale's number of rounds T")
-    p.add_argument("--epochs", type=int, default=None, help="override the local epochs τ")
+    p.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (default: 3 small, 1 paper)")
+    p.add_argument("--rounds", type=positive_int, default=None, help="override the scale's number of rounds T")
+    p.add_argument("--epochs", type=positive_int, default=None, help="override the local epochs τ")
     p.add_argument("--lr", type=float, default=None, help="override the local learning rate")
     p.add_argument("--alpha", type=float, default=None, help="override FedCB²O's α (default 2)")
     p.add_argument("--alpha-fedcbo", type=float, default=None, help="override the FedCBO baseline's α (default 10)")
-    p.add_argument("--T-G", dest="T_G", type=int, default=None, help="override FedCB²O's T_G (fedcb2o-attack)")
+    p.add_argument("--T-G", dest="T_G", type=nonnegative_int, default=None, help="override FedCB²O's T_G (fedcb2o-attack)")
     p.add_argument("--include-self", action="store_true", help="reference-code variant: own model in the average")
     p.add_argument("--reference-form", action="store_true",
                    help="the reference code's form: own model in the average with the largest weight after T_G, "
@@ -256,7 +256,7 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
 
 def run_attack_table(args: argparse.Namespace) -> dict:
     scale = _scale(args)
-    seeds = args.seeds or scale.seeds
+    seeds = scale.seeds if args.seeds is None else args.seeds
     a_cb2o, a_cbo = scale.alpha, scale.alpha_fedcbo
     variants = {
         "fedcb2o": _cb2o_builder(_cb2o_cfg(scale, "G", scale.T_G, args), "fedcb2o"),
@@ -297,7 +297,7 @@ def tg_values(rounds: int) -> dict[str, int]:
 
 def run_tg_sweep(args: argparse.Namespace) -> dict:
     scale = _scale(args)
-    seeds = args.seeds or scale.seeds
+    seeds = scale.seeds if args.seeds is None else args.seeds
     tgs = tg_values(scale.rounds)
     variants = {name: _cb2o_builder(_cb2o_cfg(scale, "G", t, args), f"fedcb2o_{name}") for name, t in tgs.items()}
     results = _run_variants(variants, scale, seeds, args)

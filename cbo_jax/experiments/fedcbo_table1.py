@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from cbo_jax.experiments import Experiment
+from cbo_jax.experiments import Experiment, positive_int
 from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, replace, run_experiment
 from cbo_jax.federated.algorithms import FedCBOConfig
 from cbo_jax.federated.local import LocalSGDConfig
@@ -60,8 +60,8 @@ SCALES = {
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds (default: 3 small, 1 paper)")
-    p.add_argument("--rounds", type=int, default=None, help="override the scale's number of rounds")
+    p.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (default: 3 small, 1 paper)")
+    p.add_argument("--rounds", type=positive_int, default=None, help="override the scale's number of rounds")
     p.add_argument("--source", default="auto", help="MNIST source: auto (CBO_JAX_DATA_DIR, else bundled), idx, tfds, bundled")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--preset", choices=("paper", "reference-script"), default="paper",
@@ -72,13 +72,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _configs(args) -> tuple[dict, int]:
     """The four methods' experiment configs at the chosen scale, and the number of seeds."""
     s = SCALES[args.scale]
-    rounds = args.rounds or s.rounds
+    rounds = s.rounds if args.rounds is None else args.rounds
     data = RotatedMNISTConfig(source=args.source, data_dir=args.data_dir, agents=s.agents,
                               samples_per_agent=s.samples_per_agent,
                               subset=6000 if getattr(args, "preset", "paper") == "reference-script" else None)
     run = RunOptions(rounds=rounds, eval_every=min(s.eval_every, rounds))
     configs = comparison(data, LocalSGDConfig(epochs=s.epochs), run, FedCBOConfig(M=s.M, eval_chunk=s.eval_chunk))
-    return configs, args.seeds or s.seeds
+    return configs, (s.seeds if args.seeds is None else args.seeds)
 
 
 def _sweep(variants: dict, seeds: int, args) -> dict:

@@ -65,6 +65,7 @@ from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGL
 from cbo_jax.federated import runner
 from cbo_jax.federated.synthetic import SyntheticData, synthetic
 from cbo_jax.models import logistic_regression
+from cbo_jax.writer import json_safe
 
 __all__ = ["SyntheticRunConfig", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "train_curves", "run_case",
            "matched_batch_clip_norm", "EXPERIMENT"]
@@ -171,19 +172,20 @@ def _round_stats(info) -> dict:
     return {"local_loss": jnp.mean(info.train_loss), "clipped": jnp.mean(info.clipped)}
 
 
-def train_curves(algorithm, model, data: SyntheticData, rounds: int, key: jax.Array) -> dict:
+def train_curves(algorithm, model, data: SyntheticData, rounds: int, key: jax.Array, progress: bool = False) -> dict:
     """Run ``rounds`` rounds (:func:`cbo_jax.federated.run`); per-round metrics of the server model.
 
     Returns NumPy arrays: ``train_loss`` (pooled over training samples), ``objective``
     (``(1/N) Σ_i F_i``, what the primal-dual methods minimise), ``train_acc``,
     ``test_acc`` (pooled, %), ``local_loss`` (mean over nodes of ``F_i`` at the node's
     returned local iterate), ``clipped`` (mean over nodes of the oracle's clipped share).
+    ``progress``: a progress bar over the rounds.
     """
     _checks.positive_int("rounds", rounds)
     agents = data.agent_data()
     metrics = [fm.pooled(model, agents, data.test_x, data.test_y, data.test_counts)]
     res = runner.run(algorithm, agents, rounds, key, metrics=metrics, round_metrics=[_round_stats], every=1,
-                     progress=False)
+                     progress=progress)
     return {k: np.asarray([row[k] for row in res.history]) for k in
             ("train_loss", "objective", "train_acc", "test_acc", "local_loss", "clipped")}
 
@@ -217,7 +219,7 @@ def _privacy(cfg: FedSGLDConfig, rounds: int, sizes) -> dict:
 
 
 def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_noisy_fedpd: bool,
-             fedpd_curves: dict | None = None, matched: bool = False) -> tuple[dict, dict]:
+             fedpd_curves: dict | None = None, matched: bool = False, progress: bool = False) -> tuple[dict, dict]:
     """One noise level: every method's curves and final numbers, plus FedSGLD's privacy.
 
     ``fedpd_curves``: FedPD's curves from an earlier call (noise-free FedPD does not
@@ -229,7 +231,7 @@ def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_no
     algs = build_algorithms(cfg, noise, data.num_agents, with_noisy_fedpd, with_fedpd=fedpd_curves is None)
     curves, summary = {}, {}
     for name, alg in algs.items():
-        curves[name] = train_curves(alg, model, data, cfg.rounds, jax.random.key(cfg.seed))
+        curves[name] = train_curves(alg, model, data, cfg.rounds, jax.random.key(cfg.seed), progress=progress)
     if fedpd_curves is not None:
         curves["fedpd"] = fedpd_curves
     # The accounting depends on the clipping mode only, not on the chain's start.
@@ -254,17 +256,18 @@ def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_no
         summary["noisy_fedpd"]["epsilon"] = float(privacy.account(cfg.fedpd(noise), cfg.rounds).epsilon[-1])
     summary["variants"] = variants
     if matched:
-        summary["matched_epsilon"] = _matched(cfg, data, model, noise, sizes, variants, curves)
+        summary["matched_epsilon"] = _matched(cfg, data, model, noise, sizes, variants, curves, progress)
     return summary, curves
 
 
-def _matched(cfg, data, model, noise, sizes, variants, curves) -> dict:
+def _matched(cfg, data, model, noise, sizes, variants, curves, progress: bool = False) -> dict:
     """The batch-clip variants at the clip norm whose ε equals the per-sample variants' ε."""
     c_b = matched_batch_clip_norm(cfg, sizes)
     out = {"batch_clip_norm": c_b, "per_sample_clip_norm": cfg.per_sample_clip_norm, "delta": cfg.delta}
     for name in ("paper_start_batch_clip", "warm_start_batch_clip"):
         sgld_cfg = cfg.sgld(noise, name, clip_norm=c_b)
-        c = train_curves(fedsgld(model, sgld_cfg, data.num_agents), model, data, cfg.rounds, jax.random.key(cfg.seed))
+        c = train_curves(fedsgld(model, sgld_cfg, data.num_agents), model, data, cfg.rounds, jax.random.key(cfg.seed),
+                         progress=progress)
         curves[f"{name}_matched"] = c
         out[name] = {**_summary(c), **_privacy(sgld_cfg, cfg.rounds, sizes)[0],
                      "clipped_share": round(float(np.mean(c["clipped"])), 4)}
@@ -334,7 +337,8 @@ def run(args: argparse.Namespace) -> dict:
     fedpd_curves = None
     for case, noise, noisy in (("low_noise", LOW_NOISE, False), ("high_noise", HIGH_NOISE, True)):
         summary, curves = run_case(cfg, data, noise, noisy, fedpd_curves=fedpd_curves,
-                                   matched=noisy and cfg.matched_epsilon)
+                                   matched=noisy and cfg.matched_epsilon,
+                                   progress=not getattr(args, "no_progress", False))
         fedpd_curves = curves["fedpd"]
         summary["noise"] = noise
         result[case] = summary
@@ -345,8 +349,8 @@ def run(args: argparse.Namespace) -> dict:
             labels = {"fedsgld": f"fedsgld ({DEFAULT_VARIANT})",
                       **{f"{v}_matched": f"{v}, matched epsilon" for v in VARIANTS}}
             plot_curves({labels.get(k, k): v for k, v in shown.items()}, out / f"training_loss_{case}.png", title)
-            (out / f"curves_{case}.json").write_text(
-                json.dumps({m: {k: [float(v) for v in arr] for k, arr in c.items()} for m, c in shown.items()}) + "\n")
+            (out / f"curves_{case}.json").write_text(json.dumps(json_safe(  # non-finite values as null
+                {m: {k: [float(v) for v in arr] for k, arr in c.items()} for m, c in shown.items()})) + "\n")
     for case in ("low_noise", "high_noise"):
         r = result[case]
         r["fedsgld_lower_loss_than_fedpd"] = bool(r["fedsgld"]["train_loss"] < r["fedpd"]["train_loss"])

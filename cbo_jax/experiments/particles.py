@@ -40,7 +40,7 @@ import numpy as np
 
 from cbo_jax import _plotting, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
-from cbo_jax.experiments import Experiment
+from cbo_jax.experiments import Experiment, positive_int
 from cbo_jax.simulate import simulate
 
 
@@ -62,10 +62,10 @@ def _pyplot():
 # --------------------------------------------------------------------------------------
 
 def _add_clustered(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--classes", "-K", type=int, default=4, help="number of objectives K (default 4)")
-    p.add_argument("--dim", type=int, default=10, help="dimension d (default 10)")
-    p.add_argument("--particles", "-N", type=int, default=4000, help="particles, all classes together (default 4000)")
-    p.add_argument("--steps", type=int, default=2000, help="Euler-Maruyama steps, dt=0.01 (default 2000)")
+    p.add_argument("--classes", "-K", type=positive_int, default=4, help="number of objectives K (default 4)")
+    p.add_argument("--dim", type=positive_int, default=10, help="dimension d (default 10)")
+    p.add_argument("--particles", "-N", type=positive_int, default=4000, help="particles, all classes together (default 4000)")
+    p.add_argument("--steps", type=positive_int, default=2000, help="Euler-Maruyama steps, dt=0.01 (default 2000)")
     p.add_argument("--objective", default="rastrigin", choices=["rastrigin", "ackley", "quadratic"],
                    help="shifted test function each class follows (default rastrigin)")
     p.add_argument("--seed", type=int, default=0)
@@ -127,10 +127,10 @@ DECAY_PARAMS = ((1.0, 0.0, 0.5, 0.0), (1.0, 0.2, 0.4, 0.1), (2.0, 0.5, 0.6, 0.2)
 
 
 def _add_decay(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dim", type=int, default=2, help="dimension d (default 2)")
-    p.add_argument("--particles", "-N", type=int, default=20000, help="particles, both classes (default 20000)")
-    p.add_argument("--steps", type=int, default=800, help="steps of dt=0.01 (default 800: t = 8)")
-    p.add_argument("--seeds", type=int, default=3, help="independent runs per parameter set (default 3)")
+    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
+    p.add_argument("--particles", "-N", type=positive_int, default=20000, help="particles, both classes (default 20000)")
+    p.add_argument("--steps", type=positive_int, default=800, help="steps of dt=0.01 (default 800: t = 8)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="independent runs per parameter set (default 3)")
     p.add_argument("--alpha", type=float, default=1e4, help="α (default 1e4)")
     p.add_argument("--seed", type=int, default=0)
 
@@ -225,10 +225,10 @@ def _add_scaling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="100,1000,10000,100000",
                    help="comma-separated N (particles, both classes; default 1e2..1e5)")
     p.add_argument("--reference", type=float, default=1e6, help="N of the reference system (default 1e6)")
-    p.add_argument("--steps", type=int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
-    p.add_argument("--dim", type=int, default=2, help="dimension d (default 2)")
-    p.add_argument("--seeds", type=int, default=8, help="runs per N (default 8; vmapped)")
-    p.add_argument("--projections", type=int, default=64, help="directions of the sliced distance (default 64)")
+    p.add_argument("--steps", type=positive_int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
+    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
+    p.add_argument("--seeds", type=positive_int, default=8, help="runs per N (default 8; vmapped)")
+    p.add_argument("--projections", type=positive_int, default=64, help="directions of the sliced distance (default 64)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -320,11 +320,11 @@ SCALING = Experiment(
 # --------------------------------------------------------------------------------------
 
 def _add_cb2o(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dim", type=int, default=5, help="dimension d (default 5)")
-    p.add_argument("--particles", "-N", type=int, default=2000, help="particles incl. attackers (default 2000)")
+    p.add_argument("--dim", type=positive_int, default=5, help="dimension d (default 5)")
+    p.add_argument("--particles", "-N", type=positive_int, default=2000, help="particles incl. attackers (default 2000)")
     p.add_argument("--malicious", type=float, default=0.2, help="share of malicious particles (default 0.2)")
     p.add_argument("--beta", type=float, default=0.5, help="CB²O quantile β (default 0.5)")
-    p.add_argument("--steps", type=int, default=2000, help="steps of dt=0.01 (default 2000)")
+    p.add_argument("--steps", type=positive_int, default=2000, help="steps of dt=0.01 (default 2000)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -372,12 +372,16 @@ def run_cb2o(args: argparse.Namespace) -> dict:
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.8), sharex=True, sharey=True)
     for ax, x, name in ((axes[0], res_cb2o.state.x, "CB²O"), (axes[1], res_cbo.state.x, "CBO (β=1, weights e^{-αL})")):
         x = np.asarray(x)
+        if d < 2:  # d = 1: a strip along θ_1 (the second coordinate shown is 0)
+            x, star = np.concatenate([x[:, :1], np.zeros((n, 1))], axis=1), (a[0], 0.0)
+        else:
+            star = (a[0], a[1])
         ax.scatter(x[benign, 0], x[benign, 1], s=4, label="benign")
         ax.scatter(x[mal, 0], x[mal, 1], s=4, c="r", label="malicious")
-        ax.scatter([a[0]], [a[1]], marker="*", s=150, c="k", label="θ*_good")
+        ax.scatter([star[0]], [star[1]], marker="*", s=150, c="k", label="θ*_good")
         ax.set_title(name)
         ax.set_xlabel("θ_1")
-    axes[0].set_ylabel("θ_2")
+    axes[0].set_ylabel("θ_2" if d >= 2 else "")
     axes[0].legend(fontsize=7)
     _savefig(fig, out_dir / "cb2o_malicious.png")
     return {
@@ -413,9 +417,9 @@ def _add_coupling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", type=float, default=1e6, help="size of the reference ensemble (default 1e6)")
     p.add_argument("--chunk", type=float, default=1e5,
                    help="particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)")
-    p.add_argument("--steps", type=int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
-    p.add_argument("--dim", type=int, default=2, help="dimension d (default 2)")
-    p.add_argument("--seeds", type=int, default=16, help="independent runs per N, vmapped (default 16)")
+    p.add_argument("--steps", type=positive_int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
+    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
+    p.add_argument("--seeds", type=positive_int, default=16, help="independent runs per N, vmapped (default 16)")
     p.add_argument("--objective", default="quadratic", choices=["quadratic", "ackley", "rastrigin-normalized"],
                    help="the two classes' objective, shifted to ±(1,..,1) (default quadratic)")
     p.add_argument("--sigma1", type=float, default=0.7, help="isotropic consensus noise σ1 (default 0.7)")

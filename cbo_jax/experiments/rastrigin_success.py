@@ -16,7 +16,7 @@ import numpy as np
 
 from cbo_jax import objectives, schedules
 from cbo_jax.dynamics.cbo import CBOConfig, cbo
-from cbo_jax.experiments import Experiment
+from cbo_jax.experiments import Experiment, positive_int
 from cbo_jax.simulate import simulate
 
 SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0, dt=0.01, alpha0=30.0,
@@ -24,8 +24,8 @@ SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0,
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=int, default=SETTINGS["runs"], help="independent runs (default 100)")
-    p.add_argument("--steps", type=int, default=SETTINGS["steps"], help="steps per run (default 5000)")
+    p.add_argument("--runs", type=positive_int, default=SETTINGS["runs"], help="independent runs (default 100)")
+    p.add_argument("--steps", type=positive_int, default=SETTINGS["steps"], help="steps per run (default 5000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peer", action="store_true", help="also run CBXpy (pip package cbx) on the same settings")
 

@@ -5,7 +5,7 @@
 * :func:`load_tfds` reads MNIST through tensorflow-datasets (needs a prepared tfds
   data directory, or network access on the first call).
 * :func:`load_bundled` reads the small real-MNIST subset shipped inside the package
-  (built from the IDX files by ``scripts/build_mnist_subset.py``), so examples and the
+  (built from the IDX files by ``python -m cbo_jax.data.build_subset``), so examples and the
   main command work offline on a fresh machine.
 
 Every loader returns a :class:`MNIST` with ``uint8`` images ``(n, 28, 28)`` and
@@ -95,6 +95,8 @@ def load_idx_dir(directory: str | os.PathLike) -> MNIST:
     for name, stem in _FILES.items():
         path = _find(directory, stem)
         arr = read_idx(path, 3 if name.endswith("images") else 1)
+        if len(arr) == 0:
+            raise DataError(f"{path}: holds 0 {name.split('_')[1]}; the {name.split('_')[0]} split must not be empty")
         if name.endswith("images") and arr.shape[1:] != (28, 28):
             raise DataError(f"{path}: images are {arr.shape[1:]}, expected 28x28")
         if name.endswith("labels"):
@@ -148,7 +150,8 @@ def _tfds_splits(name: str, data_dir, download: bool, transpose: bool = False) -
 def load_bundled() -> MNIST:
     """The real-MNIST subset shipped with the package (see ``cbo_jax/data/README.md``)."""
     if not BUNDLED_PATH.exists():
-        raise DataError(f"{BUNDLED_PATH}: bundled subset missing (rebuild with scripts/build_mnist_subset.py)")
+        raise DataError(f"{BUNDLED_PATH}: bundled subset missing (rebuild with "
+                        "python -m cbo_jax.data.build_subset --idx-dir DIR)")
     with np.load(BUNDLED_PATH) as z:
         return MNIST(
             train_images=z["train_images"],
