@@ -263,7 +263,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             for length, rec in recs:
                 for i in range(length):
                     r += 1
-                    row = {"round": r}
+                    row: dict[str, Any] = {"round": r}
                     row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
                     if evaluate and r == done:
                         row.update(last_eval)
