@@ -485,13 +485,13 @@ def test_max_evals_counts_the_prestep():
     """DriftConstrainedCBO's independent-noise pre-step re-evaluates all N particles when it fires:
     the budget looks ahead at it (before, max_evals=25 with N = 8 reached 32)."""
     f = objectives.Rastrigin()
-    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=0.1, eps_indep=1e3,
+    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=1.0, eps_indep=100.0,
                                    max_evals=25)
     res = cj.simulate(dyn, _x0((8, 3)), 0, 5)  # the pre-step fires from the second step on
     assert int(np.max(res.history["evals"])) <= 25
     np.testing.assert_array_equal(res.history["evals"], [16] * 5)
     assert int(res.state.step) == 1 and not bool(res.state.active)
-    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=0.1, eps_indep=1e3,
+    dyn = cj.drift_constrained_cbo(f, constraints=lambda x: jnp.sum(x**2) - 1, sigma_indep=1.0, eps_indep=100.0,
                                    max_evals=32)
     res = cj.simulate(dyn, _x0((8, 3)), 0, 5)  # 8 + 8 + (8 + 8): the second step fits exactly
     np.testing.assert_array_equal(res.history["evals"], [16, 32, 32, 32, 32])

@@ -44,7 +44,8 @@ from cbo_jax.federated.mnist import MNIST, DataError
 
 PyTree = Any
 
-__all__ = ["LabelFlipConfig", "AttackDataset", "AttackData", "flip_labels", "label_flip_rotated", "attacker_selection",
+__all__ = ["LabelFlipConfig", "AttackDataset", "AttackData", "flip_labels", "label_flip_rotated", "check_split",
+           "attacker_selection",
            "attacker_average", "grouped_local_train", "MNIST_SOURCE", "MNIST_TARGET"]
 
 # Offline MNIST analogue of the paper's 'O' → '0': a 7 flipped to a 1. The two digits
@@ -264,6 +265,18 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
         test_x=np.stack(test_x), test_y=np.stack(test_y).astype(np.int32),
         source=cfg.source, target=cfg.target, num_classes=cfg.num_classes,
     )
+
+
+def check_split(data: AttackData, benign: int, attackers: int, who: str) -> None:
+    """Refuse data split otherwise than ``benign`` agents (with validation splits), then
+    ``attackers``, with a ``ValueError`` when a round is traced (the shapes are static).
+    Padding agents of a sharded run come after the last group: the attackers, or the
+    benign agents when there are none."""
+    b, m, v = data.benign.num_agents, data.malicious.num_agents, data.val.num_agents
+    ok = (b == benign and m >= attackers) if attackers else (b >= benign and m == 0)
+    if v != benign or not ok:
+        raise ValueError(f"the data holds {b} benign agents ({v} validation splits) and {m} attackers, but {who} "
+                         f"was built for {benign} benign agents and {attackers} attackers (its malicious mask)")
 
 
 def attacker_selection(key: jax.Array, cluster, malicious, m: int) -> tuple[jax.Array, jax.Array]:

@@ -45,7 +45,7 @@ from cbo_jax.config import check_types
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
 from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields
-from cbo_jax.federated.attacks import AttackData, attacker_average, attacker_selection, grouped_local_train
+from cbo_jax.federated.attacks import AttackData, attacker_average, attacker_selection, check_split, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population
 
@@ -190,16 +190,13 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
     Args:
       model: the agents' model (a classifier).
       cfg: :class:`FedCB2OConfig`.
-      cluster, malicious: ``(N,)`` cluster ids and attacker mask, benign agents first
-        (as :func:`~cbo_jax.federated.attacks.label_flip_rotated` orders them). Only the
-        attackers' strategy reads them.
+      cluster, malicious: ``(N,)`` cluster ids and attacker mask, benign agents first (as
+        :func:`~cbo_jax.federated.attacks.label_flip_rotated` orders them; read by the attackers).
       num_classes: classes of the validation losses (default ``model.num_classes``).
 
     The round function takes :class:`~cbo_jax.federated.attacks.AttackData` split as
-    ``malicious`` says (``N_b`` benign agents with their validation splits, then the
-    attackers); data split otherwise is refused with a ``ValueError`` when the round is
-    traced. Agents after the ``N`` it was built for (inactive padding agents of a sharded
-    run) are never selected and keep their models.
+    ``malicious`` says (:func:`~cbo_jax.federated.attacks.check_split`). Agents after the ``N``
+    it was built for (padding agents of a sharded run) are never selected and keep their models.
     """
     cluster = np.asarray(cluster, np.int32)
     malicious = np.asarray(malicious, bool)
@@ -226,17 +223,8 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         return FedCB2OState(params, jax.vmap(make_optimizer(cfg.local).init)(params), rule.init(nb, n),
                             jnp.zeros((), jnp.int32), k_state)
 
-    def check_split(data: AttackData) -> None:
-        # The shapes are static: a data split other than the mask's is named at trace time. Padding
-        # agents (sharded runs) come after the last group: the attackers, or the benign agents.
-        b, m, v = data.benign.num_agents, data.malicious.num_agents, data.val.num_agents
-        if v != nb or not (b == nb and m >= n - nb if attackers.size else b >= nb and m == 0):
-            raise ValueError(f"the data holds {b} benign agents ({v} validation splits) and {m} attackers, but "
-                             f"{name or default} was built for {nb} benign agents and {n - nb} attackers (its "
-                             f"malicious mask)")
-
     def round_fn(state: FedCB2OState, data: AttackData):
-        check_split(data)
+        check_split(data, nb, n - nb, name or default)
         key, k_local, k_sel, k_att = jax.random.split(state.key, 4)
         trained = grouped_local_train(model, cfg.local, state.params, state.opt_state, data.groups, k_local)
         params = trained.params
