@@ -68,9 +68,11 @@ def round_stats(info) -> dict:
     out = {}
     if hasattr(info, "train_loss"):
         if hasattr(info, "active"):
-            # NaN for a round without participants (there is no training loss to report)
-            out["train_loss"] = (jnp.sum(jnp.where(info.active, info.train_loss, 0))
-                                 / jnp.sum(info.active).astype(info.train_loss.dtype))
+            # NaN for a round without participants (there is no training loss to report); with
+            # every agent in G_n the plain mean, whose reduction order a sharded run shares
+            count = jnp.sum(info.active)
+            over_active = jnp.sum(jnp.where(info.active, info.train_loss, 0)) / count.astype(info.train_loss.dtype)
+            out["train_loss"] = jnp.where(count == info.active.shape[0], jnp.mean(info.train_loss), over_active)
         else:
             out["train_loss"] = jnp.mean(info.train_loss)
     if hasattr(info, "eps"):
