@@ -21,29 +21,28 @@ class Experiment:
     run: Callable[[argparse.Namespace], dict]
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type`` for a count option (``--runs``, ``--seeds``, ``--rounds``, ...): an
-    integer from 1 to ``2**31 - 1`` (JAX counts in int32), else a one-line usage error."""
+def _int_option(text: str, low: int, high: int | None) -> int:
+    """An integer in ``[low, high]`` from an option's text, else a one-line usage error."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    if v > 2**31 - 1:
+    if v < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
+    if high is not None and v > high:
         raise argparse.ArgumentTypeError(f"must be at most 2**31 - 1 (JAX counts in int32), got {v}")
     return v
 
 
+def positive_int(text: str) -> int:
+    """argparse ``type`` for a count option (``--runs``, ``--seeds``, ``--rounds``, ...): an
+    integer from 1 to ``2**31 - 1`` (JAX counts in int32), else a one-line usage error."""
+    return _int_option(text, 1, 2**31 - 1)
+
+
 def nonnegative_int(text: str) -> int:
     """argparse ``type`` for an option that may be 0 (``--T-G``)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
+    return _int_option(text, 0, None)
 
 
 def registry() -> dict[str, Experiment]:
