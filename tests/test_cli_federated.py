@@ -41,6 +41,66 @@ def test_run_fedcbo_writes_results_directory(tmp_path, capsys):
     assert rows[0]["test_acc"] == json.loads((again / "metrics.jsonl").read_text())["test_acc"]
 
 
+def _idx_dir(path):
+    from test_mnist import _fake_dir  # tiny random IDX files (60 training, 20 test images)
+
+    path.mkdir()
+    return _fake_dir(path, n_train=60, n_test=20)
+
+
+def test_run_records_the_mnist_it_resolved(tmp_path, monkeypatch, capsys):
+    """config.json records source "auto" as what it read: idx with the absolute IDX directory, or
+    bundled; a rerun from it reads the same data whatever CBO_JAX_DATA_DIR and the working directory,
+    and fails naming the files when they are gone rather than falling back to the bundled subset.
+    (The rounds are stubbed out.)"""
+    import hashlib
+
+    from cbo_jax.experiments import federated
+    from cbo_jax.federated.runner import RunResult
+
+    read = {}
+
+    def fake_run(algorithm, data, rounds, key, *, out, config, **kw):
+        out.mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps(config))
+        read[out.name] = hashlib.sha256(data.x.tobytes()).hexdigest()
+        return RunResult(None, [], {"algorithm": algorithm.name, "rounds": rounds, "num_agents": data.num_agents,
+                                    "num_clusters": 4, "seconds": 0.0, "final_test_acc": 0.0})
+
+    monkeypatch.setattr(federated, "run", fake_run)
+    mnist_dir = _idx_dir(tmp_path / "mnist")
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({**TINY_BASELINE, "source": "auto"}))
+    monkeypatch.chdir(tmp_path)
+
+    def run(config, out):
+        return main(["run", "local", "--config", str(config), "--no-progress", "--output", str(tmp_path / out)])
+
+    def recorded(out):
+        return json.loads((tmp_path / out / "config.json").read_text())["data"]
+
+    monkeypatch.setenv("CBO_JAX_DATA_DIR", "mnist")  # relative: recorded absolute
+    assert run(cfg, "idx") == 0
+    assert recorded("idx") == {**recorded("idx"), "source": "idx", "data_dir": str(mnist_dir)}
+    monkeypatch.delenv("CBO_JAX_DATA_DIR")
+    assert run(cfg, "bundled") == 0
+    assert recorded("bundled") == {**recorded("bundled"), "source": "bundled", "data_dir": None}
+    assert read["idx"] != read["bundled"]
+    # reruns from config.json: elsewhere, without the variable (idx) or with it set (bundled): the same data
+    monkeypatch.chdir(tmp_path / "idx")
+    assert run(tmp_path / "idx" / "config.json", "idx_again") == 0
+    monkeypatch.setenv("CBO_JAX_DATA_DIR", str(mnist_dir))
+    assert run(tmp_path / "bundled" / "config.json", "bundled_again") == 0
+    monkeypatch.delenv("CBO_JAX_DATA_DIR")
+    for name in ("idx", "bundled"):
+        assert recorded(f"{name}_again") == recorded(name) and read[f"{name}_again"] == read[name]
+    # the files gone: the idx source's error naming them
+    (mnist_dir / "train-images-idx3-ubyte.gz").unlink()
+    capsys.readouterr()
+    assert run(tmp_path / "idx" / "config.json", "gone") == 2
+    assert "train-images-idx3-ubyte" in capsys.readouterr().err and "gone" not in read
+
+
 def _read_events(path):
     """The scalars of a TensorBoard event file, parsed with tensorboardX's own protobuf."""
     from tensorboardX.proto import event_pb2

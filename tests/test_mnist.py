@@ -116,3 +116,40 @@ def test_missing_bundled_subset_names_the_real_build_command(tmp_path, monkeypat
         mnist.load_bundled()
     assert "scripts/" not in str(err.value)
     assert "scripts/" not in mnist.__doc__ and "python -m cbo_jax.data.build_subset" in mnist.__doc__
+
+
+def test_resolve_source_makes_auto_explicit(tmp_path, monkeypatch):
+    """auto -> idx with the absolute directory (argument, else $CBO_JAX_DATA_DIR), else bundled; idempotent."""
+    monkeypatch.delenv("CBO_JAX_DATA_DIR", raising=False)
+    assert mnist.resolve_source() == ("bundled", None)
+    assert mnist.resolve_source("auto", "") == ("bundled", None)
+    monkeypatch.chdir(tmp_path)
+    assert mnist.resolve_source("auto", "idxdir") == ("idx", str(tmp_path / "idxdir"))
+    monkeypatch.setenv("CBO_JAX_DATA_DIR", "envdir")
+    assert mnist.resolve_source() == ("idx", str(tmp_path / "envdir"))
+    assert mnist.resolve_source("idx") == ("idx", str(tmp_path / "envdir"))
+    assert mnist.resolve_source("auto", "/given") == ("idx", "/given")
+    # explicit sources are kept; bundled reads no directory, so the environment does not add one
+    assert mnist.resolve_source("bundled") == ("bundled", None)
+    assert mnist.resolve_source("tfds") == ("tfds", "envdir")
+    for args in (("auto",), ("auto", "x"), ("idx", "y"), ("bundled",), ("tfds", "gs://bucket")):
+        resolved = mnist.resolve_source(*args)
+        assert mnist.resolve_source(*resolved) == resolved
+    monkeypatch.delenv("CBO_JAX_DATA_DIR")
+    assert mnist.resolve_source("idx") == ("idx", None)
+    with pytest.raises(mnist.DataError, match="needs data_dir or the CBO_JAX_DATA_DIR"):
+        mnist.load_mnist("idx")
+    with pytest.raises(ValueError, match="source must be"):
+        mnist.resolve_source("idk")
+
+
+def test_load_mnist_reads_what_resolve_source_names(tmp_path, monkeypatch):
+    (tmp_path / "idx").mkdir()
+    d = _fake_dir(tmp_path / "idx")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CBO_JAX_DATA_DIR", "idx")
+    assert mnist.resolve_source() == ("idx", str(d))
+    data = mnist.load_mnist()
+    assert data.source == f"idx:{d}" and data.train_images.shape == (30, 28, 28)
+    monkeypatch.delenv("CBO_JAX_DATA_DIR")
+    assert mnist.load_mnist().source == "bundled"

@@ -33,7 +33,8 @@ from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig
 from cbo_jax.federated.runner import RunResult, run
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
-           "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES", "comparison", "replace"]
+           "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES",
+           "comparison", "replace"]
 
 ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
 
@@ -194,8 +195,20 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
     return cfgs.build(cfg, values)
 
 
+def resolve_data(data: RotatedMNISTConfig) -> RotatedMNISTConfig:
+    """``data`` with the MNIST it reads made explicit (:func:`cbo_jax.federated.mnist.resolve_source`).
+
+    ``source="auto"`` becomes ``"idx"`` with the absolute directory of the IDX files (from
+    ``data_dir`` or ``$CBO_JAX_DATA_DIR``), or ``"bundled"``; an explicit source is kept.
+    :func:`run_experiment` records this in ``config.json``, so a rerun from that file reads
+    the same data (or fails naming the missing files) whatever its environment.
+    """
+    source, data_dir = mnist.resolve_source(data.source, data.data_dir)
+    return dataclasses.replace(data, source=source, data_dir=data_dir)
+
+
 def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
-    """Rotated MNIST as configured."""
+    """Rotated MNIST as configured (the MNIST :func:`resolve_data` names)."""
     source = mnist.load_mnist(data.source, data.data_dir)
     return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed,
                                subset=data.subset)
@@ -224,7 +237,10 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     """Run one configured experiment; write its results directory when ``out_dir`` is given.
 
     ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`.
+    ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`).
+    ``data``, when given, is the data ``cfg.data`` describes (loaded with :func:`load_data`).
     """
+    cfg = dataclasses.replace(cfg, data=resolve_data(cfg.data))
     if cfg.algorithm == "fedcbo" and not 1 <= cfg.config.M <= cfg.data.agents - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.data.agents - 1}, "
                          f"got M={cfg.config.M}")

@@ -25,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["MNIST", "DataError", "read_idx", "load_idx_dir", "load_tfds", "load_bundled", "load_mnist", "BUNDLED_PATH"]
+__all__ = ["MNIST", "DataError", "read_idx", "load_idx_dir", "load_tfds", "load_bundled", "load_mnist", "resolve_source",
+           "SOURCES", "BUNDLED_PATH"]
 
 BUNDLED_PATH = Path(__file__).resolve().parent.parent / "data" / "mnist_subset.npz"
 
@@ -165,21 +166,40 @@ def load_bundled() -> MNIST:
 SOURCES = ("auto", "idx", "tfds", "bundled")
 
 
+def resolve_source(source: str = "auto", data_dir: str | os.PathLike | None = None) -> tuple[str, str | None]:
+    """The source and directory :func:`load_mnist` reads for ``source`` and ``data_dir``.
+
+    ``"auto"`` becomes ``"idx"`` with the IDX directory ``data_dir`` (or
+    ``$CBO_JAX_DATA_DIR``) when one is given, else ``"bundled"`` (directory ``None``).
+    ``"idx"`` and ``"tfds"`` take ``$CBO_JAX_DATA_DIR`` when ``data_dir`` is not given;
+    ``"bundled"`` keeps ``data_dir`` as given (it reads none). The IDX directory is
+    returned absolute, so the pair names the same files from any working directory and
+    without the environment variable: what a run's ``config.json`` records. Resolving a
+    resolved pair returns it unchanged.
+    """
+    if source not in SOURCES:
+        raise ValueError(f"source must be 'auto', 'idx', 'tfds' or 'bundled', got {source!r}")
+    directory = os.fspath(data_dir) if data_dir else None
+    if source != "bundled":
+        directory = directory or os.environ.get("CBO_JAX_DATA_DIR") or None
+    if source == "auto":
+        source = "idx" if directory else "bundled"
+    if source == "idx" and directory:
+        directory = os.path.abspath(directory)
+    return source, directory
+
+
 def load_mnist(source: str = "auto", data_dir: str | os.PathLike | None = None) -> MNIST:
     """Load MNIST from ``source``: ``"idx"``, ``"tfds"``, ``"bundled"`` or ``"auto"``.
 
     ``"auto"`` uses the IDX files in ``data_dir`` (or ``$CBO_JAX_DATA_DIR``) when
-    given, else the bundled subset.
+    given, else the bundled subset (:func:`resolve_source` says which).
     """
-    data_dir = data_dir or os.environ.get("CBO_JAX_DATA_DIR")
-    if source == "auto":
-        source = "idx" if data_dir else "bundled"
+    source, data_dir = resolve_source(source, data_dir)
     if source == "idx":
         if not data_dir:
             raise DataError("source='idx' needs data_dir or the CBO_JAX_DATA_DIR environment variable")
         return load_idx_dir(data_dir)
     if source == "tfds":
         return load_tfds(data_dir)
-    if source == "bundled":
-        return load_bundled()
-    raise ValueError(f"source must be 'auto', 'idx', 'tfds' or 'bundled', got {source!r}")
+    return load_bundled()
