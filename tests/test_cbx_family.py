@@ -235,6 +235,38 @@ def test_polar_weights_survive_huge_energies_and_a_collapsed_swarm():
     np.testing.assert_array_equal(np.asarray(m), np.asarray(same))
 
 
+def test_polar_consensus_at_infinite_alpha_is_the_limit():
+    """α = ∞ used to give ∞ · 0 = NaN in the kernel term (kernel_factor="alpha": α · (-log k) at
+    distance 0), and every m_i came out 0. It is now the α → ∞ limit: with "alpha" the weights
+    exp(-α (-log k_ij + E_j - E_min)) sit, equally, on the j minimising -log k_ij + E_j - E_min;
+    with "const" on the least energy among the j with k_ij > 0 (kernel-weighted). Checked by
+    hand and against α = 1e8 in float64, for every kernel, chunked, with a masked agent."""
+    x = np.array([[0, 0], [0.1, 0], [1, 1], [1.05, 1], [3, 0], [3, 0], [3.2, 0], [-1, -1]])
+    e = np.array([0.5, 0.2, 0.0, 0.01, 0.3, 0.3, 0.3, -5.0])
+    mask = np.arange(8) < 7  # the last agent (the least energy) is left out
+    cases = [(k, "alpha") for k in cj.dynamics.polar.KERNELS] + [("gaussian", "const"), ("constant", "const")]
+
+    @jax.jit  # every case in one program: one compilation
+    def m(alpha):
+        return [cj.dynamics.polar.polar_consensus(jnp.asarray(x), jnp.asarray(e), alpha, kappa=0.5, kernel=kernel,
+                                                  kernel_factor=factor, mask=jnp.asarray(mask), chunk=3)[:7]
+                for kernel, factor in cases]
+
+    with enable_x64(True):
+        limit, large = m(jnp.float64(np.inf)), m(jnp.float64(1e8))
+    limit, large = dict(zip(cases, limit)), dict(zip(cases, large))
+    # gaussian, k^α: particle 0 -> 1 (0.005 + 0.2 < its own 0.5), 3 -> 2, 4 -> itself and its duplicate 5
+    np.testing.assert_array_equal(limit["gaussian", "alpha"], x[[1, 1, 2, 2, 4, 4, 6]])
+    # constant kernel (width 0.5), k: the least energy within reach; 4, 5, 6 tie and share the weight
+    np.testing.assert_allclose(limit["constant", "const"], [x[1], x[1], x[2], x[2]] + [x[4:7].mean(0)] * 3,
+                               atol=1e-15)
+    for case in cases:
+        assert np.all(np.isfinite(limit[case])), case
+        # 1e8: every gap in -log k_ij + E_j times α is >= 5e3 here; larger α loses digits
+        # in the finite formula (the logits' rounding, α·|s|·ε, shows in the weights)
+        np.testing.assert_allclose(limit[case], large[case], atol=1e-7, err_msg=str(case))
+
+
 @pytest.mark.parametrize("build", [cj.cbo_memory, cj.pso])
 def test_a_memory_with_a_nan_energy_is_replaced(build):
     """Particle 0 starts where the objective is NaN (sqrt of a negative coordinate); once it

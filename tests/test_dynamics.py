@@ -254,6 +254,25 @@ def test_checkpoint_and_resume_equals_whole_run(tmp_path):
         cj.simulate(dyn, None, None, 5, num_runs=2, initial_state=one)
 
 
+def test_initial_state_of_other_dynamics_is_refused_before_the_step():
+    """A state made by another CBX dynamics (or another configuration) used to fail deep in the
+    step with an AttributeError (a plain CBO state given to PSO) or, worse, to run (a CBOMemory
+    state given to plain CBO, which ignored its memory); it is refused up front, naming the fields."""
+    obj = objectives.Rastrigin()
+    x0 = _x0((2, 8, 2))
+    key = jax.random.key(0)
+    memory = jax.jit(cj.cbo_memory(obj).init)(x0[0], key)  # init only, jitted: the test stays fast
+    with pytest.raises(ValueError, match=r"initial_state \(a CBOState\) was made by other dynamics.*CBOConfig.*"
+                       r"aux is a MemoryAux where these dynamics have None.*same function and config"):
+        cj.simulate(cj.cbo(obj), None, None, 2, initial_state=memory)
+    plain = jax.jit(jax.vmap(cj.cbo(obj).init))(x0, jax.random.split(key, 2))  # batched: the run axis is left out
+    with pytest.raises(ValueError, match=r"PSOConfig.*params.extra is None where these dynamics have a PSOParams.*"
+                       r"aux is None where these dynamics have a PSOAux"):
+        cj.simulate(cj.pso(obj), None, None, 2, num_runs=2, initial_state=plain)
+    with pytest.raises(ValueError, match=r"its batch is None where these dynamics have a BatchState"):
+        cj.simulate(cj.cbo(obj, batch_size=4), None, None, 2, num_runs=2, initial_state=plain)
+
+
 @pytest.mark.parametrize("rng", ["fast", "partitionable"])
 def test_batched_run_r_equals_the_single_run_from_split_key_r(rng):
     """What simulate's docstring states: with num_runs=M, run r draws the random numbers of the

@@ -11,6 +11,14 @@ Particles near different minimisers follow different consensus points, so one ru
 several minima at once. With ``kernel_factor="alpha"`` (CBXpy's default) the kernel is
 raised to the power α, ``k^α``, i.e. the weights are ``exp(-α (κ-scaled distance + E))``.
 
+``α = ∞`` (a state or schedule reaching it) is the limit α → ∞ of the normalised weights,
+not the product ``∞ · 0`` (NaN): with ``k^α``, ``m_i`` is the mean of the ``x_j`` that
+minimise ``-log k(x_i, x_j) + E(x_j)`` (the Gaussian kernel's width ``κ/√α`` shrinks to 0,
+but the energy still counts: particle ``i`` itself, or an exact duplicate, wins unless a
+neighbour's energy is lower by more than ``-log k``); with ``kernel_factor="const"``,
+the ``k``-weighted mean of the ``x_j`` of least energy among those with ``k(x_i, x_j) > 0``.
+Finite α is computed as before.
+
 Kernels (``-log k`` of the distance ``r = |x_i - x_j|``, width ``κ > 0``), as CBXpy's:
 ``"gaussian"`` ``r²/(2κ²)``, ``"laplace"`` ``r/κ``, ``"constant"`` ``0`` within ``κ``
 and ``∞`` outside, ``"inverse_quadratic"`` ``log(1 + (r/κ)²)``, ``"taz"``
@@ -141,8 +149,15 @@ def _max_distance(x, valid, b, nb):
     return jnp.where(dmax > 0, dmax, 1.0).astype(dmax.dtype)  # a collapsed swarm: r = 0 for every pair, any scale
 
 
-def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax):
-    """``(B, N)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where excluded)."""
+def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity):
+    """``(B, N)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where excluded).
+
+    At ``α = ∞`` the limit of the normalised weights (``shifted``: ``E_j - E_min``, ``∞`` where
+    excluded): with ``kernel_factor="alpha"`` the weights ``exp(-α (-log k_ij + E_j - E_min))``
+    concentrate, equally, on the ``j`` that minimise ``-log k_ij + E_j - E_min``; with
+    ``"const"`` (``k_ij exp(-α (E_j - E_min))``) on the ``j`` of least energy among those with
+    ``k_ij > 0``, weighted by ``k_ij``. (The plain products would be ``∞ · 0``: NaN.)
+    """
     if callable(kernel):
         nl = jax.vmap(lambda p: jax.vmap(lambda q: kernel(p, q))(x))(xi)
     else:
@@ -150,7 +165,14 @@ def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax):
         # is multiplied by α in the weights (float32, α = 1e5: errors of order 1 in the logits).
         r2 = jnp.sum((ai[:, None, :] - a[None]) ** 2, axis=-1)
         nl = _neg_log(kernel, r2, kappa, dmax)
-    return jnp.where(jnp.isfinite(ebias)[None], -kf * nl + ebias[None], -jnp.inf)
+    if not at_infinity:
+        return jnp.where(jnp.isfinite(ebias)[None], -kf * nl + ebias[None], -jnp.inf)
+    if kernel_factor == "alpha":
+        score, keep = nl + shifted[None], jnp.zeros_like(nl)
+    else:
+        score, keep = jnp.where(nl < jnp.inf, shifted[None], jnp.inf), -nl
+    win = (score == jnp.min(score, axis=1, keepdims=True)) & jnp.isfinite(score)
+    return jnp.where(win, keep, -jnp.inf).astype(ebias.dtype)
 
 
 def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor="alpha", mask=None, chunk=None,
@@ -159,7 +181,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
 
     With ``with_cov="local"`` also ``C_i = Σ_j w_ij (x_j - m_i)(x_j - m_i)ᵀ``; with
     ``with_cov="cbxpy"`` ``C_i = Σ_j w_ij u_j u_jᵀ`` for the given ``drift_for_cov`` ``u``.
-    Returns ``m`` or ``(m, C)``.
+    Returns ``m`` or ``(m, C)``. ``alpha = ∞`` gives the α → ∞ limit (see the module docstring).
     """
     n = x.shape[0]
     ok = jnp.all(jnp.isfinite(x), axis=1) & jnp.isfinite(energy)
@@ -171,6 +193,8 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     # Energies shifted by the smallest valid one (the weights are normalised per row, so a
     # common shift cancels): -α E itself overflows float32 for large α |E|.
     e_min = jnp.min(jnp.where(ok, energy, jnp.inf))
+    infinite = jnp.isinf(jnp.asarray(alpha, x.dtype))  # the α = ∞ limit (see _logits)
+    shifted = jnp.where(ok, energy - e_min, jnp.inf)  # E_j - E_min, ∞ where excluded: the α = ∞ limit's
     ebias = jnp.where(ok, gibbs_exponent(jnp.asarray(alpha, x.dtype), jnp.where(ok, energy - e_min, 0)), -jnp.inf)
     kf = alpha if kernel_factor == "alpha" else 1.0
     b, nb = _blocks(n, chunk, x.shape[1])
@@ -181,10 +205,9 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     elif with_cov == "local":
         outer = (a[:, :, None] * a[:, None, :]).reshape(n, -1)
 
-    def one(args):
-        xi = args
+    def one(xi, at_infinity):
         ai = xi - center
-        lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax)
+        lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity)
         w = jnp.exp(lg - jax.nn.logsumexp(lg, axis=1, keepdims=True))
         w = jnp.where(jnp.isfinite(w), w, 0)
         m_i = w @ xz
@@ -196,7 +219,10 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
             c = c - am[:, :, None] * am[:, None, :]
         return m_i, c
 
-    out = jax.lax.map(one, _row_blocks(x, b, nb))
+    blocks = _row_blocks(x, b, nb)
+    # α = ∞ takes its own branch: finite α (every step but a degenerate schedule's) runs the plain kernel
+    out = jax.lax.cond(infinite, lambda: jax.lax.map(lambda xi: one(xi, True), blocks),
+                       lambda: jax.lax.map(lambda xi: one(xi, False), blocks))
     unblock = lambda t: t.reshape((nb * b,) + t.shape[2:])[:n]  # noqa: E731
     return jax.tree_util.tree_map(unblock, out)
 
