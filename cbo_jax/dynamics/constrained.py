@@ -149,7 +149,7 @@ def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: Drif
     def kicks(state, x):
         """Whether the independent noise kicks ``x`` (the particles around ``state``'s consensus;
         their spread over the real agents, not a sharded run's NaN padding)."""
-        agents = core._agents(state, x.shape[0])
+        agents = core.real_agents(state, x.shape[0])
         real = jnp.arange(x.shape[0]) < agents
         sq = jnp.where(real, jnp.sum((x - state.consensus) ** 2, axis=1), 0)
         spread = jnp.sum(sq) / agents.astype(sq.dtype) / x.shape[1]

@@ -66,7 +66,7 @@ from cbo_jax.sde import per_particle_normal, normal_like
 PyTree = Any
 
 __all__ = ["FamilyConfig", "Kernel", "Move", "Ctrl", "build", "noise_term", "correct", "cov_sqrt", "weighted_cov",
-           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "draw_normal", "record"]
+           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "draw_normal", "record", "real_agents"]
 
 FAMILY_NOISE = ("anisotropic", "isotropic", "constant", "covariance", "sampling", "none")
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")
@@ -441,7 +441,7 @@ def _pick_row(tree, energy, row):
     return jax.tree_util.tree_map(pick, tree), jnp.sum(jnp.where(onehot, energy, 0))
 
 
-def _agents(state, n):
+def real_agents(state, n):
     """The number of real (non-padding) agents of ``state``'s run (``n``: rows of the agent axis)."""
     ctrl = state.ctrl
     if ctrl is None or ctrl.agents is None:
@@ -551,7 +551,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         batch, in_batch = state.batch, None
         if config.batch_size is not None:
             in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
-        agents = _agents(state, n)
+        agents = real_agents(state, n)
         pre_evals = 0
         if kernel.prestep is not None:
             state, evaluated = kernel.prestep(state, jax.random.fold_in(state.key, PRESTEP_STREAM))
@@ -646,7 +646,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
                                                            jax.tree_util.tree_leaves(state.consensus)))
             stop = stop | ((state.step > 0) & (jnp.sqrt(sq) < config.diff_tol))
         if config.max_evals is not None:
-            stop = stop | over_budget(new, _agents(new, a.energy.shape[0]))
+            stop = stop | over_budget(new, real_agents(new, a.energy.shape[0]))
         new = new._replace(active=~stop)
         # A stopped run keeps its state exactly (including its key and step count).
         return jax.tree_util.tree_map(lambda u, v: jnp.where(state0.active, u, v), new, state0)
