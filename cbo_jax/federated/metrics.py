@@ -422,12 +422,13 @@ def privacy(cfg, rounds: int, delta: float | None = None, device_sizes=None) -> 
     """
     from cbo_jax.federated import privacy as dp
 
-    table = [dp.account(cfg, rounds, delta, device_sizes=device_sizes).epsilon]
+    table = dp.account(cfg, rounds, delta, device_sizes=device_sizes).epsilon
 
     def metric(ev: Evaluation) -> dict:
-        if ev.round > len(table[0]):  # ε after k rounds does not depend on how many are tabled
-            table[0] = dp.account(cfg, max(ev.round, 2 * len(table[0])), delta, device_sizes=device_sizes).epsilon
-        return {"epsilon": float(table[0][ev.round - 1])}
+        nonlocal table
+        if ev.round > len(table):  # ε after k rounds does not depend on how many are tabled
+            table = dp.account(cfg, max(ev.round, 2 * len(table)), delta, device_sizes=device_sizes).epsilon
+        return {"epsilon": float(table[ev.round - 1])}
 
     return metric
 
