@@ -15,7 +15,8 @@ def _run(tmp_path, capsys, *argv):
 
 
 def test_clustered_consensus_small(tmp_path, capsys):
-    out = _run(tmp_path, capsys, "clustered-consensus", "--particles", "400", "--dim", "4", "--steps", "1200")
+    # 1000 steps: two chunks of simulate's default 500, one compiled program (1200 compiled a second, 200-step one)
+    out = _run(tmp_path, capsys, "clustered-consensus", "--particles", "400", "--dim", "4", "--steps", "1000")
     assert out["max_distance"] < 1e-2 and len(out["distances"]) == 4
     assert (tmp_path / "clustered_consensus.png").stat().st_size > 0
 

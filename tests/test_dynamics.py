@@ -233,13 +233,13 @@ def test_checkpoint_and_resume_equals_whole_run(tmp_path):
 
     dyn = cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG)
     x0 = _x0((3, 16, 4))
-    whole = cj.simulate(dyn, x0, jax.random.key(5), 90, num_runs=3)
-    first = cj.simulate(dyn, x0, jax.random.key(5), 40, num_runs=3)
+    whole = cj.simulate(dyn, x0, jax.random.key(5), 80, num_runs=3)
+    first = cj.simulate(dyn, x0, jax.random.key(5), 40, num_runs=3)  # rest reuses this 40-step program
     checkpoint.save(tmp_path / "ckpt", first.state, step=40)
     like = cj.simulate(dyn, x0, jax.random.key(0), 0, num_runs=3).state
     state, meta = checkpoint.restore(tmp_path / "ckpt", like)
     assert meta["step"] == 40
-    rest = cj.simulate(dyn, None, None, 50, num_runs=3, initial_state=state)
+    rest = cj.simulate(dyn, None, None, 40, num_runs=3, initial_state=state)
     np.testing.assert_array_equal(np.asarray(rest.state.x), np.asarray(whole.state.x))
     np.testing.assert_array_equal(np.asarray(rest.state.best_energy), np.asarray(whole.state.best_energy))
     np.testing.assert_array_equal(rest.history["best_energy"], whole.history["best_energy"][40:])
@@ -249,7 +249,7 @@ def test_checkpoint_and_resume_equals_whole_run(tmp_path):
     # for num_runs=5, and one for a state of one run with num_runs=2)
     with pytest.raises(ValueError, match="initial_state has 3 runs on its run axis, but num_runs=5"):
         cj.simulate(dyn, None, None, 5, num_runs=5, initial_state=state)
-    one = cj.simulate(dyn, x0[0], jax.random.key(5), 2).state
+    one = jax.jit(dyn.init)(x0[0], jax.random.key(5))  # a state of one run; init only, jitted: no run compiled
     with pytest.raises(ValueError, match="initial_state has no run axis, but num_runs=2"):
         cj.simulate(dyn, None, None, 5, num_runs=2, initial_state=one)
 

@@ -26,7 +26,7 @@ def test_minimize_with_dim_and_an_integer_seed_lifts_a_single_particle_objective
     np.testing.assert_array_equal(jax.random.key_data(a.state.key), jax.random.key_data(jax.random.key(5)))
 
 
-def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build():
+def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeypatch):
     """minimize reuses the dynamics of an equal call (same objective object, equal config), so a
     loop of minimize calls compiles once; the results are those of dynamics built anew."""
     import importlib
@@ -49,8 +49,12 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build():
     other = cj.minimize(f, dim=4, key=1, num_steps=30, alpha=30.0, sigma1=0.8)
     assert not np.array_equal(np.asarray(other.state.x), np.asarray(again.state.x))
     assert sim._typed({"alpha": 30}) != sim._typed({"alpha": 30.0})  # keywords before the config normalises them
-    for a in range(2 * sim._MINIMIZE_CACHE_SIZE):
-        cj.minimize(f, dim=4, key=0, num_steps=0, alpha=float(a + 1))
+    with monkeypatch.context() as m:  # the cache bound needs minimize's dynamics lookup, not 16 compiled runs
+        ran = []
+        m.setattr(sim, "simulate", lambda dyn, *a, **kw: ran.append(dyn))
+        for a in range(2 * sim._MINIMIZE_CACHE_SIZE):
+            cj.minimize(f, dim=4, key=0, num_steps=0, alpha=float(a + 1))
+    assert len(set(map(id, ran))) == 2 * sim._MINIMIZE_CACHE_SIZE  # every value its own dynamics
     assert len(sim._MINIMIZE_DYNAMICS) == sim._MINIMIZE_CACHE_SIZE
 
     class Unhashable:  # an objective that cannot be a key runs all the same, built anew each call

@@ -40,9 +40,11 @@ def test_vmapped_training_equals_each_agent_alone():
     out = local.local_train(model, cfg, params, None, AgentData(x, y, counts), jax.random.key(2))
     keys = jax.random.split(jax.random.key(2), 3)
     opt = local.make_optimizer(cfg)
+    # One agent alone, compiled once for the three agents (same shapes) instead of traced anew for each.
+    train_one = jax.jit(lambda p, s, xj, yj, cj, kj: local._train_one(model, cfg, opt, p, s, xj, yj, cj, kj))
     for j in range(3):
         pj = jax.tree_util.tree_map(lambda a: a[j], params)
-        ref, _, loss = local._train_one(model, cfg, opt, pj, opt.init(pj), x[j], y[j], counts[j], keys[j])
+        ref, _, loss = train_one(pj, opt.init(pj), x[j], y[j], counts[j], keys[j])
         for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(out.params)):
             np.testing.assert_allclose(np.asarray(b[j]), np.asarray(a), rtol=2e-5, atol=2e-6)
         assert float(out.loss[j]) == pytest.approx(float(loss), rel=1e-5)
@@ -93,12 +95,14 @@ def test_training_reduces_loss_and_optimizer_reset_option():
     params = models.init_population(model, jax.random.key(7), 2)
     before = jax.vmap(lambda p, xi, yi, c: local.agent_loss(model, p, xi, yi, c))(params, x, y, counts)
     cfg = local.LocalSGDConfig(epochs=20, batch_size=8, lr=0.05, momentum=0.9, reset_optimizer=False)
-    out = local.local_train(model, cfg, params, None, AgentData(x, y, counts), jax.random.key(8))
+    # Compiled once per opt_state kind (None: a fresh optimizer; a state: the kept one) and reused.
+    train = jax.jit(lambda p, s, k: local.local_train(model, cfg, p, s, AgentData(x, y, counts), k))
+    out = train(params, None, jax.random.key(8))
     after = jax.vmap(lambda p, xi, yi, c: local.agent_loss(model, p, xi, yi, c))(out.params, x, y, counts)
     assert np.all(np.asarray(after) < 0.5 * np.asarray(before))
     # Kept momentum is carried into the next round; a reset one is not.
-    kept = local.local_train(model, cfg, out.params, out.opt_state, AgentData(x, y, counts), jax.random.key(9))
-    fresh = local.local_train(model, cfg, out.params, None, AgentData(x, y, counts), jax.random.key(9))
+    kept = train(out.params, out.opt_state, jax.random.key(9))
+    fresh = train(out.params, None, jax.random.key(9))
     assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(kept.params)[0]), np.asarray(jax.tree_util.tree_leaves(fresh.params)[0]))
 
 
