@@ -108,6 +108,12 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     """
     import orbax.checkpoint as ocp
 
+    from cbo_jax import _checks
+
+    # a negative step is written but never listed (lost); a float is truncated; keep=0 deletes the step just written
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    _checks.positive_int("keep", keep)
     path = Path(path).absolute()
     state = jax.device_get(state)
     arrays = _to_arrays(state)

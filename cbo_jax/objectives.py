@@ -133,14 +133,22 @@ class Objective:
 
     def __call__(self, x):
         x = jnp.asarray(x)
+        if not jnp.issubdtype(x.dtype, jnp.inexact):  # integer particles: a fractional shift must not truncate
+            x = x.astype(jnp.result_type(float))
         if self.dim is not None and x.shape[-1] != self.dim:
             raise ValueError(f"{type(self).__name__} is a function of R^{self.dim}; got particles of dimension "
                              f"{x.shape[-1]}")
+        self._check_shift(x.shape[-1] if x.ndim else 1)
         return self._f(x - jnp.asarray(self.shift, x.dtype))
 
     def _check_dim(self, d: int) -> None:
         if self.dim is not None and d != self.dim:
             raise ValueError(f"{type(self).__name__} is a function of R^{self.dim}, not R^{d}")
+
+    def _check_shift(self, d: int) -> None:
+        n = np.shape(self.shift)[0] if np.ndim(self.shift) else 1
+        if n not in (1, d):
+            raise ValueError(f"{type(self).__name__}'s shift has {n} coordinates, but the particles have dimension {d}")
 
     def minimiser(self, d: int) -> np.ndarray:
         """The global minimiser in dimension ``d`` (float64 NumPy array); the first of several."""
@@ -149,6 +157,7 @@ class Objective:
     def minimisers(self, d: int) -> np.ndarray:
         """Every known global minimiser in dimension ``d``, shape ``(K, d)``."""
         self._check_dim(d)
+        self._check_shift(d)
         return np.asarray(self._argmins(d), np.float64) + np.broadcast_to(np.asarray(self.shift, np.float64), (d,))
 
     def minimum(self, d: int) -> float:
@@ -438,6 +447,16 @@ class RastriginMultimodal(Objective):
     alpha: Any = (1.0,)
     z: Any = None
     _base = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        try:
+            alpha = np.asarray(self.alpha, np.float64)
+        except (TypeError, ValueError):
+            alpha = np.zeros((0, 0))
+        if alpha.ndim != 1 or alpha.size == 0 or not np.all(np.isfinite(alpha)):
+            raise ValueError(f"alpha must be a non-empty sequence of finite numbers (one scale per factor), "
+                             f"got {self.alpha!r}")
 
     def _terms(self, d):
         z = np.zeros((len(self.alpha), d)) if self.z is None else np.broadcast_to(np.asarray(self.z, np.float64),

@@ -182,7 +182,8 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
 
     Raises ``ValueError`` naming the parameter and the grid index for: a value that is not
     a real number, NaN or infinity, a value out of range (``λ1, σ1, λ2, σ2 >= 0``,
-    ``dt > 0``, the schedule's rules in ``PARAM_RULES``), leaves whose axes do not
+    ``dt > 0``, the schedule's rules in ``PARAM_RULES``, ``alpha_min <= alpha_max``,
+    ``alpha0 <= alpha_max`` of a multiplicative schedule), leaves whose axes do not
     broadcast to one grid, an α-number tuple of another schedule kind, or a sweep that
     switches on a term the dynamics were built without.
     """
@@ -242,6 +243,15 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
         if bad.any():
             idx = np.argwhere(bad)[0] if bad.ndim else ()
             raise ValueError(f"{_where('alpha.alpha_max', idx, shape)} is below alpha_min{_grid_note(idx, shape)}")
+    from cbo_jax.schedules import MultiplicativeParams
+
+    if isinstance(params.alpha, MultiplicativeParams):  # as Multiplicative's own constructor refuses
+        bad = full["alpha.alpha0"] > full["alpha.alpha_max"]
+        if bad.any():
+            idx = np.argwhere(bad)[0] if bad.ndim else ()
+            raise ValueError(f"{_where('alpha.alpha0', idx, shape)} = {float(full['alpha.alpha0'][tuple(idx)])!r} is "
+                             f"above alpha_max = {float(full['alpha.alpha_max'][tuple(idx)])!r}: the schedule would cut "
+                             f"α down at its first step{_grid_note(idx, shape)}")
     off = {"sigma1": cfg.sigma1 == 0 or getattr(cfg, "noise", "") == "none", "lambda2": cfg.lambda2 == 0,
            "sigma2": cfg.sigma2 == 0}
     for name, left_out in off.items():

@@ -279,7 +279,12 @@ def simulate(
             if guard is not None:
                 guard.__exit__()
         jax.block_until_ready(state)
-    history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]} if chunks else {}
+        if not chunks:  # num_steps=0: the history's arrays with no rows (shapes only, nothing is run)
+            _, spec = jax.eval_shape(functools.partial(
+                _run_chunk, step=dynamics.step, record=record, observe=observe, length=0, batched=levels,
+                with_consensus=record_consensus), state)
+            chunks.append({k: np.zeros(v.shape, v.dtype) for k, v in spec.items()})
+    history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]}
     if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
         state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
         history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
@@ -486,10 +491,12 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
                              f"population of num_particles={num_particles} uniform in {tuple(init_bounds)}^d)")
         _checks.positive_int("dim", dim)
         _checks.positive_int("num_particles", num_particles, int32=False)
-        low, high = (_checks.finite_number("init_bounds", b) for b in init_bounds)
+        dtype = cfg_kw.get("dtype", config.dtype if config is not None else "float32")  # a keyword overrides config
+        if isinstance(init_bounds, (str, bytes)) or not hasattr(init_bounds, "__len__") or len(init_bounds) != 2:
+            raise ValueError(f"init_bounds must be a pair (low, high), got {init_bounds!r}")
+        low, high = (_checks.finite_number("init_bounds", b, f32=dtype != "float64") for b in init_bounds)
         if not low < high:
             raise ValueError(f"init_bounds must be (low, high) with low < high, got {tuple(init_bounds)}")
-        dtype = (config.dtype if config is not None else cfg_kw.get("dtype", "float32"))
         k_init, key = jax.random.split(key)
         shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
         # else simulate explains what is missing; the flag is not in jax's Config stub (narrow ignore)

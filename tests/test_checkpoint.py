@@ -66,3 +66,14 @@ def test_no_checkpoint_and_a_half_written_step(tmp_path):
     (tmp_path / "c" / "2.orbax-checkpoint-tmp-1").mkdir()
     assert checkpoint.steps(tmp_path / "c") == [1]
     assert checkpoint.restore(tmp_path / "c", _state())[1]["step"] == 1
+
+
+@pytest.mark.parametrize("kw,match", [({"step": -1}, "step must be an integer >= 0"),
+                                      ({"step": 2.7}, "step must be an integer >= 0"),
+                                      ({"step": 1, "keep": 0}, "keep must be")])
+def test_a_step_that_would_be_lost_or_renamed_is_refused(tmp_path, kw, match):
+    # a negative step was written but never listed (restore: "no checkpoint there"), 2.7 became step 2,
+    # keep=0 deleted the step it had just written (a FileNotFoundError from inside save)
+    with pytest.raises(ValueError, match=match):
+        checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, **kw)
+    assert not checkpoint.steps(tmp_path / "c")

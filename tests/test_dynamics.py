@@ -205,6 +205,20 @@ def test_objectives_minimisers(name):
     assert obj(jnp.zeros((3, 5, d))).shape == (3, 5)
 
 
+def test_objectives_refuse_or_promote_odd_inputs():
+    # integer particles are promoted to float: a fractional shift is not truncated to 0
+    np.testing.assert_allclose(np.asarray(objectives.Sphere(shift=0.5)(jnp.asarray([[1, 2]]))), [2.5])
+    # a shift of the wrong length is named, not a broadcasting error
+    with pytest.raises(ValueError, match="shift has 3 coordinates, but the particles have dimension 2"):
+        objectives.Sphere(shift=[1.0, 2.0, 3.0])(jnp.ones((4, 2)))
+    with pytest.raises(ValueError, match="shift has 3 coordinates"):
+        objectives.Sphere(shift=[1.0, 2.0, 3.0]).minimiser(2)
+    assert objectives.Sphere(shift=[0.5])(jnp.ones((4, 2))).shape == (4,)  # a (1,) shift still broadcasts
+    # a product of no factors is the constant 1, not one energy per particle
+    with pytest.raises(ValueError, match="alpha must be a non-empty sequence"):
+        objectives.RastriginMultimodal(alpha=())
+
+
 def test_rastrigin_forms_are_named_apart():
     x = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
     np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(x)), [5.0, 25.0, 61.0], atol=1e-4)

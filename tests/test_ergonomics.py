@@ -75,6 +75,9 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
     (lambda: cj.clustered([objectives.Sphere()], signa1=1.0), r"clustered: unknown keyword 'signa1'.*sigma1"),
     (lambda: cj.minimize(objectives.Sphere()), "x0 or the dimension dim"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(1.0, -1.0)), "low < high"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=3.0), r"init_bounds must be a pair"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(0, 1, 2)), r"init_bounds must be a pair"),
+    (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(-1e39, 1e39)), r"init_bounds.*overflows float32"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, key="zero"), "integer seed"),
     (lambda: cj.simulate(cj.cbo(objectives.Sphere()), np.zeros((4, 2), np.float32), 1.5, 1), "integer seed"),
     (lambda: cj.simulate(cj.cbo(lambda x: jnp.sum(x**2)), np.zeros((4, 2), np.float32), 0, 1),
@@ -83,3 +86,20 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
 def test_bad_input_is_explained(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_zero_steps_gives_the_history_keys_with_no_rows():
+    # SimulationResult.history: one row per step taken; with none taken, empty arrays, not an empty dict
+    res = cj.minimize(objectives.Sphere(), dim=2, key=0, num_steps=0, num_runs=2, record_consensus=True)
+    assert res.steps == 0
+    assert res.history["best_energy"].shape == (0, 2) and res.history["best_energy"].dtype == np.float32
+    assert res.history["consensus"].shape == (0, 2, 2) and res.history["active"].dtype == np.bool_
+
+
+def test_a_dtype_keyword_overrides_the_config_for_the_default_population():
+    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else __import__("jax.experimental").experimental.enable_x64
+    with enable_x64(True):
+        a = cj.minimize(objectives.Sphere(), dim=2, num_steps=0, config=cj.CBOConfig(), dtype="float64").state.x
+        b = cj.minimize(objectives.Sphere(), dim=2, num_steps=0, dtype="float64").state.x
+    assert a.dtype == np.float64
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # drawn in float64 either way, not float32

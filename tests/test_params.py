@@ -112,6 +112,8 @@ def test_grid_is_an_outer_product_and_history_has_grid_axes():
                                                           r"with sigma2=0"),
     (lambda g: g._replace(alpha=schedules.ConstantParams(3.0)), "params.alpha must be MultiplicativeParams"),
     (lambda g: g._replace(lambda1="fast"), "params.lambda1 must hold real numbers"),
+    (lambda g: g._replace(alpha=g.alpha._replace(alpha0=np.array([1.0, 1e3]))),
+     r"params.alpha.alpha0\[1\] = 1000.0 is above alpha_max = 100.0"),
 ])
 def test_bad_grid_is_rejected_on_the_host_before_compilation(mutate, match):
     traced = []
