@@ -363,7 +363,8 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     Args:
       results_dir: a directory written by ``cbo-jax demo``, ``run``, ``reproduce`` (or
         any directory of such directories).
-      out: the report file (default ``results_dir/report.html`` or ``report.md``).
+      out: the report file (default ``results_dir/report.html`` or ``report.md``); an
+        existing directory gets ``report.html`` or ``report.md`` inside it.
       fmt: ``"html"`` or ``"md"``; by default taken from ``out``'s suffix, else HTML.
 
     Raises:
@@ -378,6 +379,8 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     if fmt not in ("html", "md"):
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
     out_path = Path(out) if out is not None else root / f"report.{fmt}"
+    if out_path.is_dir():  # ``-o reports/``: the report goes inside (writing to it would raise IsADirectoryError)
+        out_path = out_path / f"report.{fmt}"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     blocks = _blocks(root, out_path)
     text = _to_html(blocks) if fmt == "html" else _to_markdown(blocks, out_path)

@@ -25,6 +25,39 @@ def test_from_lists_pads_and_masks():
         fdata.FederatedData.from_lists(xs, [ys[0][:2], ys[1]], [0, 1], d.test_x, d.test_y)
 
 
+def test_from_lists_rejects_mismatched_sample_shapes():
+    # Agent 1's (2, 1, 2) samples used to be broadcast silently into (2, 2) rows.
+    xs = [np.full((3, 2, 2), 0.7, np.float32), np.full((2, 1, 2), 0.5, np.float32)]
+    ys = [np.zeros(3, np.int32), np.zeros(2, np.int32)]
+    with pytest.raises(ValueError, match=r"xs\[1\] has shape \(2, 1, 2\)"):
+        fdata.FederatedData.from_lists(xs, ys)
+    with pytest.raises(ValueError, match=r"test_x\[1\] has shape"):
+        fdata.FederatedData.from_lists(xs[:1], ys[:1], test_x=xs, test_y=ys)
+    with pytest.raises(ValueError, match="xs is empty"):
+        fdata.FederatedData.from_lists([], [])
+
+
+def test_from_lists_keeps_the_common_dtype():
+    # The stack took the first agent's dtype: an integer first agent truncated the others' floats.
+    d = fdata.FederatedData.from_lists([np.ones((2, 2), np.int64), np.full((3, 2), 0.7)],
+                                       [np.zeros(2), np.full(3, 0.6)])
+    assert d.x[1, 0].tolist() == [0.7, 0.7]
+    d = fdata.FederatedData.from_lists([np.ones((2, 2))] * 2, [np.zeros(2, np.int64), np.full(2, 0.6)])
+    assert d.y[1].tolist() == [0.6, 0.6]
+
+
+def test_from_lists_test_sets_must_match_their_labels():
+    xs, ys = [np.ones((3, 2))] * 2, [np.zeros(3, np.int32)] * 2
+    # Test set 0 with 3 inputs and 2 labels used to be padded into a test set with a wrong label.
+    with pytest.raises(ValueError, match="test set 0 has 3 inputs but 2 labels"):
+        fdata.FederatedData.from_lists(xs, ys, test_x=xs, test_y=[np.zeros(2, np.int32)] * 2)
+    with pytest.raises(ValueError, match="test_y must be a list of as many"):
+        fdata.FederatedData.from_lists(xs, ys, test_x=xs)
+    d = fdata.FederatedData.from_lists(xs, ys, test_x=[np.ones((3, 2)), np.ones((1, 2))],
+                                       test_y=[np.zeros(3, np.int32), np.ones(1, np.int32)])
+    assert d.test_counts.tolist() == [3, 1] and d.test_y.tolist() == [[0, 0, 0], [1, 0, 0]]
+
+
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_rotated_mnist_partitions_each_cluster(k):
     src = _tiny_mnist()

@@ -245,6 +245,10 @@ def test_regression_model_reports_loss_not_accuracy():
     (lambda d: d._replace(y=d.y + 5), "labels outside"),
     (lambda d: d._replace(cluster=np.zeros(3, np.int32)), "cluster must hold"),
     (lambda d: d._replace(counts=d.counts + 100), "exceed the padded size"),
+    # These passed check() and failed (or were truncated) only inside the metrics:
+    (lambda d: d._replace(test_y=d.test_y.astype(np.float32)), "integer test labels"),
+    (lambda d: d._replace(test_of=np.array([0.0, 0.5, 1.0, 1.0])), "test_of must hold integer"),
+    (lambda d: d._replace(test_x=d.test_x * np.float32(np.nan)), "test inputs test_x hold NaN"),
 ])
 def test_bad_data_is_named_before_compilation(break_it, match):
     xs, ys, tx, ty = _two_rules(n_per=2)
@@ -254,6 +258,45 @@ def test_bad_data_is_named_before_compilation(break_it, match):
     data.check(model)
     with pytest.raises(ValueError, match=match):
         break_it(data).check(model)
+
+
+def test_non_finite_regression_targets_are_named():
+    xs = [np.ones((4, 2), np.float32)] * 3
+    ys = [np.ones(4, np.float32), np.array([1, np.nan, 1, 1], np.float32), np.ones(4, np.float32)]
+    model = fl.from_flax(nn.Dense(1), xs[0][:1], loss="squared_error")
+    with pytest.raises(ValueError, match="training targets y hold NaN"):
+        fl.FederatedData.from_lists(xs, ys).check(model)
+    with pytest.raises(ValueError, match="test targets test_y hold NaN"):
+        fl.FederatedData.from_lists(xs, [ys[0]] * 3, test_x=xs[0], test_y=ys[1]).check(model)
+    fl.FederatedData.from_lists(xs[:2], [ys[0]] * 2).check(model)  # finite targets pass
+
+
+def test_test_accuracy_refuses_a_bad_test_size_or_chunk():
+    xs, ys, tx, ty = _two_rules(n_per=2)
+    data = fl.FederatedData.from_lists(xs, ys, test_x=tx, test_y=ty)
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    # test_size=-1 used to drop each test set's last sample silently, 0 to fail in a modulo.
+    for kw, match in (({"test_size": -1}, "test_size must be >= 1"), ({"test_size": 0}, "test_size must be >= 1"),
+                      ({"chunk": 0}, "chunk must be >= 1")):
+        with pytest.raises(ValueError, match=match):
+            fl.metrics.test_accuracy(model, data, **kw)
+
+
+def test_regression_output_that_only_broadcasts_against_the_targets_is_named():
+    # check() probed with one sample, where (1, 2) outputs broadcast against (1,) targets:
+    # it passed, and training then failed deep in JAX (or, (n, 3) against (n, 1), ran silently).
+    xs = [np.ones((4, 2), np.float32)] * 3
+    flat, col = [np.ones(4, np.float32)] * 3, [np.ones((4, 1), np.float32)] * 3
+    sq = lambda w: fl.from_flax(nn.Dense(w), xs[0][:1], loss="squared_error")  # noqa: E731
+    fl.FederatedData.from_lists(xs, flat).check(sq(1))  # a scalar model and (n,) targets: fine
+    fl.FederatedData.from_lists(xs, col).check(sq(1))
+    with pytest.raises(ValueError, match="squared error needs targets of the same shape"):
+        fl.FederatedData.from_lists(xs, flat).check(sq(2))
+    with pytest.raises(ValueError, match="squared error needs targets of the same shape"):
+        fl.FederatedData.from_lists(xs, col).check(sq(3))
+    custom = fl.from_flax(nn.Dense(2), xs[0][:1], loss=lambda o, y: jnp.sum((o - y) ** 2, -1))
+    with pytest.raises(ValueError, match="cannot compare"):
+        fl.FederatedData.from_lists(xs, flat).check(custom)
 
 
 def test_model_whose_output_does_not_fit_the_labels():

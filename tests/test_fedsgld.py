@@ -146,6 +146,15 @@ def test_synthetic_seeding():
         synthetic(train_fraction=1.0)
 
 
+def test_synthetic_train_fraction_leaving_a_device_empty_is_refused():
+    # int(0.006 · 200) = 1 passes the max_samples check, but seed 0 draws devices of
+    # 91 and 120 samples: int(0.006 · 120) = 0, so they used to get no training sample.
+    with pytest.raises(ValueError, match=r"devices \[0, 1,.*without training or test samples"):
+        synthetic(train_fraction=0.006, max_samples=200)
+    d = synthetic(train_fraction=0.02, max_samples=200)  # int(0.02 · 50) = 1
+    assert d.counts.min() >= 1 and d.test_counts.min() >= 1
+
+
 @pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
 def test_models_logistic_and_mlp_still_usable():
     lr = logistic_regression()

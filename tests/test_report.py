@@ -137,3 +137,14 @@ def test_report_names_an_unreadable_summary(tmp_path, capsys):
     assert "unreadable: run1/summary.json: Expecting property name" in err
     text = render(root, fmt="md").read_text()
     assert "## run1" in text and "unreadable: `summary.json`: Expecting property name" in text
+
+
+def test_report_output_to_an_existing_directory(tmp_path, capsys):
+    """``-o DIR`` used to fail with IsADirectoryError; the report now goes inside DIR."""
+    root = _results(tmp_path)
+    outdir = tmp_path / "reports"
+    outdir.mkdir()
+    assert cli.main(["report", str(root), "-o", str(outdir)]) == 0
+    assert capsys.readouterr().out.strip() == str(outdir / "report.html")
+    assert "final_test_acc" in (outdir / "report.html").read_text()
+    assert render(root, outdir, fmt="md") == outdir / "report.md" and (outdir / "report_files").is_dir()

@@ -34,6 +34,7 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax.federated.mnist import MNIST
+from cbo_jax.models import squared_error
 from cbo_jax.population import resize_rows
 
 __all__ = ["AgentData", "FederatedData", "ROTATIONS", "rotated_mnist", "rotate"]
@@ -178,12 +179,17 @@ class FederatedData(NamedTuple):
         for j, (xj, yj) in enumerate(zip(xs, ys)):
             if len(xj) != len(yj):
                 raise ValueError(f"agent {j} has {len(xj)} inputs but {len(yj)} labels")
-        x, counts = _stack(xs)
-        y, _ = _stack(ys)
+        x, counts = _stack(xs, "xs")
+        y, _ = _stack(ys, "ys")
         test_counts = None
         if isinstance(test_x, (list, tuple)):
-            test_x, test_counts = _stack(test_x)
-            test_y, _ = _stack(test_y)
+            if not isinstance(test_y, (list, tuple)) or len(test_y) != len(test_x):
+                raise ValueError(f"test_x is a list of {len(test_x)} test sets: test_y must be a list of as many")
+            for t, (tx, ty) in enumerate(zip(test_x, test_y)):
+                if len(tx) != len(ty):
+                    raise ValueError(f"test set {t} has {len(tx)} inputs but {len(ty)} labels")
+            test_x, test_counts = _stack(test_x, "test_x")
+            test_y, _ = _stack(test_y, "test_y")
         return cls.from_arrays(x, y, counts=counts, cluster=cluster, test_x=test_x, test_y=test_y,
                                test_counts=test_counts, test_of=test_of)
 
@@ -191,8 +197,9 @@ class FederatedData(NamedTuple):
         """Validate on the host; raise ``ValueError`` naming the first problem found.
 
         Shapes of the training side and the test sets, one real sample at least per
-        agent, counts within the padded size, finite inputs, cluster ids and
-        ``test_of`` of the right length and range, labels within ``[0, classes)`` and,
+        agent, counts within the padded size, finite inputs and float targets (training
+        and test), cluster ids and integer ``test_of`` of the right length and range,
+        integer labels (training and test) within ``[0, classes)`` and,
         given a ``model``, that its output fits the labels (before any compilation).
         """
         x, y, counts = np.asarray(self.x), np.asarray(self.y), np.asarray(self.counts)
@@ -209,6 +216,8 @@ class FederatedData(NamedTuple):
             raise ValueError(f"counts up to {int(counts.max())} exceed the padded size n_max={n_max}")
         if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x[self.mask])):
             raise ValueError("the training inputs x hold NaN or infinite values")
+        if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y[self.mask])):
+            raise ValueError("the training targets y hold NaN or infinite values")
         if self.cluster is not None:
             c = np.asarray(self.cluster)
             if c.shape != (n,) or not np.issubdtype(c.dtype, np.integer) or (c.size and c.min() < 0):
@@ -222,6 +231,14 @@ class FederatedData(NamedTuple):
                 tc = np.asarray(self.test_counts)
                 if tc.shape != (tx.shape[0],) or tc.min(initial=1) < 1 or tc.max(initial=0) > tx.shape[1]:
                     raise ValueError(f"test_counts must hold one count in [1, {tx.shape[1]}] per test set, got {tc}")
+            if self.test_of is not None and not np.issubdtype(np.asarray(self.test_of).dtype, np.integer):
+                raise ValueError(f"test_of must hold integer test-set indices, got {np.asarray(self.test_of).dtype}")
+            real = (np.arange(tx.shape[1])[None, :] < np.asarray(self.test_counts)[:, None]
+                    if self.test_counts is not None else np.ones(tx.shape[:2], bool))
+            if np.issubdtype(tx.dtype, np.floating) and not np.all(np.isfinite(tx[real])):
+                raise ValueError("the test inputs test_x hold NaN or infinite values")
+            if np.issubdtype(ty.dtype, np.floating) and not np.all(np.isfinite(ty[real])):
+                raise ValueError("the test targets test_y hold NaN or infinite values")
             idx = self.test_index()
             if idx.shape != (n,) or idx.min(initial=0) < 0 or idx.max(initial=0) >= tx.shape[0]:
                 raise ValueError(f"test_of must map each of the {n} agents to one of the {tx.shape[0]} test sets")
@@ -234,10 +251,18 @@ def _labels(y: np.ndarray) -> np.ndarray:
     return y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else y
 
 
-def _stack(parts: Sequence) -> tuple[np.ndarray, np.ndarray]:
+def _stack(parts: Sequence, name: str = "parts") -> tuple[np.ndarray, np.ndarray]:
     parts = [np.asarray(p) for p in parts]
+    if not parts:
+        raise ValueError(f"{name} is empty: give one array per agent (or test set)")
+    for j, p in enumerate(parts):
+        if p.ndim < 1 or p.shape[1:] != parts[0].shape[1:]:
+            raise ValueError(f"{name}[{j}] has shape {p.shape}, but {name}[0] has {parts[0].shape}: every entry must "
+                             f"be (n_samples,) + the same per-sample shape")
     counts = np.array([len(p) for p in parts], np.int32)
-    out = np.zeros((len(parts), int(counts.max(initial=0))) + parts[0].shape[1:], parts[0].dtype)
+    # The common dtype of all parts (not the first one's: an integer first agent would
+    # truncate every other agent's float inputs or targets).
+    out = np.zeros((len(parts), int(counts.max(initial=0))) + parts[0].shape[1:], np.result_type(*parts))
     for j, p in enumerate(parts):
         out[j, : len(p)] = p
     return out, counts
@@ -255,13 +280,25 @@ def _check_model(model, x: np.ndarray, y: np.ndarray, test_y: np.ndarray | None)
                              f"classifier")
         if not np.issubdtype(y.dtype, np.integer) or y.ndim != 2:
             raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y.dtype} {y.shape}")
+        if test_y is not None and not np.issubdtype(test_y.dtype, np.integer):
+            raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}")
         for name, labels in (("y", y), ("test_y", test_y)):
             if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= model.num_classes):
                 raise ValueError(f"{name} holds labels outside [0, {model.num_classes}) for model {model.name}: "
                                  f"{int(labels.min())}..{int(labels.max())}")
     else:
+        # A batch of 3, not 1: with one sample, (1, 2) outputs broadcast against (1,) targets.
+        b = 3
+        if model.loss is squared_error and out.shape[1:] != y.shape[2:] and not (out.shape[1:] == (1,)
+                                                                                 and y.shape[2:] == ()):
+            # squared_error broadcasts, e.g. (n, 3) outputs against (n, 1) targets or (n,) against (n, 1)
+            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, but the squared error needs "
+                             f"targets of the same shape; got targets of shape {y.shape[2:]}")
         try:
-            jax.eval_shape(model.loss, out, jax.ShapeDtypeStruct((1,) + y.shape[2:], y.dtype))
+            out_b = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((b,) + x.shape[2:], x.dtype))
+            loss = jax.eval_shape(model.loss, out_b, jax.ShapeDtypeStruct((b,) + y.shape[2:], y.dtype))
+            if loss.shape != (b,):
+                raise ValueError(f"the loss gives shape {loss.shape} for {b} samples, not one loss per sample")
         except Exception as err:  # noqa: BLE001
             raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, which its loss cannot compare "
                              f"with targets of shape {y.shape[2:]}: {err}") from None

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbo_jax import _checks
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -276,6 +277,9 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     """
     if data.test_x is None:
         raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
+    _checks.positive_int("chunk", chunk)
+    if test_size is not None:  # a slice bound: -1 would silently drop each set's last sample
+        _checks.positive_int("test_size", test_size)
     test_x, test_y = jnp.asarray(data.test_x[:, :test_size]), jnp.asarray(data.test_y[:, :test_size])
     counts = None if data.test_counts is None else jnp.minimum(jnp.asarray(data.test_counts), test_x.shape[1])
     test_of = data.test_index()
@@ -372,6 +376,9 @@ def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test
     (default the dataset's). ``test_size`` samples per test set at intermediate
     evaluations; the last one uses the whole test sets.
     """
+    _checks.positive_int("chunk", chunk)
+    if test_size is not None:
+        _checks.positive_int("test_size", test_size)
     nb = dataset.num_benign
     c_benign = np.asarray(dataset.cluster if cluster is None else cluster)[:nb]
 

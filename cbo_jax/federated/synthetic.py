@@ -118,8 +118,10 @@ def synthetic(
       train_fraction: share of each device's shuffled samples used for training
         (``int(train_fraction · n_k)``; 0.9 in the benchmark).
       max_samples: if given, cap every ``n_k`` at this value *after* drawing it (not part
-        of the benchmark; bounds the padding for quick tests). The random stream is the
-        same as without the cap, so capped data are a prefix of the uncapped data.
+        of the benchmark; bounds the padding for quick tests). The sizes are the same
+        draws as without the cap, but a capped device draws fewer samples, so every
+        device after the first capped one (and its ``W_k``, ``b_k``) differs from the
+        uncapped data: capped data are not a subset of the uncapped data.
       seed: the generator's seed.
     """
     a = _checks.non_negative("alpha", alpha)
@@ -139,6 +141,11 @@ def synthetic(
     sizes = rng.lognormal(4.0, 2.0, n_dev).astype(np.int64) + 50
     if max_samples is not None:
         sizes = np.minimum(sizes, max_samples)
+    n_train = (frac * sizes).astype(np.int64)  # int(frac · n_k), as the split below
+    short = np.flatnonzero((n_train < 1) | (sizes - n_train < 1))
+    if short.size:
+        raise ValueError(f"train_fraction={train_fraction} leaves devices {short[:10].tolist()} (of "
+                         f"{int(sizes[short[0]])} samples) without training or test samples")
     sigma_diag = np.arange(1, d + 1, dtype=np.float64) ** -1.2
     if iid:
         u = np.zeros(n_dev)
