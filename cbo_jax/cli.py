@@ -313,7 +313,8 @@ def _add_report(sub) -> None:
     p.add_argument("--format", choices=("html", "md"), default=None,
                    help="report format (default: from --output's suffix, else html)")
     p.add_argument("-o", "--output", type=Path, default=None,
-                   help="report file, or an existing directory to write report.html/.md in (default RESULTS_DIR/report.html or .md)")
+                   help="report file, or an existing directory to write report.html/.md in "
+                        "(default RESULTS_DIR/report.html or .md)")
     p.set_defaults(func=_cmd_report)
 
 
