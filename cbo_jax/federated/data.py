@@ -176,20 +176,12 @@ class FederatedData(NamedTuple):
             raise ValueError(f"xs and ys must have one entry per agent; got {len(xs)} and {len(ys)}")
         if cluster is not None and len(cluster) != len(xs):
             raise ValueError(f"cluster must have one entry per agent ({len(xs)}), got {len(cluster)}")
-        for j, (xj, yj) in enumerate(zip(xs, ys)):
-            if len(xj) != len(yj):
-                raise ValueError(f"agent {j} has {len(xj)} inputs but {len(yj)} labels")
-        x, counts = _stack(xs, "xs")
-        y, _ = _stack(ys, "ys")
+        x, y, counts = _stack_pairs(xs, ys, ("xs", "ys"), "agent")
         test_counts = None
         if isinstance(test_x, (list, tuple)):
             if not isinstance(test_y, (list, tuple)) or len(test_y) != len(test_x):
                 raise ValueError(f"test_x is a list of {len(test_x)} test sets: test_y must be a list of as many")
-            for t, (tx, ty) in enumerate(zip(test_x, test_y)):
-                if len(tx) != len(ty):
-                    raise ValueError(f"test set {t} has {len(tx)} inputs but {len(ty)} labels")
-            test_x, test_counts = _stack(test_x, "test_x")
-            test_y, _ = _stack(test_y, "test_y")
+            test_x, test_y, test_counts = _stack_pairs(test_x, test_y, ("test_x", "test_y"), "test set")
         return cls.from_arrays(x, y, counts=counts, cluster=cluster, test_x=test_x, test_y=test_y,
                                test_counts=test_counts, test_of=test_of)
 
@@ -249,6 +241,16 @@ class FederatedData(NamedTuple):
 
 def _labels(y: np.ndarray) -> np.ndarray:
     return y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else y
+
+
+def _stack_pairs(xs: Sequence, ys: Sequence, names: tuple[str, str], what: str):
+    """Inputs and labels, one pair per agent (or test set), each checked and padded: ``(x, y, counts)``."""
+    for j, (xj, yj) in enumerate(zip(xs, ys)):
+        if len(xj) != len(yj):
+            raise ValueError(f"{what} {j} has {len(xj)} inputs but {len(yj)} labels")
+    x, counts = _stack(xs, names[0])
+    y, _ = _stack(ys, names[1])
+    return x, y, counts
 
 
 def _stack(parts: Sequence, name: str = "parts") -> tuple[np.ndarray, np.ndarray]:
