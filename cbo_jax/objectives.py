@@ -441,7 +441,15 @@ class Michalewicz(Objective):
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RastriginMultimodal(Objective):
-    """``Π_k V(α_k (x - z_k))`` with ``V`` the Rastrigin function: min 0 at every ``z_k``."""
+    """``Π_k V(α_k (x - z_k))`` with ``V`` the Rastrigin function: min 0 at every ``z_k``.
+
+    Attributes:
+      alpha: the scales ``α_k``, one per factor (``K`` of them).
+      z: the centres ``z_k``: ``(K, d)`` (CBXpy's layout), or anything that broadcasts to it
+        (a ``(d,)`` centre shared by every factor, ``(K, 1)`` or ``(1, d)`` rows, a scalar);
+        ``None``: every centre at 0. Rows other than ``1`` or ``K`` are refused at
+        construction, coordinates other than ``1`` or the particles' ``d`` when evaluated.
+    """
 
     name = "rastrigin-multimodal"
     alpha: Any = (1.0,)
@@ -457,11 +465,30 @@ class RastriginMultimodal(Objective):
         if alpha.ndim != 1 or alpha.size == 0 or not np.all(np.isfinite(alpha)):
             raise ValueError(f"alpha must be a non-empty sequence of finite numbers (one scale per factor), "
                              f"got {self.alpha!r}")
+        if self.z is None:
+            return
+        try:
+            z = np.asarray(self.z, np.float64)
+        except (TypeError, ValueError):
+            z = np.asarray(np.nan)
+        if not np.all(np.isfinite(z)):
+            raise ValueError(f"z must be None or finite numbers (the centres z_k), got {self.z!r}")
+        if z.ndim > 2:
+            raise ValueError(f"z must have shape (K, d) (one centre per factor of alpha), got shape {z.shape}")
+        if z.ndim == 2 and z.shape[0] not in (1, alpha.size):
+            raise ValueError(f"z has {z.shape[0]} centres (rows), but alpha has {alpha.size} factors: give one "
+                             f"centre per factor, z of shape ({alpha.size}, d)")
 
     def _terms(self, d):
-        z = np.zeros((len(self.alpha), d)) if self.z is None else np.broadcast_to(np.asarray(self.z, np.float64),
-                                                                                  (len(self.alpha), d))
-        return z
+        k = len(self.alpha)
+        if self.z is None:
+            return np.zeros((k, d))
+        z = np.asarray(self.z, np.float64)
+        n = z.shape[-1] if z.ndim else 1
+        if n not in (1, d):
+            raise ValueError(f"{type(self).__name__}'s z's centres have {n} coordinates, but the particles have "
+                             f"dimension {d}")
+        return np.broadcast_to(z, (k, d))
 
     def _f(self, x):
         base = Rastrigin() if self._base is None else self._base

@@ -33,14 +33,15 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from cbo_jax import _checks
 
-__all__ = ["Params", "defaults", "grid", "validate", "as_params", "grid_shape", "point", "flatten", "names", "indices",
-           "in_dtype", "alpha_init", "alpha_update"]
+__all__ = ["Params", "defaults", "grid", "validate", "as_params", "grid_shape", "point", "GridIndexError", "flatten",
+           "names", "indices", "in_dtype", "alpha_init", "alpha_update"]
 
 SDE_FIELDS = ("lambda1", "sigma1", "lambda2", "sigma2", "dt")
 _RULES = {"lambda1": "non_negative", "sigma1": "non_negative", "lambda2": "non_negative",
@@ -280,14 +281,45 @@ def flatten(params: Params, shape: tuple[int, ...], dtype) -> Params:
                              for v in _leaves(params)])
 
 
+class GridIndexError(ValueError, IndexError):
+    """An index that does not address a point of a sweep grid (:func:`point`).
+
+    Both a ``ValueError`` (as the grid's other errors) and an ``IndexError`` (as NumPy's
+    out-of-range error it replaces), like NumPy's ``AxisError``."""
+
+
 def point(params: Params, index) -> Params:
-    """The numbers at one grid index (leaves become Python floats)."""
+    """The numbers at one grid index (leaves become Python floats).
+
+    ``index`` holds one integer per grid axis (a single integer for a one-axis grid; ``()``
+    for a single point, grid shape ``()``). Negative entries count from the end of their
+    axis, as in NumPy (``-1`` is the last point). An index of the wrong length, with
+    non-integer entries, or out of range raises :class:`GridIndexError` (a ``ValueError``
+    and an ``IndexError``) naming the index and the grid's shape.
+    """
     shape = grid_shape(params)
-    index = tuple(np.atleast_1d(index)) if shape else ()
+    entries = (index,) if np.ndim(index) == 0 else tuple(np.asarray(index, dtype=object).reshape(-1))
+    if np.ndim(index) > 1 or not all(_is_index(i) for i in entries):
+        raise GridIndexError(f"grid index entries must be integers, got {index!r} for a grid of shape {shape}")
+    index = tuple(operator.index(i) for i in entries)
     if len(index) != len(shape):
-        raise ValueError(f"index {index} does not address a grid of shape {shape}")
+        raise GridIndexError(f"index {index} does not address a grid of shape {shape}")
+    if not all(-s <= i < s for i, s in zip(index, shape)):
+        raise GridIndexError(f"index {index} is out of range for a grid of shape {shape} (entry k must lie in "
+                             f"[-shape[k], shape[k]))")
     return _rebuild(params, [float(np.broadcast_to(np.asarray(v, np.float64), shape)[index])
                              for v in _leaves(params)])
+
+
+def _is_index(i) -> bool:
+    """An integer (anything with ``__index__``), not a bool."""
+    if isinstance(i, (bool, np.bool_)):
+        return False
+    try:
+        operator.index(i)
+    except TypeError:
+        return False
+    return True
 
 
 def indices(shape: tuple[int, ...]):

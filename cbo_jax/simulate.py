@@ -39,10 +39,14 @@ class SimulationResult(NamedTuple):
         before it, the grid axes of a parameter sweep).
       history: dict of NumPy arrays with one row per step taken: ``best_energy``,
         ``min_energy`` (best energy among the current particles), ``alpha``, ``active``
-        (shape ``(T,)``, ``(T, M)``, or ``(T, *grid, M)`` in a sweep), and ``consensus``
-        if requested.
-      steps: number of steps simulated (below the requested number when every run
-        stopped early; a run's own count is ``state.step``).
+        (shape ``(T,)``, ``(T, M)``, or ``(T, *grid, M)`` in a sweep, ``T == steps``), and
+        ``consensus`` if requested. A run that stops while others go on keeps its last
+        values (frozen) in the rows after its stop, with ``active`` False.
+      steps: number of steps simulated: ``num_steps``, or, when every run stopped early
+        (``energy_tol``, ``diff_tol``, ``max_evals``, ``stagnation_patience``), the step at
+        which the last of them stopped (``0`` when none could take a step); the history
+        has exactly this many rows. A run's own count is ``state.step`` (its steps since
+        ``initial_state``'s count when continuing).
       seconds: wall time of the simulation, compilation included.
     """
 
@@ -157,7 +161,8 @@ def simulate(
         anything is traced (:func:`cbo_jax.params.validate`).
       num_steps: maximum number of steps (``>= 0``).
       chunk_size: steps per compiled scan; the host checks progress and early
-        stopping between chunks.
+        stopping between chunks (a chunk's steps after every run has stopped are left
+        out of ``steps`` and the history).
       progress: show a progress bar (tqdm) with the best energy so far.
       record_consensus: also record the consensus point after every step.
       observe: optional ``observe(state) -> dict`` of arrays computed on device after
@@ -252,6 +257,10 @@ def simulate(
                                resumable=False).__enter__()
             writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
             stride = log_every or max(1, num_steps // 1000)
+        # A stopped run is frozen (its step count too), so once every run has stopped, the steps
+        # taken are the largest step count gained; the chunk's rows after that are dropped.
+        stops = bool(getattr(config, "early_stop", False)) and hasattr(state, "step")
+        start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
         try:
             while done < num_steps:
                 length = min(chunk_size, num_steps - done)
@@ -259,6 +268,11 @@ def simulate(
                     state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
                     with_consensus=record_consensus,
                 )
+                stopped = stops and not bool(jnp.any(state.active))
+                if stopped:
+                    taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
+                    length = min(length, max(0, taken - done))
+                    rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
                 chunks.append(rec)
                 if writer is not None:
                     _write_rows(writer, rec, done, stride)
@@ -269,7 +283,7 @@ def simulate(
                     bar.update(length)
                     if hasattr(state, "best_energy"):
                         bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
-                if getattr(config, "early_stop", False) and not bool(jnp.any(state.active)):
+                if stopped:
                     break
         finally:
             if bar is not None:

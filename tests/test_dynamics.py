@@ -118,6 +118,27 @@ def test_energy_tol_stops_runs_and_freezes_them():
     assert np.all(steps < res.steps + 1) and np.all(steps > 0)
 
 
+def test_a_stopped_run_reports_the_steps_it_took(tmp_path):
+    """``steps`` and the history's rows are the steps actually taken once every run has stopped
+    (was: the whole chunk, so ``steps == num_steps`` and frozen rows after a ``max_evals`` stop)."""
+    f, x0 = objectives.Sphere(), _x0((8, 3))
+    res = cj.simulate(cj.cbo(f, max_evals=32), x0, 0, 10, out=tmp_path / "m", log_every=1)  # init 8 + 3 steps of 8
+    assert int(res.state.step) == 3 and res.steps == 3 and not bool(res.state.active)
+    np.testing.assert_array_equal(res.history["evals"], [16, 24, 32])
+    assert len((tmp_path / "m" / "metrics.jsonl").read_text().splitlines()) == 3  # no rows after the stop
+    again = cj.simulate(cj.cbo(f, max_evals=32), None, None, 10, initial_state=res.state)  # resumed, already stopped
+    assert again.steps == 0 and again.history["evals"].shape == (0,)
+    res = cj.simulate(cj.cbo(f, max_evals=12), x0, 0, 10)  # no step fits the budget
+    assert res.steps == 0 and res.history["best_energy"].shape == (0,)
+    # runs that stop at different steps, across chunks: rows up to the last run's stop
+    cfg = cj.CBOConfig(sigma1=0.5, alpha=30.0, energy_tol=1e-2)
+    res = cj.simulate(cj.cbo(f, cfg), _x0((3, 20, 2)), 0, 200, num_runs=3, chunk_size=7)
+    steps = np.asarray(res.state.step)
+    assert res.steps == steps.max() < 200 and len(steps_set := set(steps.tolist())) > 1, steps_set
+    assert res.history["active"].shape == (res.steps, 3) and not res.history["active"][-1].any()
+    assert res.history["active"][-2].any()
+
+
 def test_diff_tol_stops_when_consensus_settles():
     cfg = cj.CBOConfig(lambda1=1.0, sigma1=0.0, dt=0.1, alpha=10.0, noise="none", diff_tol=1e-6)
     res = cj.simulate(cj.cbo(objectives.Sphere(), cfg), _x0((40, 3)), jax.random.key(0), 10_000, chunk_size=200)
@@ -217,6 +238,31 @@ def test_objectives_refuse_or_promote_odd_inputs():
     # a product of no factors is the constant 1, not one energy per particle
     with pytest.raises(ValueError, match="alpha must be a non-empty sequence"):
         objectives.RastriginMultimodal(alpha=())
+
+
+@pytest.mark.parametrize("cls", [objectives.RastriginMultimodal, objectives.AckleyMultimodal])
+def test_multimodal_centres_are_checked_against_alpha_and_the_dimension(cls):
+    """The centres ``z`` are named when they do not fit: one row per factor of ``alpha``, and
+    coordinates matching the particles (was NumPy's opaque broadcasting error)."""
+    x = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match=r"z has 3 centres \(rows\), but alpha has 2 factors"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1], [2, 2]])
+    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
+        cls(alpha=(1.0,), z=[[0.0, np.nan]])
+    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
+        cls(alpha=(1.0,), z="origin")
+    with pytest.raises(ValueError, match=r"z must have shape \(K, d\)"):
+        cls(alpha=(1.0,), z=np.zeros((1, 1, 2)))
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]])(x)
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]]).minimisers(2)
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates"):
+        cls(alpha=(1.0, 2.0), z=[0.0, 1.0, 2.0])(x)  # one (d,) centre for every factor, of the wrong d
+    # what fits still broadcasts: (K, d), one (d,) centre for all factors, (K, 1) and (1, d) rows, a scalar
+    for z in ([[0, 0], [1, 1]], [1.0, 1.0], [[0.0], [1.0]], [[1.0, 1.0]], 1.0):
+        assert cls(alpha=(1.0, 2.0), z=z)(x).shape == (4,)
+    np.testing.assert_array_equal(cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1]]).minimisers(2), [[0, 0], [1, 1]])
 
 
 def test_rastrigin_forms_are_named_apart():

@@ -99,6 +99,30 @@ def test_grid_is_an_outer_product_and_history_has_grid_axes():
         P.grid(dyn, alpha=[1.0])
 
 
+def test_point_names_a_bad_index_and_the_grid_shape():
+    """An index off the grid is named with the grid's shape (was NumPy's bare IndexError, and a
+    single point ignored any index); negative indices count from the end, as in NumPy."""
+    dyn = cj.cbo(objectives.Sphere(), sigma1=0.5)
+    g = P.grid(dyn, sigma1=[0.1, 0.2, 0.3], dt=[0.01, 0.02])
+    assert P.point(g, (-1, 0)).sigma1 == 0.3 and P.point(g, (2, -2)).dt == 0.01
+    assert P.point(g, np.array([1, 1])).sigma1 == 0.2  # any integer sequence
+    for bad in [(3, 0), (0, -3), (-4, 1)]:
+        with pytest.raises(IndexError, match=rf"index \({bad[0]}, {bad[1]}\) is out of range for a grid of shape "
+                                             r"\(3, 2\)"):
+            P.point(g, bad)
+    with pytest.raises(ValueError, match=r"index \(3, 0\) is out of range"):  # also a ValueError, like the rest
+        P.point(g, (3, 0))
+    with pytest.raises(ValueError, match=r"index \(5,\) does not address a grid of shape \(3, 2\)"):
+        P.point(g, 5)
+    for bad in [(0.5, 1), ("a", 1), (True, 0)]:
+        with pytest.raises(ValueError, match=r"must be integers.*grid of shape \(3, 2\)"):
+            P.point(g, bad)
+    one = P.defaults(dyn)  # a single point: only the empty index addresses it
+    assert P.point(one, ()).sigma1 == 0.5
+    with pytest.raises(ValueError, match=r"index \(3,\) does not address a grid of shape \(\)"):
+        P.point(one, 3)
+
+
 @pytest.mark.parametrize("mutate,match", [
     (lambda g: g._replace(sigma1=np.array([0.5, 1.0, 2.0, 3.0]), dt=np.array([0.01, 0.02, 0.03])),
      r"sweep axes do not match \(sigma1 has shape \(4,\), dt has shape \(3,\)"),
