@@ -129,6 +129,32 @@ def positive_int(name: str, value: Any, *, int32: bool = True) -> int:
     return int(value)
 
 
+def cluster_ids(name: str, value: Any) -> np.ndarray:
+    """``value`` as a 1-D ``int32`` array of ids ``>= 0`` (one per agent: clusters, groups).
+
+    Integral floats (``1.0``) are accepted; a fractional, non-finite or negative id is a
+    ``ValueError`` naming the first offending agent (``np.asarray(value, np.int32)`` would
+    truncate ``0.5`` to cluster 0 silently).
+    """
+    arr = np.asarray(value)
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be a 1-D array of ids, one per agent, got shape {arr.shape}")
+    if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)):
+        raise ValueError(f"{name} ids must be integers, got dtype {arr.dtype}")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr != np.round(arr)))
+        if bad.size:
+            j = int(bad[0])
+            raise ValueError(f"{name} ids must be integers; agent {j} has {arr[j].item()!r} ({bad.size} non-integral)")
+    bad = np.flatnonzero(arr < 0)
+    if bad.size:
+        j = int(bad[0])
+        raise ValueError(f"{name} ids must be >= 0; agent {j} has {arr[j].item()!r}")
+    if arr.size and arr.max() > INT32_MAX:
+        raise ValueError(f"{name} ids must be at most 2**31 - 1, got {arr.max().item()!r}")
+    return arr.astype(np.int32)
+
+
 def one_of(name: str, value: Any, choices) -> Any:
     if value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")

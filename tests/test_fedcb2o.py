@@ -465,3 +465,44 @@ def test_label_flip_config_changes_one_field_at_a_time():
         attacks.LabelFlipConfig(benign_per_cluster=(3, 4), num_clusters=4)
     with pytest.raises(ValueError, match="num_classes"):
         dataclasses.replace(cfg, num_classes=2)
+
+
+def test_builders_refuse_non_integral_cluster_ids():
+    # fedcb2o and dfedavgm cast the ids with np.asarray(..., np.int32): 0.5 became cluster 0
+    # silently (and a negative id failed deep in np.bincount, or not at all).
+    half = FLIP_CLUSTER.astype(float)
+    half[3] = 0.5
+    cfg, dcfg = FedCB2OConfig(M=5, local=LOCAL), DFedAvgMConfig(M=3, local=LOCAL)
+    with pytest.raises(ValueError, match=r"cluster ids must be integers.*agent 3.*0\.5"):
+        fedcb2o(TINY, cfg, half, FLIP_MAL)
+    with pytest.raises(ValueError, match=r"groups ids must be integers.*agent 3.*0\.5"):
+        dfedavgm(TINY, dcfg, half)
+    negative = np.where(np.arange(12) == 2, -1, FLIP_CLUSTER)
+    with pytest.raises(ValueError, match=r"cluster ids must be >= 0.*agent 2.*-1"):
+        fedcb2o(TINY, cfg, negative, FLIP_MAL)
+    with pytest.raises(ValueError, match=r"groups ids must be >= 0.*agent 2.*-1"):
+        dfedavgm(TINY, dcfg, negative)
+    with pytest.raises(ValueError, match=r"cluster must be a 1-D array of ids"):
+        fedcb2o(TINY, cfg, FLIP_CLUSTER[:, None], FLIP_MAL)
+    with pytest.raises(ValueError, match=r"cluster ids must be integers"):
+        fedcb2o(TINY, cfg, np.where(np.arange(12) == 0, np.nan, FLIP_CLUSTER), FLIP_MAL)
+    # integral floats (1.0) are the same ids
+    fedcb2o(TINY, cfg, FLIP_CLUSTER.astype(float), FLIP_MAL)
+    dfedavgm(TINY, dcfg, FLIP_CLUSTER.astype(np.float32))
+    # the round metrics that close over the true ids truncated them the same way
+    with pytest.raises(ValueError, match=r"cluster ids must be integers.*agent 3"):
+        metrics.attack_selection(half, FLIP_MAL)
+
+
+def test_run_refuses_attack_labels_outside_the_model_classes(ds):
+    from cbo_jax.federated import run
+
+    alg = fedcb2o(TINY, FedCB2OConfig(M=5, local=LOCAL), ds.cluster, ds.malicious)
+    data = ds.attack_data()
+    bad_val = data._replace(val=data.val._replace(y=data.val.y.at[2, 1].set(C)))
+    with pytest.raises(ValueError, match=rf"val\.y holds labels outside \[0, {C}\) .*: agent 2 has label {C} "):
+        run(alg, bad_val, 1, jax.random.key(0), progress=False)
+    bad_mal = data._replace(malicious=data.malicious._replace(y=data.malicious.y.at[1, 0].set(-3)))
+    # attacker 1 of 4 is agent 9 (after the 8 benign agents)
+    with pytest.raises(ValueError, match=r"malicious\.y holds .*: agent 9 has label -3 "):
+        run(alg, bad_mal, 1, jax.random.key(0), progress=False)

@@ -376,3 +376,75 @@ def test_checkpoint_every_is_honoured_between_evaluations_and_a_resume_from_one_
         np.testing.assert_array_equal(a, b)  # bitwise, whatever the scan blocks
         np.testing.assert_array_equal(a, c)
     assert strip(read_jsonl(tmp_path / "part" / "metrics.jsonl")) == strip(whole.history)
+
+
+def test_per_cluster_metrics_with_gaps_in_the_cluster_ids():
+    # Clusters {0, 2}, no cluster 1: test_acc_per_cluster[1] was the mean of an empty slice
+    # (NaN, with a RuntimeWarning), server_model_per_cluster[1] the model of agent 0's test set,
+    # and cluster_purity 0 (the absent cluster's empty vote row 'claimed' estimate 0).
+    from cbo_jax.federated.metrics import Evaluation
+    from cbo_jax.models import init_population
+
+    xs, ys, tx, ty = _two_rules(n_per=2)
+    data = fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 2, 2], test_x=np.stack([t[:30] for t in tx[:3:2]]),
+                                       test_y=np.stack([t[:30] for t in ty[:3:2]]), test_of=[0, 0, 1, 1])
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    data.check(model)
+    metric = fl.metrics.test_accuracy(model, data)
+    params = init_population(model, jax.random.key(0), 4)
+    with np.errstate(all="raise"), __import__("warnings").catch_warnings():
+        __import__("warnings").simplefilter("error")
+        agent = metric(Evaluation(1, True, None, "agent", params))
+        server = metric(Evaluation(1, True, None, "server", jax.tree_util.tree_map(lambda a: a[:2], params)))
+    for out in (agent, server):
+        per = out["test_acc_per_cluster"]
+        assert len(per) == 3 and per[1] is None and all(np.isfinite(per[k]) for k in (0, 2)), per
+    assert server["server_model_per_cluster"][1] is None
+    assert all(isinstance(b, int) for b in server["server_model_per_cluster"][::2])
+    Info = __import__("collections").namedtuple("Info", "assignment")
+    purity = fl.metrics.cluster_purity(data.cluster)(Info(jnp.asarray([0, 0, 1, 1])))
+    assert float(purity["cluster_purity"]) == 1.0
+    assert float(fl.metrics.cluster_purity(data.cluster)(Info(jnp.asarray([1, 1, 1, 1])))["cluster_purity"]) == 0.0
+
+
+def test_run_refuses_labels_outside_the_model_classes():
+    # run() never validated the data: label 2 for a 2-class model (or -1) trained silently to garbage.
+    xs, ys, _, _ = _two_rules(n_per=2)
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    alg = fl.local_only(model, fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=8)), 4)
+    for bad, j in ((2, 1), (-1, 3)):
+        yb = [y.copy() for y in ys]
+        yb[j][4] = bad
+        data = fl.FederatedData.from_lists(xs, yb)
+        for d in (data, data.train):  # a FederatedData or the AgentData a round takes
+            with pytest.raises(ValueError, match=rf"y holds labels outside \[0, 2\) .*: agent {j} has label {bad} "):
+                fl.run(alg, d, 1, jax.random.key(0), progress=False)
+    # labels in the padding after an agent's real samples are not data
+    data = fl.FederatedData.from_lists(xs, ys)
+    j = int(np.argmin(data.counts))
+    padded = data._replace(y=np.where(data.mask, data.y, 7).astype(data.y.dtype))
+    assert (padded.y[j] == 7).any()
+    fl.run(alg, padded, 1, jax.random.key(0), progress=False)
+
+
+def test_test_accuracy_refuses_test_labels_and_test_sets_out_of_range():
+    # test_accuracy did not validate what it evaluates on: a test label 5 of a 2-class model
+    # never counted as a hit, a test_of index past the test sets was clamped by JAX's gather
+    # (the agent measured on another agent's test set), a cluster id list of the wrong length
+    # failed in a boolean index or reported the wrong agents.
+    xs, ys, tx, ty = _two_rules(n_per=2)
+    sets = dict(test_x=np.stack([t[:30] for t in tx[:2]]), test_y=np.stack([t[:30] for t in ty[:2]]))
+    model = fl.from_flax(TwoLayer(), xs[0][:1])
+    fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 1, 1], **sets))
+    bad_y = sets["test_y"].copy()
+    bad_y[1, 7] = 5
+    with pytest.raises(ValueError, match=r"test_y holds labels outside \[0, 2\) .*: test set 1 has label 5 "):
+        fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 1, 1], test_x=sets["test_x"],
+                                                                    test_y=bad_y))
+    with pytest.raises(ValueError, match=r"test_of must map each of the 4 agents to one of the 2 test sets"):
+        fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, test_of=[0, 0, 1, 2], **sets))
+    with pytest.raises(ValueError, match=r"test_of ids must be integers; agent 1 has 0\.5"):
+        fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, test_of=[0, 0.5, 1, 1], **sets))
+    with pytest.raises(ValueError, match=r"cluster must hold one id per agent \(4\), got 3"):
+        fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, test_of=[0, 0, 1, 1], **sets)._replace(
+            cluster=np.zeros(3, int)))

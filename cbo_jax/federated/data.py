@@ -37,7 +37,7 @@ from cbo_jax.federated.mnist import MNIST
 from cbo_jax.models import squared_error
 from cbo_jax.population import resize_rows
 
-__all__ = ["AgentData", "FederatedData", "ROTATIONS", "rotated_mnist", "rotate"]
+__all__ = ["AgentData", "FederatedData", "ROTATIONS", "check_labels", "rotated_mnist", "rotate"]
 
 # Rotation (degrees, counter-clockwise) of each cluster for K = 1, 2, 4. K = 2 uses the
 # two upright-symmetric angles 0° and 180°, as the FedCB²O experiment does.
@@ -107,7 +107,9 @@ class FederatedData(NamedTuple):
 
     @property
     def num_clusters(self) -> int | None:
-        """Clusters among the true ids (``None`` when the data has none)."""
+        """``max id + 1`` of the true cluster ids (``None`` when the data has none). Ids are
+        indices (of the per-cluster test sets, of the per-cluster metrics): an id no agent
+        has, such as the 1 of ``{0, 2}``, counts."""
         return None if self.cluster is None else int(np.max(self.cluster)) + 1
 
     @property
@@ -131,8 +133,8 @@ class FederatedData(NamedTuple):
         test set per cluster), or the agent's own (one test set per agent).
         """
         t, n = self.num_test_sets, self.num_agents
-        if self.test_of is not None:
-            return np.asarray(self.test_of, np.int32)
+        if self.test_of is not None:  # refused when fractional or negative, not truncated
+            return _checks.cluster_ids("test_of", self.test_of)
         if t == 1:
             return np.zeros(n, np.int32)
         if self.cluster is not None and t == self.num_clusters:
@@ -235,8 +237,34 @@ class FederatedData(NamedTuple):
             if idx.shape != (n,) or idx.min(initial=0) < 0 or idx.max(initial=0) >= tx.shape[0]:
                 raise ValueError(f"test_of must map each of the {n} agents to one of the {tx.shape[0]} test sets")
         if model is not None:
-            _check_model(model, x, y, None if self.test_y is None else np.asarray(self.test_y))
+            _check_model(model, x, y, counts, None if self.test_y is None else np.asarray(self.test_y),
+                         None if self.test_counts is None else np.asarray(self.test_counts))
         return self
+
+
+def check_labels(y: Any, counts: Any, num_classes: int, name: str = "y", *, model: str = "", unit: str = "agent",
+                 first: int = 0) -> None:
+    """Refuse integer labels outside ``[0, num_classes)`` among the real samples (host, cheap).
+
+    ``y``: ``(N, n_max)`` labels, ``counts``: ``(N,)`` real samples of each row (``None``:
+    all), the rows numbered from ``first`` (an agent's index in its population). The
+    ``ValueError`` names ``name``, the first offending ``unit`` and its label. Labels that
+    are not integers are left to the caller (:meth:`FederatedData.check` refuses them for a
+    classifier). :func:`cbo_jax.federated.run` calls this at the start of every run.
+    """
+    y = np.asarray(y)
+    if not np.issubdtype(y.dtype, np.integer) or y.ndim < 2 or not y.size:
+        return
+    bad = (y < 0) | (y >= num_classes)
+    if counts is not None:
+        real = np.arange(y.shape[1])[None, :] < np.asarray(counts)[:, None]
+        bad &= real.reshape(real.shape + (1,) * (y.ndim - 2))
+    if bad.any():
+        j, i = (int(v) for v in np.argwhere(bad)[0][:2])
+        rows = np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))
+        more = f"; {rows.size} {unit}s hold such labels" if rows.size > 1 else ""
+        raise ValueError(f"{name} holds labels outside [0, {num_classes}) for {model or 'the model'}: {unit} "
+                         f"{first + j} has label {y[j, i].item()} (sample {i}){more}")
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
@@ -270,7 +298,8 @@ def _stack(parts: Sequence, name: str = "parts") -> tuple[np.ndarray, np.ndarray
     return out, counts
 
 
-def _check_model(model, x: np.ndarray, y: np.ndarray, test_y: np.ndarray | None) -> None:
+def _check_model(model, x: np.ndarray, y: np.ndarray, counts: np.ndarray, test_y: np.ndarray | None,
+                 test_counts: np.ndarray | None) -> None:
     params = jax.eval_shape(model.init, jax.random.key(0))
     try:
         out = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((1,) + x.shape[2:], x.dtype))
@@ -284,10 +313,9 @@ def _check_model(model, x: np.ndarray, y: np.ndarray, test_y: np.ndarray | None)
             raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y.dtype} {y.shape}")
         if test_y is not None and not np.issubdtype(test_y.dtype, np.integer):
             raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}")
-        for name, labels in (("y", y), ("test_y", test_y)):
-            if labels is not None and labels.size and (labels.min() < 0 or labels.max() >= model.num_classes):
-                raise ValueError(f"{name} holds labels outside [0, {model.num_classes}) for model {model.name}: "
-                                 f"{int(labels.min())}..{int(labels.max())}")
+        check_labels(y, counts, model.num_classes, "y", model=f"model {model.name}")
+        if test_y is not None:
+            check_labels(test_y, test_counts, model.num_classes, "test_y", model=f"model {model.name}", unit="test set")
     else:
         # A batch of 3, not 1: with one sample, (1, 2) outputs broadcast against (1,) targets.
         b = 3

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax.federated.data import check_labels
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -119,7 +120,7 @@ class _ClusterMetric:
 
     @classmethod
     def of(cls, cluster, malicious=None):
-        return cls(tuple(int(c) for c in np.asarray(cluster).ravel()),
+        return cls(tuple(int(c) for c in _checks.cluster_ids("cluster", cluster)),
                    () if malicious is None else tuple(bool(m) for m in np.asarray(malicious).ravel()))
 
     @property
@@ -148,18 +149,25 @@ class _Purity(_ClusterMetric):
         c, a, k = self.ids, info.assignment, self.num_clusters
         votes = jnp.zeros((k, len(self.cluster)), jnp.int32).at[c, a].add(1)  # (true cluster, estimate)
         majority = jnp.argmax(votes, axis=1)
-        distinct = jnp.all((majority[:, None] != majority[None, :]) | jnp.eye(k, dtype=bool))
+        # Only the ids that occur: an absent id (a gap, {0, 2}) has no agents and no majority.
+        absent = jnp.asarray(np.bincount(self.cluster, minlength=k) == 0)
+        distinct = jnp.all((majority[:, None] != majority[None, :]) | jnp.eye(k, dtype=bool) | absent[:, None]
+                           | absent[None, :])
         return {"cluster_purity": jnp.where(distinct, jnp.mean(a == majority[c]), 0.0)}
 
 
 def selection(cluster) -> Callable:
-    """SR_n, its ε-greedy oracle and the selection frequency by cluster (infos with ``idx`` and ``eps``)."""
+    """SR_n, its ε-greedy oracle and the selection frequency by cluster (infos with ``idx`` and ``eps``).
+
+    ``cluster``: integer ids ``>= 0`` (integral floats accepted). The frequency matrix is
+    ``(max id + 1)`` square; the row and column of an id no agent has are zeros."""
     return _Selection.of(cluster)
 
 
 def cluster_purity(cluster) -> Callable:
     """IFCA: share of agents whose estimate is the majority estimate of their true cluster,
-    0 when two true clusters share a majority (1.0: clusters recovered up to relabelling)."""
+    0 when two true clusters share a majority (1.0: clusters recovered up to relabelling).
+    Ids no agent has (gaps such as ``{0, 2}``) are not clusters and do not count."""
     return _Purity.of(cluster)
 
 
@@ -274,6 +282,11 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     ``test_acc``, ``test_loss`` and, with cluster ids, ``test_acc_per_cluster`` (server
     models: also ``server_model_per_cluster``); a regression model reports ``test_loss``
     only. ``test_size``: evaluate on the first ``test_size`` samples of each test set.
+
+    The per-cluster lists are indexed by cluster id, ``0 .. max id``. Ids need not be
+    contiguous: an id no agent has (the 1 of clusters ``{0, 2}``) gets ``None`` (``null``
+    in ``metrics.jsonl``), as in :func:`attack_metrics`, rather than the NaN of an empty
+    mean; ``test_acc`` and ``test_loss`` are means over the agents and do not depend on it.
     """
     if data.test_x is None:
         raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
@@ -283,7 +296,20 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     test_x, test_y = jnp.asarray(data.test_x[:, :test_size]), jnp.asarray(data.test_y[:, :test_size])
     counts = None if data.test_counts is None else jnp.minimum(jnp.asarray(data.test_counts), test_x.shape[1])
     test_of = data.test_index()
-    cluster = None if data.cluster is None else np.asarray(data.cluster)
+    n = data.num_agents
+    # What check() validates and the evaluation would otherwise take silently (JAX clamps an
+    # index past the test sets; a label past the classes never counts as a hit).
+    if test_of.shape != (n,) or test_of.max(initial=0) >= test_x.shape[0]:
+        raise ValueError(f"test_of must map each of the {n} agents to one of the {test_x.shape[0]} test sets, got "
+                         f"{test_of.tolist()[:10]}{' ...' if test_of.size > 10 else ''}")
+    cluster = None if data.cluster is None else _checks.cluster_ids("cluster", data.cluster)
+    if cluster is not None and cluster.shape != (n,):
+        raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
+    if model.is_classifier:
+        check_labels(data.test_y, data.test_counts, model.num_classes, "test_y", model=f"model {model.name}",
+                     unit="test set")
+    ids = () if cluster is None else tuple(range(int(cluster.max(initial=-1)) + 1))
+    has = {k: bool(np.any(cluster == k)) for k in ids}
     t = test_x.shape[0]
     clf = model.is_classifier
     groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of == k)) for k in range(t))
@@ -298,7 +324,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
             out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
             if cluster is not None:
                 c = jnp.asarray(cluster)
-                out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 for k in range(int(cluster.max()) + 1)]
+                out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 if has[k] else None for k in ids]
         elif ev.kind == "server":
             acc, loss = _server_eval(model, chunk, ev.params, test_x, test_y, counts)  # (R, T)
             best = jnp.argmin(loss, axis=0)
@@ -308,10 +334,11 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
                    "test_loss": float(jnp.sum(loss_t * agents) / jnp.sum(agents))}
             if cluster is not None:
                 per_agent = np.asarray(acc_t, np.float64)[test_of]
-                out["test_acc_per_cluster"] = [float(np.mean(per_agent[cluster == k])) * 100
-                                               for k in range(int(cluster.max()) + 1)]
-                out["server_model_per_cluster"] = [int(b) for b in np.asarray(best)[
-                    [int(test_of[np.argmax(cluster == k)]) for k in range(int(cluster.max()) + 1)]]]
+                out["test_acc_per_cluster"] = [float(np.mean(per_agent[cluster == k])) * 100 if has[k] else None
+                                               for k in ids]
+                best_np = np.asarray(best)
+                out["server_model_per_cluster"] = [int(best_np[test_of[np.argmax(cluster == k)]]) if has[k] else None
+                                                   for k in ids]
         else:
             raise ValueError(f"eval_models must return kind 'agent' or 'server', got {ev.kind!r}")
         if not clf:

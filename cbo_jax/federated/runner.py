@@ -44,6 +44,7 @@ from cbo_jax import checkpoint as ckpt
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
+from cbo_jax.federated.data import AgentData, check_labels
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python, write_summary
 
@@ -78,6 +79,26 @@ def _train_view(data):
     return data.train if hasattr(data, "test_index") else data
 
 
+def _check_labels(algorithm: Algorithm, data) -> None:
+    """Refuse training (and validation) labels outside the classifier's ``[0, num_classes)``
+    on the host, naming the agent: out-of-range labels would train silently to garbage.
+    Only the labels are read (the model is not probed: :meth:`FederatedData.check` does that)."""
+    model = getattr(algorithm, "model", None)
+    if model is None or not model.is_classifier:
+        return
+    from cbo_jax.federated.attacks import AttackData
+
+    if isinstance(data, AttackData):
+        nb = data.benign.num_agents
+        parts = (("benign.y", data.benign, 0), ("val.y", data.val, 0), ("malicious.y", data.malicious, nb))
+    elif isinstance(data, AgentData):
+        parts = (("y", data, 0),)
+    else:
+        return
+    for name, group, first in parts:
+        check_labels(group.y, group.counts, model.num_classes, name, model=f"model {model.name}", first=first)
+
+
 def _config_dict(cfg) -> Any:
     if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
         return dataclasses.asdict(cfg)
@@ -93,7 +114,11 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     Args:
       algorithm: an ``(init, round)`` pair from :mod:`cbo_jax.federated.algorithms`.
       data: what ``algorithm.round`` takes (an ``AgentData``, an ``AttackData``), or a
-        :class:`~cbo_jax.federated.data.FederatedData`, whose training side is used.
+        :class:`~cbo_jax.federated.data.FederatedData`, whose training side is used. For a
+        classifier, labels outside ``[0, num_classes)`` (training, validation) are refused
+        with a ``ValueError`` naming the agent before anything is compiled
+        (:func:`~cbo_jax.federated.data.check_labels`; the full, costlier validation,
+        model probe included, is :meth:`~cbo_jax.federated.data.FederatedData.check`).
       key: PRNG key of the run.
       metrics: evaluation metrics ``f(Evaluation) -> dict``, run every ``every`` rounds
         and after the last.
@@ -132,6 +157,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
     clusters = getattr(data, "num_clusters", None)
     data = _train_view(data)
+    _check_labels(algorithm, data)
     n = data.num_agents
     padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
     fp = fingerprint(algorithm, data, key, rounds, every)

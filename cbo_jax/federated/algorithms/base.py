@@ -58,13 +58,18 @@ class BaselineConfig:
 
 
 class Algorithm(NamedTuple):
-    """A federated algorithm: ``init``, ``round``, ``eval_models``, its config and name."""
+    """A federated algorithm: ``init``, ``round``, ``eval_models``, its config and name.
+
+    ``model``: the agents' :class:`~cbo_jax.models.Model` (``None``: not known). The runner
+    reads only its ``num_classes``, to refuse labels out of range before the first round.
+    """
 
     name: str
     init: Callable[[jax.Array], Any]
     round: Callable[[Any, Any], tuple[Any, Any]]
     eval_models: Callable[[Any], tuple[str, PyTree]]
     config: Any
+    model: Any = None
 
 
 def per_agent_fields(*fields: str) -> Callable[[type[_T]], type[_T]]:

@@ -91,7 +91,7 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
     after the ``N`` it was built for (inactive padding agents of a sharded run) are
     nobody's neighbour and keep their models.
     """
-    groups = np.asarray(groups, np.int32)
+    groups = _checks.cluster_ids("groups", groups)
     n = groups.shape[0]
     sizes_by_group = np.bincount(groups)
     smallest = int(sizes_by_group[sizes_by_group > 0].min())
@@ -125,4 +125,4 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info
 
-    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg)
+    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)

@@ -198,7 +198,7 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
     ``malicious`` says (:func:`~cbo_jax.federated.attacks.check_split`). Agents after the ``N``
     it was built for (padding agents of a sharded run) are never selected and keep their models.
     """
-    cluster = np.asarray(cluster, np.int32)
+    cluster = _checks.cluster_ids("cluster", cluster)
     malicious = np.asarray(malicious, bool)
     n = cluster.shape[0]
     if malicious.shape != (n,):
@@ -247,4 +247,4 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid)
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
-    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg)
+    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)

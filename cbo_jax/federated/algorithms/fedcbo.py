@@ -236,4 +236,4 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
         info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, sel.valid)
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
-    return Algorithm("fedcbo", init, round_fn, lambda s: ("agent", s.params), cfg)
+    return Algorithm("fedcbo", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)

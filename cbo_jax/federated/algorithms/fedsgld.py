@@ -226,7 +226,7 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
     def eval_models(state):
         return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.server)
 
-    return Algorithm(name, init, round_fn, eval_models, cfg)
+    return Algorithm(name, init, round_fn, eval_models, cfg, model=model)
 
 
 def fedsgld(model: Model, cfg: FedSGLDConfig, num_agents: int) -> Algorithm:

@@ -53,4 +53,4 @@ def local_only(model: Model, cfg: LocalConfig, num_agents: int) -> Algorithm:
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
         return LocalState(params, opt_state, state.round + 1, key), LocalInfo(active, trained.loss)
 
-    return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg)
+    return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
