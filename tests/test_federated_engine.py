@@ -448,3 +448,44 @@ def test_test_accuracy_refuses_test_labels_and_test_sets_out_of_range():
     with pytest.raises(ValueError, match=r"cluster must hold one id per agent \(4\), got 3"):
         fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, test_of=[0, 0, 1, 1], **sets)._replace(
             cluster=np.zeros(3, int)))
+
+
+def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
+    """With ``progress=True`` every round is its own scan call and the bar moves after each
+    (it moved only at the evaluations before); the rounds, rows and state are bitwise those
+    of a run without the bar (scans of ``every`` rounds)."""
+    import tqdm.auto
+
+    rng = np.random.default_rng(1)
+    data = fl.AgentData(jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32),
+                        jnp.asarray(rng.integers(0, 3, size=(4, 8)), jnp.int32), jnp.full((4,), 8, jnp.int32))
+    alg = fl.local_only(fl.from_flax(nn.Dense(3), np.zeros((1, 2), np.float32)),
+                        fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4)), 4)
+    kw = dict(every=4, metrics=[lambda ev: {"evaluated": ev.round}], round_metrics=[fl.metrics.round_stats],
+              plots=False)
+    updates: list = []
+
+    class Bar:
+        def __init__(self, *, total, initial, **_):
+            updates.append(("start", total, initial))
+
+        def update(self, n):
+            updates.append(n)
+
+        def set_postfix(self, _):
+            updates.append("postfix")
+
+        def close(self):
+            updates.append("close")
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    quiet = fl.run(alg, data, 6, jax.random.key(0), progress=False, **kw)
+    assert updates == []
+    shown = fl.run(alg, data, 6, jax.random.key(0), progress=True, **kw)
+    assert updates == [("start", 6, 0), 1, 1, 1, 1, "postfix", 1, 1, "postfix", "close"]
+    strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
+    assert strip(shown.history) == strip(quiet.history)
+    for a, b in zip(jax.tree_util.tree_leaves(quiet.state), jax.tree_util.tree_leaves(shown.state)):
+        if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+            a, b = jax.random.key_data(a), jax.random.key_data(b)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -141,7 +141,8 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       overwrite: replace the results already in ``out`` (without ``resume`` or
         ``overwrite``, a directory holding results is refused; a second run into a
         directory in use is always refused).
-      progress: show a progress bar with the latest evaluation.
+      progress: show a progress bar, moved after every round, with the latest evaluation
+        (each round is then its own compiled scan call; the results are the same).
       tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
       plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
     """
@@ -266,8 +267,12 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     last_eval: dict = {}
     try:
         # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
-        # a couple of scan lengths compile. The rounds are the same whatever the scans.
+        # a couple of scan lengths compile. The rounds are the same whatever the scans. With a
+        # progress bar, one round per scan: the bar moves when a round has finished, not only at
+        # the evaluations (every=10 rounds of a large run can take many minutes).
         step = every if not checkpoint_every else math.gcd(every, checkpoint_every)
+        if bar is not None:
+            step = 1
         while done < rounds:
             # Stop at the next evaluation round (multiples of every, and the last, also after a
             # resume) or checkpoint round (multiples of checkpoint_every).
@@ -279,6 +284,9 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                                           length=length)
                 recs.append((length, rec))
                 done += length
+                if bar is not None:
+                    jax.block_until_ready((state, rec))
+                    bar.update(length)
             recs = to_python(jax.device_get(recs))
             user = lay.unpad_state(state)
             evaluate = done % every == 0 or done == rounds
@@ -298,7 +306,6 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                     if writer is not None:
                         writer.write(row)
             if bar is not None:
-                bar.update(done - start)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
                 ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp})
