@@ -101,6 +101,12 @@ def _manager(path: Path, keep: int | None = None, create: bool = False):
     return ocp.CheckpointManager(path, options=options, item_handlers=handlers)
 
 
+def _step(step) -> int:
+    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
+        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    return int(step)
+
+
 def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None, keep: int = 2) -> Path:
     """Write ``state`` as step ``step`` of the checkpoint directory ``path`` (keeping ``keep`` steps).
 
@@ -111,8 +117,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     from cbo_jax import _checks
 
     # a negative step is written but never listed (lost); a float is truncated; keep=0 deletes the step just written
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
+    step = _step(step)
     _checks.positive_int("keep", keep)
     path = Path(path).absolute()
     state = jax.device_get(state)
@@ -120,7 +125,14 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     keys = {jax.tree_util.keystr(p): str(jax.random.key_impl(x))
             for p, x in jax.tree_util.tree_leaves_with_path(state) if _is_key(x)}
     record = {**(meta or {}), "format": _FORMAT, "step": int(step), "sha256": _checksum(arrays), "key_impls": keys}
-    json.dumps(record)  # fail early, before anything is written, if meta is not JSON
+    try:
+        json.dumps(record)  # fail early, before anything is written, if meta is not JSON
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"meta must be JSON-serialisable: {err}") from None
+    try:  # a path that is a file, or lies under one, failed inside orbax naming its temporary directory
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
     with _manager(path, keep, create=True) as mgr:
         mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(record)),
                  force=True)
@@ -182,7 +194,9 @@ def read_meta(path: str | Path, *, step: int | None = None) -> dict:
     available = steps(path)
     if not available:
         raise CheckpointError(f"{path}: no checkpoint there")
-    step = available[-1] if step is None else int(step)
+    step = available[-1] if step is None else _step(step)
+    if step not in available:  # was reported as "corrupt: unreadable metadata"
+        raise CheckpointError(f"{path}: no step {step} (steps: {available})")
     _verify_digest(path, step, "")
     with _manager(path) as mgr:
         try:
@@ -208,7 +222,7 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
     available = steps(path)
     if not available:
         raise CheckpointError(f"{path}: no checkpoint there")
-    step = available[-1] if step is None else int(step)
+    step = available[-1] if step is None else _step(step)  # int(1.5) restored step 1
     if step not in available:
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
     others = f"; earlier steps: {[s for s in available if s < step]}" if len(available) > 1 else ""

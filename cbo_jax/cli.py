@@ -26,6 +26,17 @@ from pathlib import Path
 from cbo_jax.experiments import positive_int as _positive_int  # one argparse type for counts
 
 
+def _seed(text: str) -> int:
+    """An argparse type: an integer seed that ``jax.random.key`` takes (a signed 64-bit integer)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not -(2**63) <= value < 2**63:  # beyond: an OverflowError traceback from jax.random.key
+        raise argparse.ArgumentTypeError(f"a seed must fit in 64 bits (signed), got {text}")
+    return value
+
+
 def _add_optimize(sub) -> None:
     from cbo_jax.mirror_maps import MIRROR_MAPS
     from cbo_jax.objectives import OBJECTIVES
@@ -56,32 +67,38 @@ def _add_optimize(sub) -> None:
     p.add_argument("--sigma2", type=float, default=0.0, help="gradient noise σ2")
     p.add_argument("--alpha", type=float, default=30.0, help="α (initial α for schedules)")
     p.add_argument("--alpha-schedule", default="multiplicative", choices=["constant", "multiplicative", "ess"])
-    p.add_argument("--alpha-factor", type=float, default=1.05)
-    p.add_argument("--alpha-max", type=float, default=1e5)
-    p.add_argument("--ess-eta", type=float, default=0.5, help="target effective sample size share for --alpha-schedule ess")
+    p.add_argument("--alpha-factor", type=float, default=None,
+                   help="α's factor per step for --alpha-schedule multiplicative (default 1.05)")
+    p.add_argument("--alpha-max", type=float, default=None,
+                   help="α's cap for --alpha-schedule multiplicative or ess (default 1e5)")
+    p.add_argument("--ess-eta", type=float, default=None,
+                   help="target effective sample size share for --alpha-schedule ess (default 0.5)")
     p.add_argument("--init-low", type=float, default=-3.0)
     p.add_argument("--init-high", type=float, default=3.0)
     p.add_argument("--energy-tol", type=float, default=None)
     p.add_argument("--diff-tol", type=float, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--output", type=Path, default=None,
                    help="directory for summary.json, history.npz and metrics.jsonl (one row per logged step)")
     p.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
-    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUTPUT")
+    p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUTPUT "
+                   "(needs --output)")
     p.add_argument("--log-every", type=_positive_int, default=None,
-                   help="steps between rows of metrics.jsonl (default: about 1000 rows)")
+                   help="steps between rows of OUTPUT/metrics.jsonl (needs --output; default: about 1000 rows)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--shard", action="store_true",
                    help="split the particles over all devices (of all processes in a multi-process run)")
     p.set_defaults(func=_cmd_optimize)
 
 
-def _median_distance(points, objective, dim: int) -> float:
-    """Median over points of the ∞-norm distance to the nearest known global minimiser."""
+def _median_distance(points, mins) -> float | None:
+    """Median over points of the ∞-norm distance to the nearest known global minimiser (``None``: unknown)."""
     import numpy as np
 
-    mins = objective.minimisers(dim)
+    if mins is None:
+        return None
+    dim = np.shape(mins)[-1]
     pts = np.asarray(points, np.float64).reshape(-1, dim)
     return float(np.median(np.min(np.max(np.abs(pts[:, None, :] - mins[None]), axis=-1), axis=1)))
 
@@ -99,15 +116,33 @@ def _cmd_optimize(args) -> int:
     from cbo_jax.objectives import get_objective
     from cbo_jax.simulate import simulate
 
+    from cbo_jax import _checks
+
+    # non-finite or float32-overflowing bounds were reported as "x0 has N non-finite entries"
+    for flag, value in (("--init-low", args.init_low), ("--init-high", args.init_high)):
+        _checks.finite_number(flag, value, f32=args.dtype == "float32")
     if not args.init_low < args.init_high:
         raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
+    # Flags of a schedule other than the one chosen were accepted and had no effect; so were
+    # --tensorboard and --log-every without --output (nothing is written).
+    uses = {"--alpha-factor": ("multiplicative",), "--alpha-max": ("multiplicative", "ess"), "--ess-eta": ("ess",)}
+    for flag, schedules_using in uses.items():
+        if getattr(args, flag[2:].replace("-", "_")) is not None and args.alpha_schedule not in schedules_using:
+            raise ValueError(f"{flag} applies to --alpha-schedule {' or '.join(schedules_using)} only "
+                             f"(got --alpha-schedule {args.alpha_schedule})")
+    for flag, given in (("--tensorboard", args.tensorboard), ("--log-every", args.log_every is not None)):
+        if given and args.output is None:
+            raise ValueError(f"{flag} needs --output DIR (the metrics are written there)")
+    alpha_factor = 1.05 if args.alpha_factor is None else args.alpha_factor
+    alpha_max = 1e5 if args.alpha_max is None else args.alpha_max
     alpha: schedules.Constant | schedules.Multiplicative | schedules.EffectiveSampleSize
     if args.alpha_schedule == "constant":
         alpha = schedules.Constant(args.alpha)
     elif args.alpha_schedule == "multiplicative":
-        alpha = schedules.Multiplicative(args.alpha, args.alpha_factor, args.alpha_max)
+        alpha = schedules.Multiplicative(args.alpha, alpha_factor, alpha_max)
     else:
-        alpha = schedules.EffectiveSampleSize(eta=args.ess_eta, alpha0=args.alpha, alpha_max=args.alpha_max)
+        alpha = schedules.EffectiveSampleSize(eta=0.5 if args.ess_eta is None else args.ess_eta, alpha0=args.alpha,
+                                              alpha_max=alpha_max)
     common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha,
                   energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype)
     if args.noise is not None:  # else the dynamic's own default (CBS's covariance noise is what makes it CBS)
@@ -125,10 +160,15 @@ def _cmd_optimize(args) -> int:
             raise ValueError("--lambda2/--sigma2 (gradient terms) are only available with --dynamic cbo")
         cfg = CONFIGS[args.dynamic](**common)
     objective = get_objective(args.objective, shift=args.shift)
+    # Asked before the run: an objective whose minimiser is not known in this dimension (Michalewicz in
+    # d = 3) failed after the whole run, without a summary; its distances and minimum are null instead.
+    known: tuple[np.ndarray | None, float | None]
+    try:
+        known = np.asarray(objective.minimisers(args.dim), np.float64), objective.minimum(args.dim)
+    except ValueError:
+        known = None, None
     k_init, k_run = jax.random.split(jax.random.key(args.seed))
     shape = (args.runs, args.particles, args.dim)
-    from cbo_jax import _checks
-
     # the particles, their copy in the state, the noise and the step's temporaries: about six arrays
     _checks.memory_fits(f"{args.runs} x {args.particles} particles in d={args.dim}",
                         6 * math.prod(shape) * np.dtype(args.dtype).itemsize / (jax.device_count() if args.shard else 1))
@@ -161,9 +201,9 @@ def _cmd_optimize(args) -> int:
         "steps": res.steps,
         "best_energy": float(best_e.min()),
         "best_energy_per_run_median": float(np.median(best_e)),
-        "consensus_distance_inf_median": _median_distance(cons, objective, args.dim),
-        "best_distance_inf_median": _median_distance(best_x, objective, args.dim),
-        "known_minimum": objective.minimum(args.dim),
+        "consensus_distance_inf_median": _median_distance(cons, known[0]),
+        "best_distance_inf_median": _median_distance(best_x, known[0]),
+        "known_minimum": known[1],
         "seconds": round(res.seconds, 3),
         "particle_steps_per_s": args.runs * args.particles * res.steps / max(res.seconds, 1e-9),
     }
@@ -175,11 +215,13 @@ def _cmd_optimize(args) -> int:
         return 0
     best_run = int(np.argmin(best_e))
     coords = ", ".join(f"{v:.4g}" for v in best_x[best_run][:6]) + (", ..." if args.dim > 6 else "")
-    print(f"objective      {args.objective} (d={args.dim}, known minimum {objective.minimum(args.dim):.6g})")
+    minimum = "not known" if known[1] is None else f"{known[1]:.6g}"
+    print(f"objective      {args.objective} (d={args.dim}, known minimum {minimum})")
     print(f"particles      N={args.particles} x M={args.runs} runs, {res.steps} steps, dt={args.dt}")
     print(f"best energy    {summary['best_energy']:.6g} (run {best_run}); median over runs {summary['best_energy_per_run_median']:.6g}")
     print(f"best particle  [{coords}]")
-    print(f"|m - x*|_inf   median over runs {summary['consensus_distance_inf_median']:.3g}")
+    if known[0] is not None:
+        print(f"|m - x*|_inf   median over runs {summary['consensus_distance_inf_median']:.3g}")
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
@@ -242,7 +284,7 @@ def _add_demo(sub) -> None:
                        description="A small rotated-MNIST comparison on the real-MNIST subset shipped with the package "
                                    "(offline, about 2 minutes on 2 CPU cores).")
     p.add_argument("--output", type=Path, default=Path("results") / "demo")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--rounds", type=_positive_int, default=None,
                    help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
     p.add_argument("--no-progress", action="store_true")

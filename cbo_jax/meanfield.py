@@ -68,14 +68,25 @@ def class_variance(x: PyTree, label: jax.Array, centers: PyTree, include: jax.Ar
       centers: the ``K`` reference points ``θ*_k`` (leading axis ``K``).
       include: optional ``(N,)`` boolean (for example the benign particles).
 
-    Returns ``(K,)``; a class with no particle gets NaN.
+    Returns ``(K,)``; a class with no particle gets NaN. A label outside ``[0, K)`` is a
+    ``ValueError`` when the labels are concrete; traced (under ``jit``), such a particle
+    counts in no class. Excluded particles never enter a class's value (a NaN position
+    of an excluded particle leaves the other classes finite).
     """
     k = jax.tree_util.tree_leaves(centers)[0].shape[0]
+    if not isinstance(label, jax.core.Tracer):
+        lab = np.asarray(label)
+        bad = np.flatnonzero((lab < 0) | (lab >= k))
+        if bad.size:
+            raise ValueError(f"label must lie in [0, {k}) (one class per centre); particle {int(bad[0])} has "
+                             f"{lab[bad[0]].item()!r} ({bad.size} outside)")
     diff = pop.tree_sub(x, pop.gather(centers, label))
     sq = 0.5 * pop.sq_norms(diff)
-    onehot = jax.nn.one_hot(label, k, dtype=sq.dtype).T  # (K, N)
+    onehot = jax.nn.one_hot(label, k, dtype=sq.dtype).T  # (K, N); no 1 for a label outside [0, K)
     if include is not None:
-        onehot = onehot * include.astype(sq.dtype)[None, :]
+        onehot = onehot * jnp.asarray(include).astype(sq.dtype)[None, :]
+    # Rows counted in no class are zeroed: 0 * NaN in the product made every class NaN.
+    sq = jnp.where(jnp.sum(onehot, axis=0) > 0, sq, 0)
     count = jnp.sum(onehot, axis=-1)
     return jnp.where(count > 0, (onehot @ sq) / jnp.maximum(count, 1), jnp.nan)
 
@@ -90,6 +101,7 @@ def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: fl
     Works elementwise on arrays.
     """
     _checks.positive_int("d", d)
+    _checks.one_of("noise", noise, ("isotropic", "anisotropic"))  # a typo was taken as anisotropic
     lip = float(lipschitz)
     c1 = d if noise == "isotropic" else 1
     return 2 * lambda1 - 2 * lambda2 * lip - c1 * np.square(sigma1) - d * np.square(sigma2) * lip**2
@@ -104,6 +116,8 @@ def ideal_quadratic_rate(lambda1, lambda2, sigma1, sigma2, d: int, noise: str = 
     any ``L`` with ``M``-Lipschitz gradient), so for this ``L`` the measured rate
     should sit near this value, above the theorem's.
     """
+    _checks.positive_int("d", d)
+    _checks.one_of("noise", noise, ("isotropic", "anisotropic"))
     c1 = d if noise == "isotropic" else 1
     return 2 * (lambda1 + lambda2) - c1 * np.square(sigma1) - d * np.square(sigma2)
 
@@ -121,6 +135,8 @@ def fit_decay_rate(t, v, *, t_min: float | None = None, floor_factor: float = 10
     v = np.asarray(v, np.float64)
     if t.shape != v.shape or t.ndim != 1:
         raise ValueError(f"t and v must be 1-D of the same length, got {t.shape} and {v.shape}")
+    if t.size < 3:  # an empty t was an IndexError
+        raise ValueError(f"fitting a decay rate needs at least 3 points, got {t.size}")
     t_min = t[0] + 0.05 * (t[-1] - t[0]) if t_min is None else t_min
     ok = np.isfinite(v) & (v > 0) & (t >= t_min)
     if np.any(ok):
@@ -172,6 +188,8 @@ def _as_samples(name, x):
     x = pop.ravel(x)[0] if not isinstance(x, (jax.Array, np.ndarray)) else jnp.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"{name} must be (n, d) samples, got shape {x.shape}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} must hold at least one sample, got shape {x.shape}")
     return x
 
 
@@ -226,6 +244,8 @@ def fit_loglog_slope(n, err) -> float:
     err = np.asarray(err, np.float64)
     if n.shape != err.shape or n.size < 2 or np.any(n <= 0) or np.any(err <= 0):
         raise ValueError("need at least 2 positive (n, err) pairs of equal length")
+    if not (np.all(np.isfinite(n)) and np.all(np.isfinite(err))):  # a NaN slope, or numpy's LinAlgError
+        raise ValueError(f"n and err must be finite, got n = {n.tolist()}, err = {err.tolist()}")
     return float(np.polyfit(np.log(n), np.log(err), 1)[0])
 
 

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbo_jax import _checks
+
 __all__ = ["History", "record_history", "contour", "particles", "snapshots", "animate", "variance",
            "loglog_error"]
 
@@ -187,6 +189,13 @@ def snapshots(objective: Callable, history: History, frames: Sequence[int] | Non
     if frames is None:
         frames = sorted(set(np.linspace(0, len(x) - 1, min(4, len(x))).round().astype(int).tolist()))
     frames = list(frames)
+    # no frames (or ncols=0) was a ZeroDivisionError, a frame past the end NumPy's IndexError
+    if not frames:
+        raise ValueError("frames must name at least one frame of the history")
+    for f in frames:
+        if isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer)) or not -len(x) <= f < len(x):
+            raise ValueError(f"frame {f!r} is out of range: the history has {len(x)} frames (0..{len(x) - 1})")
+    _checks.positive_int("ncols", ncols)
     ncols = min(ncols, len(frames))
     nrows = -(-len(frames) // ncols)
     fig = Figure(figsize=(3.2 * ncols, 3.0 * nrows))
@@ -204,6 +213,8 @@ def snapshots(objective: Callable, history: History, frames: Sequence[int] | Non
 def _frames_x(history: History, run: int):
     x = _check_2d(history.x)
     while x.ndim > 3:  # runs (and sweep points): pick one
+        if not -x.shape[1] <= run < x.shape[1]:
+            raise ValueError(f"run {run} is out of range: the history has {x.shape[1]} runs")
         x = x[:, run]
     return x
 
@@ -227,6 +238,7 @@ def animate(objective: Callable, history: History, path: str | Path, *, fps: int
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
+    _checks.positive("fps", fps)  # 0 was a ZeroDivisionError inside matplotlib's writer
     path = Path(path)
     suffix = path.suffix.lower()
     writer: animation.AbstractMovieWriter

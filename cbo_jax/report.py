@@ -369,7 +369,7 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
 
     Raises:
       FileNotFoundError: ``results_dir`` is not a directory.
-      ValueError: unknown ``fmt``.
+      ValueError: unknown ``fmt``, or the report cannot be written at ``out``.
     """
     root = Path(results_dir)
     if not root.is_dir():
@@ -381,8 +381,14 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     out_path = Path(out) if out is not None else root / f"report.{fmt}"
     if out_path.is_dir():  # ``-o reports/``: the report goes inside (writing to it would raise IsADirectoryError)
         out_path = out_path / f"report.{fmt}"
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    try:  # before the report is built: an unwritable path was an OSError traceback
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"cannot write the report to {out_path}: {err.strerror or err}") from None
     blocks = _blocks(root, out_path)
-    text = _to_html(blocks) if fmt == "html" else _to_markdown(blocks, out_path)
-    out_path.write_text(text, encoding="utf-8")
+    try:
+        text = _to_html(blocks) if fmt == "html" else _to_markdown(blocks, out_path)
+        out_path.write_text(text, encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"cannot write the report to {out_path}: {err.strerror or err}") from None
     return out_path

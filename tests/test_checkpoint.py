@@ -77,3 +77,28 @@ def test_a_step_that_would_be_lost_or_renamed_is_refused(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
         checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, **kw)
     assert not checkpoint.steps(tmp_path / "c")
+
+
+def test_a_missing_or_fractional_step_is_named_not_called_corrupt(tmp_path):
+    # read_meta(step=7) of a directory holding step 1 said "step 7 is corrupt: unreadable metadata";
+    # restore(step=1.5) silently restored step 1
+    checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, step=1)
+    with pytest.raises(checkpoint.CheckpointError, match=r"no step 7 \(steps: \[1\]\)"):
+        checkpoint.read_meta(tmp_path / "c", step=7)
+    for bad in (1.5, -1, True, "1"):
+        with pytest.raises(ValueError, match="step must be an integer >= 0"):
+            checkpoint.restore(tmp_path / "c", {"x": jnp.ones(3)}, step=bad)
+        with pytest.raises(ValueError, match="step must be an integer >= 0"):
+            checkpoint.read_meta(tmp_path / "c", step=bad)
+    assert checkpoint.read_meta(tmp_path / "c", step=np.int64(1))["step"] == 1
+
+
+def test_an_unwritable_path_or_meta_that_is_not_json_is_a_clear_error(tmp_path):
+    # were orbax's NotADirectoryError naming its temporary directory, and json's TypeError
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "file", tmp_path / "file" / "c"):
+        with pytest.raises(ValueError, match=f"cannot write a checkpoint to {path}"):
+            checkpoint.save(path, {"x": jnp.ones(3)}, step=0)
+    with pytest.raises(ValueError, match="meta must be JSON-serialisable.*PosixPath"):
+        checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, step=0, meta={"data": tmp_path})
+    assert not (tmp_path / "c").exists()

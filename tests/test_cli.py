@@ -278,3 +278,43 @@ def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
     assert cli.main(["optimize", "--no-progress"]) == 130
     err = capsys.readouterr().err
     assert err.strip().splitlines() == ["cbo-jax: interrupted (a run with --checkpoint-every resumes with --resume)"]
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--tensorboard"], "--tensorboard needs --output"),
+    (["--log-every", "5"], "--log-every needs --output"),
+    (["--alpha-schedule", "constant", "--alpha-factor", "1.1"], "--alpha-factor .* --alpha-schedule multiplicative"),
+    (["--alpha-schedule", "constant", "--alpha-max", "10"], "--alpha-max .* multiplicative or ess"),
+    (["--alpha-schedule", "ess", "--alpha-factor", "1.1"], "--alpha-factor .* --alpha-schedule multiplicative"),
+    (["--ess-eta", "0.3"], "--ess-eta .* --alpha-schedule ess"),
+])
+def test_optimize_flags_that_would_be_ignored_are_refused(capsys, extra, match):
+    # each was accepted and had no effect (no metrics written without --output; the factor of a
+    # constant or adaptive α, the ESS target of a multiplicative one)
+    assert main(["optimize", "--steps", "3", "--no-progress", *extra]) == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--seed", str(2**64)], "argument --seed: .* 64 bits"),
+    (["--init-low=-inf"], "--init-low must be finite"),
+    (["--init-high=1e39"], "--init-high = 1e\\+39 overflows float32"),
+])
+def test_optimize_seed_and_init_bounds_are_named(capsys, extra, match):
+    # an out-of-range seed was an OverflowError traceback; non-finite bounds were "x0 has N non-finite entries"
+    try:
+        rc = main(["optimize", "--steps", "3", "--no-progress", *extra])
+    except SystemExit as exit_:  # argparse's refusal
+        rc = exit_.code
+    assert rc == 2 and re.search(match, capsys.readouterr().err)
+
+
+def test_optimize_an_objective_without_known_minimiser_in_that_dimension(tmp_path, capsys):
+    # Michalewicz's minimiser is known in d = 2 only: the run went through, then failed computing the
+    # distances to it ("cbo-jax: error: ..."), and its summary was never written
+    assert main(["optimize", "--objective", "michalewicz", "--dim", "3", "--particles", "8", "--steps", "2",
+                 "--no-progress", "--output", str(tmp_path / "m")]) == 0
+    summary = _last_json(capsys.readouterr().out)
+    assert summary["steps"] == 2 and np.isfinite(summary["best_energy"])
+    assert summary["known_minimum"] is None and summary["consensus_distance_inf_median"] is None
+    assert json.loads((tmp_path / "m" / "summary.json").read_text())["best_distance_inf_median"] is None

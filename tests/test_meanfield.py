@@ -158,3 +158,32 @@ def test_cbo_copies_with_own_consensus_are_the_system_chunked_and_batched():
     np.testing.assert_array_equal(res.sq_distance[0], 0.0)
     assert np.all(res.sq_distance[1, 1:] > 0)  # run 1 was fed run 0's path
     np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(own.state.x))
+
+
+def test_class_variance_excluded_or_unlabelled_particles_do_not_poison_other_classes():
+    # an excluded particle at NaN (a diverged attacker) made every class NaN: 0 * NaN in the class sums
+    x = np.array([[0.0, 0.0], [1.0, 1.0], [np.nan, np.nan]])
+    centers = np.zeros((2, 2))
+    got = np.asarray(meanfield.class_variance(x, np.array([0, 1, 1]), centers, include=np.array([True, True, False])))
+    np.testing.assert_allclose(got, [0.0, 1.0])
+    # a label outside [0, K) counted in no class but made every class NaN; refused when it is known
+    with pytest.raises(ValueError, match=r"label must lie in \[0, 2\).*particle 2 has 5"):
+        meanfield.class_variance(np.array([[0.0, 0], [1, 1], [2, 2]]), np.array([0, 1, 5]), centers)
+    traced = jax.jit(meanfield.class_variance)(np.array([[0.0, 0], [1, 1], [2, 2]]), np.array([0, 1, 5]), centers)
+    np.testing.assert_allclose(np.asarray(traced), [0.0, 1.0])
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda: meanfield.fit_loglog_slope([1, 2, 3], [1.0, np.nan, 0.3]), "finite"),
+    (lambda: meanfield.fit_loglog_slope([1, 2, np.inf], [1.0, 0.5, 0.3]), "finite"),
+    (lambda: meanfield.fit_decay_rate([], []), "at least 3 points"),
+    (lambda: meanfield.predicted_decay_rate(1, 0, 1, 0, d=3, lipschitz=0, noise="isotropc"), "noise must be one of"),
+    (lambda: meanfield.ideal_quadratic_rate(1, 0, 1, 0, d=3, noise="none"), "noise must be one of"),
+    (lambda: meanfield.ideal_quadratic_rate(1, 0, 1, 0, d=0), "d must be >= 1"),
+    (lambda: meanfield.sliced_wasserstein(np.ones((3, 2)), np.ones((0, 2)), 0), "y must hold at least one sample"),
+])
+def test_fits_and_rates_refuse_what_they_cannot_use(call, match):
+    # were: NaN slope (or numpy's LinAlgError), IndexError, a typo silently taken as anisotropic noise, d = 0
+    # accepted, a TypeError from inside a jitted gather
+    with pytest.raises(ValueError, match=match):
+        call()

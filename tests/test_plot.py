@@ -42,3 +42,24 @@ def test_history_frames_are_the_ordinary_run_and_plots_are_figures(tmp_path):
         plot.animate(obj, hist, tmp_path / "run.avi")
     with pytest.raises(ValueError, match="2-D particles"):
         plot.particles(obj, np.zeros((5, 3)))
+
+
+def _history(runs=None):
+    lead = () if runs is None else (runs,)
+    x = np.random.default_rng(0).uniform(-1, 1, (3, *lead, 4, 2))
+    return plot.History(step=np.arange(3), t=np.arange(3.0), x=x, consensus=np.zeros((3, *lead, 2)), state=None)
+
+
+@pytest.mark.parametrize("call,match", [
+    (lambda h, p: plot.snapshots(objectives.Sphere(), h, frames=[]), "frames must name at least one frame"),
+    (lambda h, p: plot.snapshots(objectives.Sphere(), h, frames=[0, 3]), r"frame 3 is out of range: the history has 3"),
+    (lambda h, p: plot.snapshots(objectives.Sphere(), h, ncols=0), "ncols must be >= 1"),
+    (lambda h, p: plot.snapshots(objectives.Sphere(), _history(runs=2), run=2), r"run 2 is out of range: the history "
+                                                                               r"has 2 runs"),
+    (lambda h, p: plot.animate(objectives.Sphere(), h, p / "a.gif", fps=0), "fps must be > 0"),
+])
+def test_bad_frames_runs_and_rates_are_named(tmp_path, call, match):
+    # were ZeroDivisionError (no frames, ncols=0, fps=0) and NumPy's IndexError
+    with pytest.raises(ValueError, match=match):
+        call(_history(), tmp_path)
+    assert not (tmp_path / "a.gif").exists()

@@ -148,3 +148,14 @@ def test_report_output_to_an_existing_directory(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(outdir / "report.html")
     assert "final_test_acc" in (outdir / "report.html").read_text()
     assert render(root, outdir, fmt="md") == outdir / "report.md" and (outdir / "report_files").is_dir()
+
+
+def test_an_unwritable_report_path_is_a_clear_error(tmp_path, capsys):
+    # -o under a regular file was a FileExistsError traceback from the command
+    root = _results(tmp_path)
+    (tmp_path / "file").write_text("x")
+    bad = tmp_path / "file" / "report.html"
+    assert cli.main(["report", str(root), "-o", str(bad)]) == 2
+    assert f"cannot write the report to {bad}" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="cannot write the report"):
+        render(root, bad)
