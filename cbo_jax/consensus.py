@@ -39,6 +39,15 @@ __all__ = [
 ]
 
 
+def _real_energy(energy) -> jax.Array:
+    """``energy`` as an array of a floating dtype: integer (or boolean) energies, from an objective
+    that counts, are promoted (``float32`` for ``int32``), since α is cast to the energies' dtype."""
+    energy = jnp.asarray(energy)
+    if not jnp.issubdtype(energy.dtype, jnp.inexact):
+        energy = energy.astype(jnp.promote_types(energy.dtype, jnp.float32))
+    return energy
+
+
 def _alpha_col(alpha, energy):
     alpha = jnp.asarray(alpha, dtype=energy.dtype)
     # A scalar alpha, or one alpha per row of a batched energy (shape energy.shape[:-1]).
@@ -56,14 +65,14 @@ def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = Non
     """Normalised log-weights ``log(ω_i / Σ_j ω_j)`` along the last axis.
 
     Args:
-      energy: ``(..., N)`` energies ``E_i``.
+      energy: ``(..., N)`` energies ``E_i`` (integer energies are promoted to float).
       alpha: inverse temperature ``α >= 0``: a scalar, or one per leading row.
       mask: optional boolean ``(..., N)``; ``False`` excludes an agent.
 
     Returns ``(..., N)`` log-weights; excluded and non-finite agents get ``-inf``.
     If a row has no valid agent at all its weights are NaN (there is no consensus).
     """
-    energy = jnp.asarray(energy)
+    energy = _real_energy(energy)
     valid = jnp.isfinite(energy)
     if mask is not None:
         valid = valid & mask
@@ -123,7 +132,7 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
     n = pop.num_agents(population)
     if chunk < 1 or n % chunk:
         raise ValueError(f"N={n} must be a positive multiple of chunk={chunk}")
-    energy = jnp.asarray(energy)
+    energy = _real_energy(energy)
     ok_rows = pop.tree_isfinite_rows(population)
     valid = jnp.isfinite(energy) & ok_rows
     if mask is not None:

@@ -62,17 +62,29 @@ def sphere(r: float = 1.0) -> Constraint:
 
 def plane(a, b: float = 1.0) -> Constraint:
     """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``."""
-    a = np.asarray(a, np.float64)
-    norm = float(np.linalg.norm(a))
+    a, norm = _normal("plane", a)
     return Constraint(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm,
                       grad=lambda x: jnp.broadcast_to(jnp.asarray(a / norm, x.dtype), x.shape), hess_scale=0.0,
                       name="plane")
+
+
+def _normal(where: str, a):
+    """``(a, |a|)`` for a plane's normal: finite and non-zero (``|a| = 0`` divides by zero)."""
+    a = np.asarray(a, np.float64)
+    norm = float(np.linalg.norm(a))
+    if not (np.all(np.isfinite(a)) and norm > 0):
+        raise ValueError(f"{where}: a must be a finite, non-zero normal vector, got {a.tolist()}")
+    return a, norm
 
 
 def quadric(A, b=None, c: float = 0.0) -> Constraint:
     """``g(x) = xᵀAx + b·x + c`` (CBXpy's ``quadricConstraint``); Hessian ``A + Aᵀ``."""
     A = np.asarray(A, np.float64)
     b = np.zeros(A.shape[0]) if b is None else np.asarray(b, np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1]:
+        raise ValueError(f"quadric: A must be a square (d, d) matrix, got shape {A.shape}")
+    if b.shape != (A.shape[0],):
+        raise ValueError(f"quadric: b must have shape ({A.shape[0]},) like A's rows, got {b.shape}")
     return Constraint(lambda x: x @ (x @ jnp.asarray(A, x.dtype)) + jnp.sum(jnp.asarray(b, x.dtype) * x) + c,
                       grad=lambda x: x @ jnp.asarray(A + A.T, x.dtype) + jnp.asarray(b, x.dtype),
                       hess=A + A.T, name="quadric")
@@ -198,8 +210,7 @@ def sphere_surface() -> Surface:
 
 def plane_surface(a, b: float = 1.0) -> Surface:
     """The hyperplane ``a·x = b``, ``d(x) = (a·x - b)/|a|`` (CBXpy's ``planeDistance``)."""
-    a = np.asarray(a, np.float64)
-    norm = float(np.linalg.norm(a))
+    a, norm = _normal("plane_surface", a)
     ahat = a / norm
 
     def grad(x):
@@ -220,12 +231,23 @@ def plane_surface(a, b: float = 1.0) -> Surface:
 def stiefel_surface(n: int, k: int) -> Surface:
     """The Stiefel manifold ``{X ∈ R^{n×k}: XᵀX = I}`` for particles of length ``n k`` (CBXpy's
     ``StiefelDistance``: normal ``X``, constant ``Δ = (2n - k - 1)/2``, polar projection)."""
+    if isinstance(n, bool) or isinstance(k, bool) or not (isinstance(n, (int, np.integer))
+                                                          and isinstance(k, (int, np.integer)) and n >= 1 and k >= 1):
+        raise ValueError(f"stiefel_surface: n and k must be integers >= 1, got n={n!r}, k={k!r}")
+
+    def fits(x):
+        # reshape(-1, n, k) of particles of another length would pair rows up silently
+        if x.shape[-1] != n * k:
+            raise ValueError(f"the Stiefel surface for n * k = {n * k} needs particles of that length, got d = "
+                             f"{x.shape[-1]}")
 
     def proj(x):
+        fits(x)
         u, _, vh = jnp.linalg.svd(x.reshape(-1, n, k), full_matrices=False)
         return (u @ vh).reshape(x.shape)
 
     def tangent(x, z):
+        fits(x)
         X, Z = x.reshape(-1, n, k), z.reshape(-1, n, k)
         sym = jnp.swapaxes(Z, -1, -2) @ X + jnp.swapaxes(X, -1, -2) @ Z
         return (Z - 0.5 * X @ sym).reshape(x.shape)

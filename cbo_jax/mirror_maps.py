@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbo_jax import _checks
+
 __all__ = ["MirrorMap", "mirror_map", "get_mirror_map", "MIRROR_MAPS", "L2", "ElasticNet", "ProjectionBall",
            "ProjectionHyperplane", "ProjectionSphere", "ProjectionSquare", "ProjectionStiefel", "LogBarrierBox",
            "NonsmoothBarrier", "weighted_L2", "Entropy", "EntropySimplex"]
@@ -64,18 +66,22 @@ def _identity(x):
 
 
 def L2(lamda: float = 1.0) -> MirrorMap:
-    """``φ(x) = λ |x|²/2`` (MirrorCBO is then plain CBO for ``λ = 1``)."""
+    """``φ(x) = λ |x|²/2``, ``λ > 0`` (MirrorCBO is then plain CBO for ``λ = 1``)."""
+    _checks.positive("L2 lamda", lamda)
     return MirrorMap("L2", lambda x: lamda * x, lambda y: (1 / lamda) * y)
 
 
 def ElasticNet(delta: float = 1.0, lamda: float = 1.0) -> MirrorMap:
-    """``φ(x) = |x|²/(2δ) + λ |x|_1``: sparse particles."""
+    """``φ(x) = |x|²/(2δ) + λ |x|_1`` (``δ > 0``, ``λ >= 0``): sparse particles."""
+    _checks.positive("ElasticNet delta", delta)
+    _checks.non_negative("ElasticNet lamda", lamda)
     return MirrorMap("ElasticNet", lambda x: (1 / delta) * x + lamda * jnp.sign(x),
                      lambda y: delta * jnp.sign(y) * jnp.maximum(jnp.abs(y) - lamda, 0))
 
 
 def ProjectionBall(radius: float = 1.0, center=0.0) -> MirrorMap:
-    """Projection onto the ball ``|x - c| <= r``."""
+    """Projection onto the ball ``|x - c| <= r`` (``r > 0``)."""
+    _checks.positive("ProjectionBall radius", radius)
     c = jnp.asarray(center)
 
     def conj(y):
@@ -89,6 +95,8 @@ def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
     """Projection onto the hyperplane ``a·x = b`` (CBXpy's default ``a = (1, ..., 1)``)."""
     a = np.ones((1,)) if a is None else np.asarray(a, np.float64)
     norm_a = float(np.sum(a * a))
+    if not (np.all(np.isfinite(a)) and norm_a > 0):
+        raise ValueError(f"ProjectionHyperplane: a must be a finite, non-zero normal vector, got {a.tolist()}")
 
     def conj(y):
         av = jnp.asarray(a, y.dtype)
@@ -98,7 +106,8 @@ def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
 
 
 def ProjectionSphere(r: float = 1.0) -> MirrorMap:
-    """Projection onto the sphere ``|x| = r``."""
+    """Projection onto the sphere ``|x| = r`` (``r > 0``)."""
+    _checks.positive("ProjectionSphere r", r)
     return MirrorMap("ProjectionSphere", _identity, lambda y: r * y / jnp.linalg.norm(y, axis=-1, keepdims=True))
 
 

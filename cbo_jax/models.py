@@ -22,6 +22,8 @@ from jax.typing import ArrayLike
 import jax.numpy as jnp
 import optax
 
+from cbo_jax import _checks
+
 PyTree = Any
 
 __all__ = ["MLP", "Model", "from_flax", "mlp_mnist", "init_population", "cross_entropy", "squared_error", "masked_loss",
@@ -208,7 +210,8 @@ def cnn_emnist(num_classes: int = 47, input_shape=(28, 28), features: tuple[int,
 
 
 def init_population(model: Model, key: jax.Array, num_agents: int) -> PyTree:
-    """``num_agents`` independently initialised parameter sets, stacked on axis 0."""
+    """``num_agents`` (an integer ``>= 1``) independently initialised parameter sets, stacked on axis 0."""
+    num_agents = _checks.positive_int("init_population: num_agents", num_agents)
     return jax.vmap(model.init)(jax.random.split(key, num_agents))
 
 

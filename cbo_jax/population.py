@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from cbo_jax import _checks
+
 PyTree = Any
 
 __all__ = [
@@ -183,8 +185,7 @@ def pad_agents(population: PyTree, multiple: int) -> tuple[PyTree, jax.Array]:
     ``True`` on the real agents (used to keep padding agents inert, e.g. when
     sharding the agent axis over devices).
     """
-    if multiple < 1:
-        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    multiple = _checks.positive_int("pad_agents: multiple", multiple)
     n = num_agents(population)
     n_pad = (-n) % multiple
     padded = jax.tree_util.tree_map(
@@ -219,6 +220,10 @@ def resize_rows(tree: PyTree, size: int, fill: float = 0.0) -> PyTree:
     New rows hold ``fill`` (floating leaves), ``False`` (bool) or ``0`` (integer); PRNG
     key leaves repeat their last key. Works inside and outside ``jit``.
     """
+    if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 0:
+        # a negative size would cut rows from the end (leaf[:-1]) instead of failing
+        raise ValueError(f"resize_rows: size must be an integer >= 0, got {size!r}")
+    size = int(size)
     return jax.tree_util.tree_map(lambda leaf: _resize_leaf(leaf, size, fill), tree)
 
 

@@ -583,3 +583,105 @@ def test_padding_agents_never_count_in_evaluations_or_update_norm():
     assert budget["x"] < 1e-4, budget
     kick = out["kick"]  # the kick's spread is over the real agents (a NaN mean never kicked)
     assert kick["evals"][1] == kick["evals"][0] == [88, 132, 220, 308, 396, 484] and kick["x"] < 1e-4, kick
+
+
+# ---- defect hunt: maps, constraints and objectives that do not fit ----------------------
+
+
+def test_mirror_and_constraint_geometry_refuses_degenerate_parameters():
+    """A ball of radius <= 0 (a negative radius silently projected nothing), a hyperplane or
+    plane whose normal ``a`` is zero (division by |a| = 0: NaN or inf particles)."""
+    from cbo_jax import constraints as cons
+    from cbo_jax import mirror_maps as mm
+
+    for r in (-1.0, 0.0, float("nan")):
+        with pytest.raises(ValueError, match="radius"):
+            mm.ProjectionBall(r)
+    with pytest.raises(ValueError, match="radius"):
+        cj.mirror_cbo(objectives.Sphere(), mirror_map={"name": "ProjectionBall", "radius": -2.0})
+    for make in (lambda a: mm.ProjectionHyperplane(a=a), cons.plane, cons.plane_surface):
+        with pytest.raises(ValueError, match="a must"):
+            make([0.0, 0.0])
+    # valid geometry is unchanged
+    np.testing.assert_allclose(np.asarray(mm.ProjectionBall(2.0).grad_conj(jnp.array([[3.0, 4.0]]))), [[1.2, 1.6]],
+                               rtol=1e-6)
+
+
+def test_maps_constraints_and_surfaces_that_do_not_fit_d_are_named():
+    """A mirror map, constraint or surface built for another dimension failed inside JAX with
+    a bare reshape / broadcasting / dot_general error; now a ValueError names it and d."""
+    from cbo_jax import constraints as cons
+
+    x0 = np.random.default_rng(0).normal(size=(6, 2)).astype(np.float32)
+    bad = {
+        "ProjectionStiefel": cj.mirror_cbo(objectives.Sphere(), mirror_map={"name": "ProjectionStiefel", "nk": (2, 2)}),
+        "ProjectionHyperplane": cj.mirror_cbo(objectives.Sphere(),
+                                              mirror_map={"name": "ProjectionHyperplane", "a": [1.0, 1.0, 1.0]}),
+        "weighted_L2": cj.mirror_cbo(objectives.Sphere(), mirror_map={"name": "weighted_L2", "A": np.eye(3)}),
+        "plane": cj.drift_constrained_cbo(objectives.Sphere(), constraints=cons.plane([1.0, 1.0, 1.0])),
+        "surface": cj.hypersurface_cbo(objectives.Sphere(), surface=cons.plane_surface([1.0, 1.0, 1.0]),
+                                       noise="isotropic"),
+    }
+    for name, dyn in bad.items():
+        with pytest.raises(ValueError, match=r"d = 2") as err:
+            dyn.check("x0", x0)
+        assert "x0" in str(err.value), (name, str(err.value))
+
+
+def test_objective_with_complex_or_bool_energies_is_named():
+    """Complex energies failed deep inside the step with ``lt does not accept dtype complex64``."""
+    x0 = np.zeros((4, 2), np.float32)
+    dyn = cj.cbo(lambda x: jnp.sum(x ** 2, axis=-1).astype(jnp.complex64))
+    with pytest.raises(ValueError, match="real.*complex64"):
+        dyn.check("x0", x0)
+    dyn = cj.cbo(lambda x: jnp.sum(x ** 2, axis=-1) > 1)
+    with pytest.raises(ValueError, match="real.*bool"):
+        dyn.check("x0", x0)
+
+
+def test_noise_callable_of_the_wrong_shape_is_refused():
+    """A noise callable must return an increment shaped like the drift: one draw of shape (d,)
+    was broadcast silently (every particle got the same noise), (N, 1) likewise."""
+    x0 = np.random.default_rng(0).normal(size=(6, 2)).astype(np.float32)
+    shared = lambda key, u, dt: jnp.sqrt(dt) * jax.random.normal(key, u.shape[1:])  # noqa: E731
+    column = lambda key, u, dt: jnp.sqrt(dt) * jax.random.normal(key, u.shape[:1] + (1,))  # noqa: E731
+    for noise in (shared, column):
+        with pytest.raises(ValueError, match=r"noise callable returned shape .* drift of shape \(6, 2\)"):
+            cj.simulate(cj.cbo(objectives.Sphere(), noise=noise), x0, 0, 2)
+    ok = lambda key, u, dt: jnp.sqrt(dt) * jax.random.normal(key, u.shape)  # noqa: E731
+    assert np.all(np.isfinite(np.asarray(cj.simulate(cj.cbo(objectives.Sphere(), noise=ok), x0, 0, 2).state.x)))
+
+
+def test_mirror_map_scales_must_be_positive():
+    """``L2(0)`` and ``ElasticNet(delta=0)`` divide by zero in ∇φ* (reported as a non-finite value
+    "outside the map's domain"), a negative one is not convex, ``ProjectionSphere(r <= 0)``
+    collapses or reflects the particles: refused when built, naming the number."""
+    from cbo_jax import mirror_maps as mm
+
+    for make, name in ((lambda v: mm.L2(v), "lamda"), (lambda v: mm.ElasticNet(delta=v), "delta"),
+                       (lambda v: mm.ProjectionSphere(v), "r")):
+        for v in (0.0, -1.0):
+            with pytest.raises(ValueError, match=name):
+                make(v)
+    with pytest.raises(ValueError, match="lamda"):
+        mm.ElasticNet(lamda=-0.5)
+    mm.ElasticNet(lamda=0.0), mm.L2(2.0), mm.ProjectionSphere(0.5)  # valid ones still build
+
+
+def test_stiefel_surface_and_quadric_shapes_are_checked():
+    """The Stiefel surface for n·k = 4 reshaped particles of d = 2 (``reshape(-1, n, k)`` pairs up
+    two particles) and ran silently; a non-square quadric ``A`` failed in NumPy broadcasting."""
+    from cbo_jax import constraints as cons
+
+    x0 = np.random.default_rng(0).normal(size=(6, 2)).astype(np.float32)
+    dyn = cj.hypersurface_cbo(objectives.Sphere(), surface={"name": "Stiefel", "nk": (2, 2)}, noise="isotropic")
+    with pytest.raises(ValueError, match=r"n \* k = 4.*d = 2"):
+        dyn.check("x0", x0)
+    with pytest.raises(ValueError, match="n and k"):
+        cons.stiefel_surface(0, 2)
+    with pytest.raises(ValueError, match="square"):
+        cons.quadric(np.ones((2, 3)))
+    with pytest.raises(ValueError, match="b"):
+        cons.quadric(np.eye(2), b=[1.0, 2.0, 3.0])
+    ok = cj.hypersurface_cbo(objectives.Sphere(), surface={"name": "Stiefel", "nk": (2, 1)}, noise="isotropic")
+    assert ok.check("x0", x0) == 6

@@ -234,3 +234,24 @@ def test_quantile_mask_refuses_a_beta_outside_its_range_or_one_per_row():
     with pytest.raises(ValueError, match="one number for every row"):
         cj.quantile_mask(jnp.stack([e, e]), jnp.asarray([0.5, 0.5]))
     np.testing.assert_array_equal(np.asarray(cj.quantile_mask(e, 0.5)), [True, True, True, False, False, False])
+
+
+def test_integer_energies_keep_a_fractional_alpha():
+    """Integer energies (an objective that counts) cast α to their integer dtype: α = 0.5 became 0
+    and the weights uniform; the streaming kernel failed with a scan carry dtype error."""
+    e = jnp.array([0, 1, 2])
+    ef = e.astype(jnp.float32)
+    np.testing.assert_allclose(consensus.consensus_weights(e, 0.5), consensus.consensus_weights(ef, 0.5), rtol=1e-6)
+    np.testing.assert_allclose(consensus.effective_sample_size(e, 0.5), consensus.effective_sample_size(ef, 0.5),
+                               rtol=1e-6)
+    x = jnp.eye(3)
+    want = consensus.consensus_point(x, ef, 0.5)
+    np.testing.assert_allclose(consensus.consensus_point(x, e, 0.5), want, rtol=1e-6)
+    np.testing.assert_allclose(consensus.streaming_consensus_point(x, e, 0.5, chunk=1), want, rtol=1e-6)
+    # a CBO run on an integer-valued objective sees the same α
+    f = lambda z: jnp.floor(10 * jnp.sum(z ** 2, axis=-1)).astype(jnp.int32)  # noqa: E731
+    x0 = np.random.default_rng(0).normal(size=(6, 2)).astype(np.float32)
+    dyn = cj.cbo(f, alpha=0.5, sigma1=0.0)
+    st = dyn.init(jnp.asarray(x0), jax.random.key(0))
+    wf = consensus.consensus_point(jnp.asarray(x0), f(jnp.asarray(x0)).astype(jnp.float32), 0.5)
+    np.testing.assert_allclose(st.consensus, wf, rtol=1e-5)

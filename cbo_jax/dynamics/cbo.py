@@ -316,7 +316,8 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
 
 def check_objective(name: str, objective, single: PyTree, n: int, what: str = "objective") -> None:
     """Trace ``objective`` on the shapes of one run's population ``single`` (``N = n``
-    agents): it must run and return ``(n,)``; a clear ``ValueError`` otherwise."""
+    agents): it must run and return ``(n,)`` real (float or integer) energies; a clear ``ValueError``
+    otherwise."""
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
     except Exception as err:  # noqa: BLE001 - re-raised with context
@@ -328,6 +329,10 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
                     "cbo_jax.population.per_agent(f) (cbo_jax.minimize does this by itself).")
         raise ValueError(f"{what} must return one energy per particle, shape ({n},); got {tuple(out.shape)}."
                          + hint)
+    if not (jnp.issubdtype(out.dtype, jnp.floating) or jnp.issubdtype(out.dtype, jnp.integer)):
+        raise ValueError(f"{what} must return real energies (a float or integer array); got dtype {out.dtype}"
+                         + (": take the real part or the modulus" if jnp.issubdtype(out.dtype, jnp.complexfloating)
+                            else ": cast it to float (x.astype(float))"))
 
 
 def looks_single_particle(objective, population: PyTree) -> bool:

@@ -308,7 +308,7 @@ def clustered(
         return consensus_point(x, energy, alpha, mask)
 
     def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
-        key = jax.random.key(key) if isinstance(key, (int, np.integer)) else key  # an integer seed
+        key = _checks.as_key("key", key) if isinstance(key, (int, np.integer)) else key  # an integer seed (64 bits)
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         loss, grad = evaluate(x0, p.label)

@@ -384,7 +384,7 @@ def noise_term(kind, key, u, *, dt, alpha, normal, logw=None, mode: str = "sampl
     """
     sqdt = jnp.sqrt(jnp.asarray(dt))
     if callable(kind):
-        return 1.0, kind(key, u, dt)
+        return 1.0, _callable_increment(kind(key, u, dt), u)
     if kind == "anisotropic":
         return sqdt, jax.tree_util.tree_map(jnp.multiply, u, normal(key, u))
     if kind == "isotropic":
@@ -398,6 +398,23 @@ def noise_term(kind, key, u, *, dt, alpha, normal, logw=None, mode: str = "sampl
         lam_inv = (1.0 + alpha) if mode == "sampling" else 1.0
         return jnp.sqrt(2.0 * dt * lam_inv), unravel(z @ root.T)
     raise ValueError(f"unknown noise model {kind!r}; choose from {FAMILY_NOISE} or pass a callable")
+
+
+def _callable_increment(out, u):
+    """A noise callable's increment, checked (while tracing) to be shaped like the drift ``u``: a
+    ``(d,)`` or ``(N, 1)`` result would broadcast silently (one draw shared by every particle)."""
+    want = jax.tree_util.tree_structure(u)
+    try:
+        leaves = want.flatten_up_to(out)
+    except (TypeError, ValueError):
+        raise ValueError(f"the noise callable must return an increment with the structure of the drift, {want}; "
+                         f"got {jax.tree_util.tree_structure(out)}") from None
+    for got, ref in zip(leaves, jax.tree_util.tree_leaves(u)):
+        if np.shape(got) != np.shape(ref):
+            raise ValueError(f"the noise callable returned shape {tuple(np.shape(got))} for a drift of shape "
+                             f"{tuple(np.shape(ref))}: it must return one increment per particle, shaped like the "
+                             "drift")
+    return out
 
 
 def correct(kind: str, u, energy, f_m, eps):
@@ -501,7 +518,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         return jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
 
     def init(x0: PyTree, key: jax.Array, params: params_lib.Params | None = None):
-        key = jax.random.key(key) if isinstance(key, (int, np.integer)) else key  # an integer seed
+        key = _checks.as_key("key", key) if isinstance(key, (int, np.integer)) else key  # an integer seed (64 bits)
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         energy, grad = evaluate(x0)
@@ -683,6 +700,18 @@ def host_eval(fn, x0, dtype=np.float64):
     """Evaluate ``fn`` on the host population ``x0`` (eagerly, before any simulation is compiled)."""
     with jax.ensure_compile_time_eval():
         return np.asarray(fn(jnp.asarray(np.asarray(x0), dtype if jax.config.jax_enable_x64 else np.float32)))
+
+
+def host_eval_named(what: str, fn, x0, name: str = "x0", dtype=np.float64):
+    """:func:`host_eval`, with a failure inside ``fn`` (a map, constraint or surface built for another
+    dimension: a reshape, broadcasting or ``dot_general`` error) re-raised as a ``ValueError`` that
+    names ``what`` and the particles' shape."""
+    try:
+        return host_eval(fn, x0, dtype)
+    except Exception as err:  # noqa: BLE001 - re-raised with context
+        shape = tuple(np.shape(x0))
+        raise ValueError(f"{what} failed on {name} of shape {shape} (particles in d = {shape[-1]}); was it built "
+                         f"for another dimension? {type(err).__name__}: {err}") from err
 
 
 def check_values(what: str, values, shape) -> None:
