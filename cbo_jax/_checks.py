@@ -173,11 +173,21 @@ def all_finite(name: str, tree: Any) -> None:
 
 def as_key(name: str, key: Any) -> jax.Array:
     """A PRNG key from ``key``: typed keys and raw ``uint32`` key data pass unchanged, an
-    integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``."""
+    integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``.
+
+    Seeds use all 64 bits: JAX without ``jax_enable_x64`` keeps only a seed's low 32 bits
+    (``jax.random.key(2**32)`` is ``jax.random.key(0)``), so a seed outside
+    ``[-2**31, 2**32)`` becomes the key JAX's 64-bit mode makes of it (key data
+    ``[high word, low word]`` of the seed modulo ``2**64``). Seeds inside that range give
+    exactly ``jax.random.key(seed)``."""
     if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
-        if not -(2**63) <= int(key) < 2**64:
+        seed = int(key)
+        if not -(2**63) <= seed < 2**64:
             raise ValueError(f"{name}: an integer seed must fit in 64 bits, got {key}")
-        return jax.random.key(int(key))
+        if -(2**31) <= seed < 2**32 or jax.config.jax_default_prng_impl != "threefry2x32":
+            return jax.random.key(seed)
+        s = seed % 2**64
+        return jax.random.wrap_key_data(np.array([s >> 32, s & 0xFFFFFFFF], np.uint32), impl="threefry2x32")
     dtype = getattr(key, "dtype", None)
     if dtype is not None:
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):

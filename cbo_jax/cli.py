@@ -167,7 +167,7 @@ def _cmd_optimize(args) -> int:
         known = np.asarray(objective.minimisers(args.dim), np.float64), objective.minimum(args.dim)
     except ValueError:
         known = None, None
-    k_init, k_run = jax.random.split(jax.random.key(args.seed))
+    k_init, k_run = jax.random.split(_checks.as_key("--seed", args.seed))
     shape = (args.runs, args.particles, args.dim)
     # the particles, their copy in the state, the noise and the step's temporaries: about six arrays
     _checks.memory_fits(f"{args.runs} x {args.particles} particles in d={args.dim}",

@@ -103,3 +103,43 @@ def test_a_dtype_keyword_overrides_the_config_for_the_default_population():
         b = cj.minimize(objectives.Sphere(), dim=2, num_steps=0, dtype="float64").state.x
     assert a.dtype == np.float64
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # drawn in float64 either way, not float32
+
+
+def test_population_sizes_are_checked_integers():
+    """``models.init_population`` with 0, -1 or 2.5 agents returned an empty population, failed
+    with an MLIRError or a TypeError; ``population.resize_rows(x, -1)`` cut the last row
+    (``leaf[:-1]``) without a word; ``pad_agents(x, 2.5)`` failed in ``jnp.zeros``."""
+    import jax
+    import jax.numpy as jnp
+    from cbo_jax import models
+    from cbo_jax import population as pop
+
+    m = models.logistic_regression(4, 3)
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="num_agents"):
+            models.init_population(m, jax.random.key(0), bad)
+    assert jax.tree_util.tree_leaves(models.init_population(m, jax.random.key(0), 2))[0].shape[0] == 2
+    x = jnp.ones((5, 2))
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match="size"):
+            pop.resize_rows(x, bad)
+    assert pop.resize_rows(x, 0).shape == (0, 2) and pop.resize_rows(x, 7).shape == (7, 2)
+    with pytest.raises(ValueError, match="multiple"):
+        pop.pad_agents(x, 2.5)
+    assert pop.pad_agents(x, 4)[0].shape == (8, 2)
+
+
+def test_integer_seeds_use_all_64_bits():
+    """JAX without x64 keeps a seed's low 32 bits (``jax.random.key(2**32)`` is ``key(0)``), so
+    seeds 0 and 2**32 gave the same run. A seed outside ``[-2**31, 2**32)`` is now the key JAX's
+    64-bit mode makes of it; seeds inside that range are still ``jax.random.key(seed)``."""
+    from cbo_jax import _checks
+
+    data = lambda seed: jax.random.key_data(_checks.as_key("key", seed)).tolist()  # noqa: E731
+    for seed in (0, 5, 2**31, 2**32 - 1, -1, -(2**31)):
+        assert data(seed) == jax.random.key_data(jax.random.key(seed)).tolist()
+    assert data(2**32) == [1, 0] and data(2**32 + 5) == [1, 5] and data(2**64 - 1) == [2**32 - 1, 2**32 - 1]
+    assert data(-(2**63)) == [2**31, 0] and data(-(2**31) - 1) == [2**32 - 1, 2**31 - 1]
+    x0 = np.zeros((4, 2), np.float32)  # in the dynamics' init too (simulate, an integer key)
+    state = cj.cbo(objectives.Sphere()).init(x0, 2**32)
+    assert jax.random.key_data(state.key).tolist() == [1, 0]
