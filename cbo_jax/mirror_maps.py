@@ -157,7 +157,11 @@ def weighted_L2(A=None) -> MirrorMap:
 
 
 def Entropy(scale: float = 1.0) -> MirrorMap:
-    """``φ(x) = Σ x_k log x_k`` (CBXpy's ``Entropy``; positive particles)."""
+    """CBXpy's ``Entropy``: ``φ(x) = Σ x_k log(1/x_k)`` (positive particles), ``∇φ(x) =
+    log(1/(x + ε)) - 1`` with ``ε`` float32's machine epsilon and ``∇φ*(y) = exp(-(y + 1))``.
+
+    As in CBXpy, this ``φ`` is the (concave) Shannon entropy, the negative of ``Σ x_k log x_k``,
+    and ``scale`` is accepted and not used."""
     eps = float(np.finfo(np.float32).eps)
     return MirrorMap("Entropy", lambda x: jnp.log(1 / (x + eps)) - 1, lambda y: jnp.exp(-(y + 1)))
 
