@@ -23,18 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from cbo_jax.experiments import jax_seed as _seed  # one argparse type for JAX-only seeds
 from cbo_jax.experiments import positive_int as _positive_int  # one argparse type for counts
-
-
-def _seed(text: str) -> int:
-    """An argparse type: an integer seed that ``jax.random.key`` takes (a signed 64-bit integer)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if not -(2**63) <= value < 2**63:  # beyond: an OverflowError traceback from jax.random.key
-        raise argparse.ArgumentTypeError(f"a seed must fit in 64 bits (signed), got {text}")
-    return value
+from cbo_jax.experiments import seed as _run_seed  # a run's seed (NumPy and JAX): 0 .. 2**32 - 1
 
 
 def _add_optimize(sub) -> None:
@@ -284,7 +275,7 @@ def _add_demo(sub) -> None:
                        description="A small rotated-MNIST comparison on the real-MNIST subset shipped with the package "
                                    "(offline, about 2 minutes on 2 CPU cores).")
     p.add_argument("--output", type=Path, default=Path("results") / "demo")
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--seed", type=_run_seed, default=0, help="seed of the algorithms' randomness (0 to 2**32 - 1)")
     p.add_argument("--rounds", type=_positive_int, default=None,
                    help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
     p.add_argument("--no-progress", action="store_true")

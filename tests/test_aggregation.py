@@ -241,3 +241,20 @@ def test_by_model_rejects_a_bad_unroll():
     with pytest.raises(ValueError, match="unroll must be >= 1"):
         consensus_by_model(lambda t, a: jnp.zeros(a.shape[0]), params, jnp.zeros((3, 1), jnp.int32),
                            (jnp.arange(3),), alpha=1.0, unroll=0)
+
+
+@pytest.mark.parametrize("candidates, match", [((), "non-empty"), ((0, -2), ">= 1"), ((4, 2.5), "integers"),
+                                               ((True,), "integers")])
+def test_eval_chunk_for_budget_refuses_bad_candidates(candidates, match):
+    """``candidates=()`` or only chunks below 1 failed with Python's "min() arg is an empty
+    sequence" after the loop (0 and negatives were skipped without a word), and 2.5 was
+    silently tried as 2. Checked before anything is built or compiled."""
+    from cbo_jax import models
+    from cbo_jax.federated.algorithms import FedCBOConfig
+    from cbo_jax.federated.algorithms.base import AgentData
+    from cbo_jax.federated.memory import eval_chunk_for_budget
+
+    data = AgentData(jnp.zeros((4, 3, 2)), jnp.zeros((4, 3), jnp.int32), jnp.full((4,), 3, jnp.int32))
+    model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2,))
+    with pytest.raises(ValueError, match=f"candidates.*{match}"):
+        eval_chunk_for_budget(model, FedCBOConfig(M=2), data, 1e9, candidates=candidates)

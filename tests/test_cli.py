@@ -296,7 +296,8 @@ def test_optimize_flags_that_would_be_ignored_are_refused(capsys, extra, match):
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--seed", str(2**64)], "argument --seed: .* 64 bits"),
+    (["--seed", str(2**64)], "argument --seed: must be at most 2\\*\\*64 - 1"),
+    (["--seed", str(-(2**63) - 1)], "argument --seed: must be >= "),
     (["--init-low=-inf"], "--init-low must be finite"),
     (["--init-high=1e39"], "--init-high = 1e\\+39 overflows float32"),
 ])
@@ -318,3 +319,14 @@ def test_optimize_an_objective_without_known_minimiser_in_that_dimension(tmp_pat
     assert summary["steps"] == 2 and np.isfinite(summary["best_energy"])
     assert summary["known_minimum"] is None and summary["consensus_distance_inf_median"] is None
     assert json.loads((tmp_path / "m" / "summary.json").read_text())["best_distance_inf_median"] is None
+
+
+def test_optimize_seeds_beyond_32_bits_give_other_runs(tmp_path):
+    # JAX without x64 keeps a seed's low 32 bits: --seed 4294967296 (2**32) was the run of --seed 0
+    summaries = []
+    for seed in ("0", str(2**32)):
+        out = tmp_path / seed
+        assert main(["optimize", "--objective", "sphere", "--dim", "2", "--particles", "8", "--runs", "1", "--steps",
+                     "2", "--no-progress", "--seed", seed, "--output", str(out)]) == 0
+        summaries.append(json.loads((out / "summary.json").read_text())["best_energy"])
+    assert summaries[0] != summaries[1]

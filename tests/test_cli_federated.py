@@ -199,3 +199,55 @@ def test_reproduce_list_has_fedcbo_entries(capsys):
     assert main(["reproduce", "--list"]) == 0
     out = capsys.readouterr().out
     assert "fedcbo-table1" in out and "96.51" in out and "fedcbo-noise" in out
+
+
+@pytest.mark.parametrize("name, flags, match", [
+    ("fedcb2o-tg", ["--T-G", "5"], "--T-G"),
+    ("fedcb2o-tg", ["--alpha-fedcbo", "5"], "--alpha-fedcbo"),
+    ("fedcb2o-tg", ["--no-sensitivity"], "--no-sensitivity"),
+    ("fedcb2o-attack", ["--dataset", "emnist", "--source", "idx"], "--source"),
+    ("fedcb2o-tg", ["--dataset", "emnist", "--source", "bundled"], "--source"),
+])
+def test_fedcb2o_reproductions_refuse_flags_they_ignore(name, flags, match, tmp_path, monkeypatch, capsys):
+    """``fedcb2o-tg`` accepted ``--T-G`` (it sweeps T_G), ``--alpha-fedcbo`` (it runs no FedCBO)
+    and ``--no-sensitivity`` (it has no sensitivity rows) and ignored them; ``--dataset emnist``
+    ignored ``--source`` (EMNIST is read with tensorflow-datasets). Each is now refused before
+    any data is loaded."""
+    from cbo_jax.experiments import fedcb2o_attack
+
+    def loaded(args):
+        raise AssertionError("data were loaded")
+
+    monkeypatch.setattr(fedcb2o_attack, "_images", loaded)
+    assert main(["reproduce", name, *flags, "--output", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["rastrigin-success", "--seed", "-1"], "--seed"),
+    (["clustered-consensus", "--seed", "-1"], "--seed"),
+    (["meanfield-scaling", "--seed", str(2**70)], "--seed"),
+    (["cb2o-malicious", "--seed", "1.5"], "--seed"),
+    (["fedsgld-synthetic", "--data-seed", "-1"], "--data-seed"),
+    (["fedsgld-synthetic", "--seed", str(2**64)], "--seed"),
+])
+def test_reproduce_seeds_are_checked_by_the_parser(argv, flag, tmp_path, monkeypatch, capsys):
+    """A negative ``--seed`` reached ``np.random.default_rng`` ("expected non-negative integer",
+    naming no option) and one beyond 64 bits ``jax.random.key`` (an OverflowError traceback).
+    Seeds of the reproductions are now integers in [0, 2**32) checked by the argument parser."""
+    import dataclasses
+
+    import cbo_jax.experiments as experiments
+
+    def ran(args):
+        raise AssertionError(f"the experiment ran with {argv}")
+
+    real = experiments.registry
+    monkeypatch.setattr(experiments, "registry",
+                        lambda: {k: dataclasses.replace(e, run=ran) for k, e in real().items()})
+    with pytest.raises(SystemExit) as exit_:
+        main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and "Traceback" not in err

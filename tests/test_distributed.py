@@ -65,3 +65,22 @@ def test_environment_variables_are_checked(capsys, monkeypatch):
     monkeypatch.setenv("CBO_JAX_NUM_PROCESSES", "two")
     assert main(["optimize", "--steps", "1", "--no-progress"]) == 2
     assert "CBO_JAX_NUM_PROCESSES must be an integer, got 'two'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 1.5, True])
+def test_exchange_capacity_must_be_a_positive_integer(capacity):
+    """``exchange_downloads(mesh, capacity=0)`` silently used the default capacity (``0 or
+    default``), a negative one failed inside the traced round, and ``fetch_rows`` divided by a
+    capacity of 0 in XLA. Both now refuse a capacity that is not an integer >= 1."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from cbo_jax.federated.exchange import exchange_downloads, fetch_rows
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("agents",))
+    with pytest.raises(ValueError, match="capacity"):
+        exchange_downloads(mesh, capacity=capacity)
+    with pytest.raises(ValueError, match="capacity"):
+        fetch_rows(jnp.zeros((2, 3)), jnp.zeros((2,), jnp.int32), axis_name="agents", num_devices=1, capacity=capacity)

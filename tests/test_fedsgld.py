@@ -351,3 +351,51 @@ def test_cli_curves_json_is_strict_and_progress_follows_the_flag(monkeypatch, tm
     for case in ("low_noise", "high_noise"):
         curves = json.loads((tmp_path / f"curves_{case}.json").read_text(), parse_constant=strict)
         assert curves["fedpd"]["train_loss"] == [1.0, None, None]
+
+
+@pytest.mark.parametrize("orders, match", [
+    ([], "non-empty"),
+    (8.0, "1-D"),
+    ([float("nan"), 8.0], "finite"),
+    ([0.5, 8.0], ">= 1"),
+])
+def test_account_refuses_bad_orders(orders, match):
+    """``orders=[]`` failed with NumPy's "argmin of an empty sequence", a scalar with "iteration
+    over a 0-d array", and a NaN order was silently dropped by the library."""
+    with pytest.raises(ValueError, match=f"orders.*{match}|{match}.*orders"):
+        privacy.account(SGLDConfig(steps=4, burn_in=2), rounds=1, delta=1e-5, orders=orders)
+
+
+@pytest.mark.parametrize("q", [0.0, 2.0, -0.1, float("nan")])
+def test_round_event_refuses_a_sampling_rate_outside_0_1(q):
+    """``round_event(cfg, sampling_rate=2.0)`` built a PoissonSampledDpEvent with probability 2
+    (NaN likewise) without a word."""
+    with pytest.raises(ValueError, match="sampling_rate"):
+        privacy.round_event(SGLDConfig(steps=4, burn_in=2), sampling_rate=q)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(iid="no"), "iid must be a bool"),
+    (dict(iid=1), "iid must be a bool"),
+    (dict(seed=-1), "seed"),
+    (dict(seed=1.5), "seed"),
+    (dict(alpha=1e300), "alpha"),
+    (dict(beta=1e39), "beta"),
+])
+def test_synthetic_refuses_bad_iid_seed_and_scales(kw, match):
+    """``iid="no"`` (truthy) silently generated the IID variant; a negative or fractional seed
+    failed in NumPy without naming ``seed``; α = 1e300 made W (float32) infinite."""
+    with pytest.raises(ValueError, match=match):
+        synthetic(num_devices=2, max_samples=20, **kw)
+
+
+def test_reproduction_model_has_the_benchmarks_classes_whatever_labels_occur():
+    """``run_case`` sized the logistic regression by the largest training label + 1: with
+    ``--max-samples 2 --data-seed 9`` no device holds class 9, so the "benchmark" model had 9
+    classes (550 parameters, not 610) and a test label 9 could not be scored."""
+    from cbo_jax.experiments import fedsgld_synthetic as exp
+
+    data = synthetic(1.0, 1.0, seed=9, max_samples=2)
+    assert int(data.y.max()) == 8  # the situation: class 9 in no training set
+    model = exp.model_for(data)
+    assert model.num_classes == 10 and model.name == "logreg-60-10"

@@ -156,3 +156,21 @@ def test_reduce_sample_losses_mean_over_the_real_samples(count):
     got = float(jax.jit(local.reduce_sample_losses)(jnp.asarray(padded), count))
     want = float(per[real].mean()) if real.any() else 0.0
     assert got == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("batch_size", [0, -2, 2.5, None])
+def test_sum_of_batch_means_refuses_a_bad_batch_size(batch_size):
+    """``batch_size=0`` was a ZeroDivisionError, ``-2`` "num_segments must be non-negative",
+    ``2.5`` a TypeError; each is now a ValueError naming ``batch_size``."""
+    with pytest.raises(ValueError, match="batch_size"):
+        local.reduce_sample_losses(jnp.ones(5), 3, batch_size, "sum_of_batch_means")
+
+
+def test_local_train_names_params_and_data_of_different_agent_counts():
+    """Parameters of 5 agents with data of 4 failed inside vmap ("inconsistent sizes for array
+    axes"); the error now names both counts before anything is traced."""
+    model = models.mlp_mnist(hidden=(4,), num_classes=2, input_shape=(2,))
+    params = jax.vmap(model.init)(jax.random.split(jax.random.key(0), 5))
+    data = AgentData(jnp.zeros((4, 3, 2)), jnp.zeros((4, 3), jnp.int32), jnp.full((4,), 3, jnp.int32))
+    with pytest.raises(ValueError, match="params holds 5 agents but the data 4"):
+        local.local_train(model, local.LocalSGDConfig(epochs=1, batch_size=2), params, None, data, jax.random.key(0))

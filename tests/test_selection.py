@@ -81,3 +81,42 @@ def test_m_out_of_range():
         selection.draw_uniform(jax.random.key(0), 5, 5)
     with pytest.raises(ValueError, match="M="):
         selection.draw_epsilon_greedy(jax.random.key(0), selection.init_likelihood(5), 0, 0.5)
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: selection.epsilon_greedy(0), "M must be >= 1"),
+    (lambda: selection.epsilon_greedy(2.0), "M must be an integer"),
+    (lambda: selection.uniform(True), "M must be an integer"),
+    (lambda: selection.prob_sampling(-3), "M must be >= 1"),
+    (lambda: selection.epsilon_greedy(3, eps0=2.0), "eps0"),
+    (lambda: selection.epsilon_greedy(3, eps0=float("nan")), "eps0"),
+    (lambda: selection.epsilon_greedy(3, eps_decay=-0.1), "eps_decay"),
+    (lambda: selection.epsilon_greedy(3, eps_min=1.5), "eps_min"),
+    (lambda: selection.prob_sampling(3, kappa=-1.0), "kappa"),
+    (lambda: selection.prob_sampling(3, zeta=2.0), "zeta"),
+    (lambda: selection.prob_sampling(3, zeta=0.0), "zeta"),
+    (lambda: selection.init_likelihood(5, 3), "rows"),
+])
+def test_rule_factories_refuse_bad_hyperparameters(make, match):
+    """The rule factories (the public API that FedCBOConfig also goes through) checked nothing:
+    ``epsilon_greedy(0)``, ``eps0=2``, ``zeta=2`` or a NaN ε were accepted and failed (or
+    ran with a meaningless ε) only inside the traced round."""
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("m, match", [(-1, "M"), (0, "M"), (6, "M"), (2.0, "M"), ("mal", "malicious")])
+def test_attacker_selection_checks_m_and_the_malicious_mask(m, match):
+    """``attacker_selection`` is documented to return ``(N_m, M)`` downloads: ``m=-1`` returned 5
+    columns (NumPy's slice ``[:, :-1]``), ``m=6`` with 6 agents 6 columns (the attacker
+    itself among them), ``m=0`` none; a mask of another length failed in a JAX gather."""
+    from cbo_jax.federated import attacks
+
+    cluster = np.array([0, 0, 0, 1, 1, 1])
+    malicious = np.array([0, 0, 1, 0, 0, 1], bool)
+    if m == "mal":
+        m, malicious = 2, malicious[:4]
+    with pytest.raises(ValueError, match=match):
+        attacks.attacker_selection(jax.random.key(0), cluster, malicious, m)
+    idx, valid = attacks.attacker_selection(jax.random.key(0), cluster, np.array([0, 0, 1, 0, 0, 1], bool), 5)
+    assert idx.shape == valid.shape == (2, 5)

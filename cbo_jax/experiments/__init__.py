@@ -21,7 +21,7 @@ class Experiment:
     run: Callable[[argparse.Namespace], dict]
 
 
-def _int_option(text: str, low: int, high: int | None) -> int:
+def _int_option(text: str, low: int, high: int | None, high_text: str = "") -> int:
     """An integer in ``[low, high]`` from an option's text, else a one-line usage error."""
     try:
         v = int(text)
@@ -30,19 +30,32 @@ def _int_option(text: str, low: int, high: int | None) -> int:
     if v < low:
         raise argparse.ArgumentTypeError(f"must be >= {low}, got {v}")
     if high is not None and v > high:
-        raise argparse.ArgumentTypeError(f"must be at most 2**31 - 1 (JAX counts in int32), got {v}")
+        raise argparse.ArgumentTypeError(f"must be at most {high_text or high}, got {v}")
     return v
 
 
 def positive_int(text: str) -> int:
     """argparse ``type`` for a count option (``--runs``, ``--seeds``, ``--rounds``, ...): an
     integer from 1 to ``2**31 - 1`` (JAX counts in int32), else a one-line usage error."""
-    return _int_option(text, 1, 2**31 - 1)
+    return _int_option(text, 1, 2**31 - 1, "2**31 - 1 (JAX counts in int32)")
 
 
 def nonnegative_int(text: str) -> int:
     """argparse ``type`` for an option that may be 0 (``--T-G``)."""
     return _int_option(text, 0, None)
+
+
+def seed(text: str) -> int:
+    """argparse ``type`` for a reproduction's ``--seed``/``--data-seed``: an integer from 0 to
+    ``2**32 - 1`` (NumPy's generators refuse negative seeds; in this range a seed is the same
+    JAX key with or without 64-bit mode)."""
+    return _int_option(text, 0, 2**32 - 1, "2**32 - 1")
+
+
+def jax_seed(text: str) -> int:
+    """argparse ``type`` for a seed that only keys JAX (``optimize``, ``demo``): any integer
+    :func:`cbo_jax._checks.as_key` takes, ``-2**63`` to ``2**64 - 1``."""
+    return _int_option(text, -(2**63), 2**64 - 1, "2**64 - 1")
 
 
 def registry() -> dict[str, Experiment]:

@@ -50,7 +50,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from cbo_jax import models, sharding
+from cbo_jax import _checks, models, sharding
 from cbo_jax.experiments import Experiment, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
@@ -104,8 +104,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=positive_int, default=None, help="override the local epochs τ")
     p.add_argument("--lr", type=float, default=None, help="override the local learning rate")
     p.add_argument("--alpha", type=float, default=None, help="override FedCB²O's α (default 2)")
-    p.add_argument("--alpha-fedcbo", type=float, default=None, help="override the FedCBO baseline's α (default 10)")
-    p.add_argument("--T-G", dest="T_G", type=nonnegative_int, default=None, help="override FedCB²O's T_G (fedcb2o-attack)")
+    p.add_argument("--alpha-fedcbo", type=float, default=None,
+                   help="override the FedCBO baseline's α (default 10; fedcb2o-attack only)")
+    p.add_argument("--T-G", dest="T_G", type=nonnegative_int, default=None,
+                   help="override FedCB²O's T_G (fedcb2o-attack only; fedcb2o-tg sweeps it)")
     p.add_argument("--include-self", action="store_true", help="reference-code variant: own model in the average")
     p.add_argument("--reference-form", action="store_true",
                    help="the reference code's form: own model in the average with the largest weight after T_G, "
@@ -113,11 +115,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-sensitivity", action="store_true",
                    help="fedcb2o-attack: skip the sensitivity rows (both methods at α = 2, both at α = 10)")
     p.add_argument("--dataset", choices=("mnist", "emnist"), default="mnist")
-    p.add_argument("--source", default="auto", help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled")
+    p.add_argument("--source", default="auto",
+                   help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled (--dataset mnist only)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
     p.add_argument("--shard", action="store_true",
                    help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
+
+
+def _refuse_ignored(args, sweep: bool) -> None:
+    """Refuse flags that this reproduction would ignore, naming them (before any data is read)."""
+    if getattr(args, "dataset", "mnist") == "emnist" and getattr(args, "source", "auto") != "auto":
+        raise ValueError(f"--source {args.source} applies to --dataset mnist; EMNIST is read with tensorflow-datasets "
+                         f"(--data-dir: its data directory)")
+    if not sweep:
+        return
+    given = [flag for flag, dest, unset in (("--T-G", "T_G", None), ("--alpha-fedcbo", "alpha_fedcbo", None),
+                                             ("--no-sensitivity", "no_sensitivity", False))
+             if getattr(args, dest, unset) != unset]
+    if given:
+        raise ValueError(f"fedcb2o-tg does not use {', '.join(given)}: it sweeps T_G itself and runs FedCB2O only "
+                         f"(no FedCBO baseline, no sensitivity rows); these are fedcb2o-attack options")
 
 
 def _scale(args) -> Scale:
@@ -171,7 +189,7 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
             algorithm, data_fn, cluster, malicious, round_metrics = built[name]
             out = out_root / name / f"seed{seed}" if out_root else None
             metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
-            res = run(algorithm, data_fn(ds), scale.rounds, jax.random.key(seed), metrics=metrics,
+            res = run(algorithm, data_fn(ds), scale.rounds, _checks.as_key("seed", seed), metrics=metrics,
                       round_metrics=round_metrics, every=scale.eval_every or scale.rounds, out=out,
                       config=dataclasses.asdict(scale), progress=not args.no_progress,
                       mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None)
@@ -255,6 +273,7 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
 
 
 def run_attack_table(args: argparse.Namespace) -> dict:
+    _refuse_ignored(args, sweep=False)
     scale = _scale(args)
     seeds = scale.seeds if args.seeds is None else args.seeds
     a_cb2o, a_cbo = scale.alpha, scale.alpha_fedcbo
@@ -296,6 +315,7 @@ def tg_values(rounds: int) -> dict[str, int]:
 
 
 def run_tg_sweep(args: argparse.Namespace) -> dict:
+    _refuse_ignored(args, sweep=True)
     scale = _scale(args)
     seeds = scale.seeds if args.seeds is None else args.seeds
     tgs = tg_values(scale.rounds)

@@ -257,7 +257,7 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     data.check(model)
     chunk = getattr(cfg.config, "eval_chunk", 8)
     round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
-    res = run(algorithm, data, cfg.run.rounds, jax.random.key(cfg.run.seed), metrics=metrics,
+    res = run(algorithm, data, cfg.run.rounds, _checks.as_key("seed", cfg.run.seed), metrics=metrics,
               round_metrics=round_metrics, every=cfg.run.eval_every, out=out_dir, config=cfgs.to_dict(cfg), mesh=mesh,
               checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
               progress=progress, tensorboard=cfg.run.tensorboard)

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.experiments import Experiment
+from cbo_jax.experiments import Experiment, seed as seed_option
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import privacy
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
@@ -67,8 +67,8 @@ from cbo_jax.federated.synthetic import SyntheticData, synthetic
 from cbo_jax.models import logistic_regression
 from cbo_jax.writer import json_safe
 
-__all__ = ["SyntheticRunConfig", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "train_curves", "run_case",
-           "matched_batch_clip_norm", "EXPERIMENT"]
+__all__ = ["SyntheticRunConfig", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "model_for", "train_curves",
+           "run_case", "matched_batch_clip_norm", "EXPERIMENT"]
 
 LOW_NOISE = 1e-4
 HIGH_NOISE = 0.5
@@ -218,6 +218,12 @@ def _privacy(cfg: FedSGLDConfig, rounds: int, sizes) -> dict:
     return out, rep
 
 
+def model_for(data: SyntheticData):
+    """The benchmark's multinomial logistic regression for ``data``: its features and the
+    classes of its labelling models (``W``), whichever labels happen to occur."""
+    return logistic_regression(data.x.shape[-1], data.W.shape[-1])
+
+
 def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_noisy_fedpd: bool,
              fedpd_curves: dict | None = None, matched: bool = False, progress: bool = False) -> tuple[dict, dict]:
     """One noise level: every method's curves and final numbers, plus FedSGLD's privacy.
@@ -226,12 +232,12 @@ def run_case(cfg: SyntheticRunConfig, data: SyntheticData, noise: float, with_no
     depend on the noise level); ``matched``: also run the batch-clip variants at
     :func:`matched_batch_clip_norm`.
     """
-    model = logistic_regression(data.x.shape[-1], int(data.y.max()) + 1 if data.y.size else 10)
+    model = model_for(data)
     sizes = np.asarray(data.counts)
     algs = build_algorithms(cfg, noise, data.num_agents, with_noisy_fedpd, with_fedpd=fedpd_curves is None)
     curves, summary = {}, {}
     for name, alg in algs.items():
-        curves[name] = train_curves(alg, model, data, cfg.rounds, jax.random.key(cfg.seed), progress=progress)
+        curves[name] = train_curves(alg, model, data, cfg.rounds, _checks.as_key("seed", cfg.seed), progress=progress)
     if fedpd_curves is not None:
         curves["fedpd"] = fedpd_curves
     # The accounting depends on the clipping mode only, not on the chain's start.
@@ -266,8 +272,8 @@ def _matched(cfg, data, model, noise, sizes, variants, curves, progress: bool = 
     out = {"batch_clip_norm": c_b, "per_sample_clip_norm": cfg.per_sample_clip_norm, "delta": cfg.delta}
     for name in ("paper_start_batch_clip", "warm_start_batch_clip"):
         sgld_cfg = cfg.sgld(noise, name, clip_norm=c_b)
-        c = train_curves(fedsgld(model, sgld_cfg, data.num_agents), model, data, cfg.rounds, jax.random.key(cfg.seed),
-                         progress=progress)
+        c = train_curves(fedsgld(model, sgld_cfg, data.num_agents), model, data, cfg.rounds,
+                         _checks.as_key("seed", cfg.seed), progress=progress)
         curves[f"{name}_matched"] = c
         out[name] = {**_summary(c), **_privacy(sgld_cfg, cfg.rounds, sizes)[0],
                      "clipped_share": round(float(np.mean(c["clipped"])), 4)}
@@ -308,8 +314,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampling-rate", type=float, default=d.sampling_rate)
     p.add_argument("--server-momentum", type=float, default=d.server_momentum)
     p.add_argument("--delta", type=float, default=d.delta)
-    p.add_argument("--data-seed", type=int, default=d.data_seed)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data-seed", type=seed_option, default=d.data_seed)
+    p.add_argument("--seed", type=seed_option, default=d.seed)
     p.add_argument("--max-samples", type=int, default=None,
                    help="cap on the samples per device (quick tests only; not the benchmark)")
     p.add_argument("--no-matched-epsilon", action="store_true",

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbo_jax import _plotting, meanfield, objectives, schedules
+from cbo_jax import _checks, _plotting, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
-from cbo_jax.experiments import Experiment, positive_int
+from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
 from cbo_jax.simulate import simulate
 
 
@@ -68,7 +68,7 @@ def _add_clustered(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=2000, help="Euler-Maruyama steps, dt=0.01 (default 2000)")
     p.add_argument("--objective", default="rastrigin", choices=["rastrigin", "ackley", "quadratic"],
                    help="shifted test function each class follows (default rastrigin)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
 
 
 def run_clustered(args: argparse.Namespace) -> dict:
@@ -82,7 +82,7 @@ def run_clustered(args: argparse.Namespace) -> dict:
                           alpha=schedules.Multiplicative(30.0, 1.05, 1e5))
     x0 = rng.uniform(-3.0, 3.0, (n, d))
     label = np.arange(n) % k  # selects the objective only; nobody is told anyone's class
-    res = simulate(clustered(objs, cfg), particles(x0, label), jax.random.key(args.seed), args.steps,
+    res = simulate(clustered(objs, cfg), particles(x0, label), _checks.as_key("seed", args.seed), args.steps,
                    progress=not args.no_progress, desc="clustered-consensus")
     m = np.asarray(res.state.consensus, np.float64)
     dist = np.linalg.norm(m - centers, axis=-1)
@@ -132,7 +132,7 @@ def _add_decay(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=positive_int, default=800, help="steps of dt=0.01 (default 800: t = 8)")
     p.add_argument("--seeds", type=positive_int, default=3, help="independent runs per parameter set (default 3)")
     p.add_argument("--alpha", type=float, default=1e4, help="α (default 1e4)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
 
 
 @functools.partial(jax.jit, static_argnames=("dyn", "steps"))
@@ -169,7 +169,7 @@ def run_decay(args: argparse.Namespace) -> dict:
     grid = np.asarray(DECAY_PARAMS, np.float32)
     params = SDEParams(lambda1=jnp.asarray(grid[:, 0]), lambda2=jnp.asarray(grid[:, 1]),
                        sigma1=jnp.asarray(grid[:, 2]), sigma2=jnp.asarray(grid[:, 3]))
-    keys = jax.random.split(jax.random.key(args.seed), args.seeds)
+    keys = jax.random.split(_checks.as_key("seed", args.seed), args.seeds)
     t0 = time.perf_counter()
     v = np.asarray(_decay_program(dyn, particles(x0, label), keys, params, jnp.asarray(centers, jnp.float32),
                                   steps=args.steps))  # (P, S, T+1, K)
@@ -229,7 +229,7 @@ def _add_scaling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
     p.add_argument("--seeds", type=positive_int, default=8, help="runs per N (default 8; vmapped)")
     p.add_argument("--projections", type=positive_int, default=64, help="directions of the sliced distance (default 64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
 
 
 @functools.partial(jax.jit, static_argnames=("dyn", "steps"))
@@ -269,7 +269,7 @@ def run_scaling(args: argparse.Namespace) -> dict:
     errors, per_seed = [], {}
     for n in sizes:
         seeds = args.seeds
-        keys = jax.random.split(jax.random.key(args.seed + n), seeds)
+        keys = jax.random.split(_checks.as_key("seed", args.seed + n), seeds)
         p = _scaling_init(n, d, rng)
         xs = _final_positions(dyn, p, keys, steps=args.steps)
         cls0 = np.asarray(p.label) == 0
@@ -325,7 +325,7 @@ def _add_cb2o(p: argparse.ArgumentParser) -> None:
     p.add_argument("--malicious", type=float, default=0.2, help="share of malicious particles (default 0.2)")
     p.add_argument("--beta", type=float, default=0.5, help="CB²O quantile β (default 0.5)")
     p.add_argument("--steps", type=positive_int, default=2000, help="steps of dt=0.01 (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
 
 
 def bilevel_problem(d: int):
@@ -354,7 +354,7 @@ def run_cb2o(args: argparse.Namespace) -> dict:
                        diffusion=lambda t, x: jnp.full(x.shape[0], 0.05, x.dtype))
     cfg = ClusteredConfig(lambda1=1.0, sigma1=0.5, dt=0.01, alpha=1e3, beta=args.beta, noise="isotropic")
     p = particles(x0, malicious=mal)
-    key = jax.random.key(args.seed)
+    key = _checks.as_key("seed", args.seed)
     res_cb2o = simulate(cb2o(lower, upper, cfg, malicious=attack), p, key, args.steps,
                         progress=not args.no_progress, desc="CB²O")
     # Plain CBO: weights exp(-α L) over every particle (β = 1, no upper level).
@@ -424,7 +424,7 @@ def _add_coupling(p: argparse.ArgumentParser) -> None:
                    help="the two classes' objective, shifted to ±(1,..,1) (default quadratic)")
     p.add_argument("--sigma1", type=float, default=0.7, help="isotropic consensus noise σ1 (default 0.7)")
     p.add_argument("--alpha", type=float, default=10.0, help="α (default 10)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
 
 
 def coupling_system(d: int, objective: str = "quadratic", sigma1: float = 0.7, alpha: float = 10.0,
@@ -460,7 +460,7 @@ def run_coupling(args: argparse.Namespace) -> dict:
     # Stream 0 draws the reference ensemble, stream N the N-particle systems: a system's start and
     # noise depend on (seed, N) alone, not on --reference or the other sizes, so runs with another R
     # show the reference's effect at equal N.
-    key = jax.random.key(args.seed)
+    key = _checks.as_key("seed", args.seed)
     t0 = time.perf_counter()
     # The reference ensemble: n_ref independent samples of ρ_0, its own Brownian motions.
     ref_dyn = coupling_system(d, args.objective, args.sigma1, args.alpha, chunk)

@@ -14,9 +14,9 @@ import time
 import jax
 import numpy as np
 
-from cbo_jax import objectives, schedules
+from cbo_jax import _checks, objectives, schedules
 from cbo_jax.dynamics.cbo import CBOConfig, cbo
-from cbo_jax.experiments import Experiment, positive_int
+from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
 from cbo_jax.simulate import simulate
 
 SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0, dt=0.01, alpha0=30.0,
@@ -26,7 +26,7 @@ SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0,
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=positive_int, default=SETTINGS["runs"], help="independent runs (default 100)")
     p.add_argument("--steps", type=positive_int, default=SETTINGS["steps"], help="steps per run (default 5000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed_option, default=0)
     p.add_argument("--peer", action="store_true", help="also run CBXpy (pip package cbx) on the same settings")
 
 
@@ -38,7 +38,7 @@ def run_cbo_jax(runs: int, steps: int, seed: int, progress: bool = True) -> dict
     s = SETTINGS
     cfg = CBOConfig(lambda1=s["lam"], sigma1=s["sigma"], dt=s["dt"], noise="anisotropic",
                     alpha=schedules.Multiplicative(s["alpha0"], s["factor"], s["alpha_max"]), max_abs=1e8)
-    key_init, key_run = jax.random.split(jax.random.key(seed))
+    key_init, key_run = jax.random.split(_checks.as_key("seed", seed))
     x0 = jax.random.uniform(key_init, (runs, s["particles"], s["dim"]), minval=s["low"], maxval=s["high"])
     res = simulate(cbo(objectives.Rastrigin(), cfg), x0, key_run, steps, num_runs=runs, progress=progress,
                    desc="cbo_jax rastrigin")

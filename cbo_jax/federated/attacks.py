@@ -291,6 +291,11 @@ def attacker_selection(key: jax.Array, cluster, malicious, m: int) -> tuple[jax.
     malicious_np = np.asarray(malicious, bool)  # static: who the attackers are
     cluster, malicious = jnp.asarray(cluster), jnp.asarray(malicious_np)
     n = cluster.shape[0]
+    if malicious_np.shape != (n,):
+        raise ValueError(f"malicious must be a mask of one entry per agent, shape ({n},) as cluster; got shape "
+                         f"{malicious_np.shape}")
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)) or not 1 <= m <= n - 1:
+        raise ValueError(f"M (downloads per attacker) must be an integer with 1 <= M <= N - 1 = {n - 1}, got M={m!r}")
     att = jnp.asarray(np.nonzero(malicious_np)[0])
     same = cluster[att][:, None] == cluster[None, :]
     own = att[:, None] == jnp.arange(n)[None, :]

@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from cbo_jax import _checks
+
 PyTree = Any
 
 __all__ = ["fetch_rows", "default_capacity", "exchange_downloads"]
@@ -55,6 +57,8 @@ def fetch_rows(local: PyTree, idx: jax.Array, *, axis_name: str, num_devices: in
 
     Returns a pytree with leaves ``S + leaf.shape[1:]``: exactly ``global[idx]``.
     """
+    _checks.positive_int("capacity", capacity)
+    _checks.positive_int("num_devices", num_devices)
     leaves = jax.tree_util.tree_leaves(local)
     n_loc = leaves[0].shape[0]
     shape = idx.shape
@@ -104,11 +108,15 @@ def exchange_downloads(mesh, capacity: int | None = None):
     :func:`fetch_rows`, ``chunk`` agents at a time, in buffers of ``capacity`` rows per
     device pair (default: twice the even share): no device ever holds more than its
     own shard plus one chunk's downloads. Same results as the local gather.
+    ``capacity``: ``None`` (the default) or an integer >= 1.
     """
     from jax.sharding import PartitionSpec
 
     from cbo_jax import population as pop
     from cbo_jax.sharding import AGENT_AXIS
+
+    if capacity is not None:
+        _checks.positive_int("capacity", capacity)
 
     d = mesh.size
     spec = PartitionSpec(AGENT_AXIS)

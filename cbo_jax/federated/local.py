@@ -141,6 +141,9 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
         samples, such as a padding agent, is left untouched).
       key: PRNG key; agent ``j`` uses ``fold_in(key, j)``.
     """
+    n_params = jax.tree_util.tree_leaves(params)[0].shape[0]
+    if n_params != data.counts.shape[0]:
+        raise ValueError(f"params holds {n_params} agents but the data {data.counts.shape[0]}: one model per agent")
     opt = make_optimizer(cfg)
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
@@ -173,6 +176,7 @@ def reduce_sample_losses(per: jax.Array, count, batch_size: int | None = None, r
     if reduction == "sum_of_batch_means":
         if batch_size is None:
             raise ValueError("reduction='sum_of_batch_means' needs batch_size")
+        batch_size = _checks.positive_int("batch_size", batch_size)
         batch = jnp.arange(per.shape[0]) // batch_size
         num = -(-per.shape[0] // batch_size)
         sums = jax.ops.segment_sum(jnp.where(real, per, 0.0), batch, num)

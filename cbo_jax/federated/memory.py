@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo
@@ -43,7 +44,8 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
     """The largest ``eval_chunk`` whose planned FedCBO round fits ``budget_bytes``.
 
     Larger chunks evaluate more downloads at once (faster on accelerators) and need
-    more memory. With ``cfg.eval_by == "model"`` only ``cfg.eval_chunk`` is tried. Tries ``candidates`` from the largest down, compiling one round each on
+    more memory. With ``cfg.eval_by == "model"`` only ``cfg.eval_chunk`` is tried. Tries
+    ``candidates`` (integers >= 1) from the largest down, compiling one round each on
     abstract shapes (:func:`planned_round_bytes`). Returns ``(eval_chunk, plan)`` with
     ``plan`` mapping each tried chunk to its planned bytes. Raises ``ValueError`` when
     even the smallest candidate does not fit.
@@ -61,10 +63,16 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
         # Model by model, eval_chunk is the group of agents' data per forward pass, not a
         # memory knob (one model and ``eval_chunk · n`` rows at a time): keep it, check the fit.
         candidates = (cfg.eval_chunk,)
+    candidates = tuple(candidates)
+    if not candidates:
+        raise ValueError("candidates must be a non-empty sequence of eval_chunk values (integers >= 1)")
+    for c in candidates:
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+            raise ValueError(f"candidates must be integers (eval_chunk values), got {c!r} in {candidates!r}")
+        if c < 1:
+            raise ValueError(f"candidates must be >= 1 (eval_chunk values), got {c!r} in {candidates!r}")
     plan: dict[int, int] = {}
     for chunk in sorted(set(int(c) for c in candidates), reverse=True):
-        if chunk < 1:
-            continue
         alg = fedcbo(model, dataclasses.replace(cfg, eval_chunk=chunk), n, downloads=downloads)
         plan[chunk] = planned_round_bytes(alg, data, size=size)
         if plan[chunk] <= budget_bytes:

@@ -105,6 +105,21 @@ def _delta(delta) -> float:
     return d
 
 
+def _orders(orders):
+    """RDP orders as a tuple of floats: a non-empty 1-D sequence of finite numbers >= 1."""
+    if orders is None:
+        return None
+    arr = np.asarray(orders)
+    if arr.ndim != 1 or arr.size == 0 or arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
+        raise ValueError(f"orders must be a non-empty 1-D sequence of RDP orders (numbers >= 1), got {orders!r}")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"orders must be finite, got {orders!r}")
+    if np.any(arr < 1):
+        raise ValueError(f"orders must be >= 1 (Renyi divergence orders), got {orders!r}")
+    return tuple(arr.tolist())
+
+
 def _step_sizes(spec) -> np.ndarray:
     q = np.arange(1, spec.steps + 1, dtype=np.float64)
     if not spec.decay:
@@ -171,7 +186,7 @@ def round_event(cfg, sampling_rate: float | None = None, device_size: int | None
     import dp_accounting
 
     spec = _spec(cfg)
-    q = float(spec.sampling_rate if sampling_rate is None else sampling_rate)
+    q = _checks.fraction("sampling_rate", spec.sampling_rate if sampling_rate is None else sampling_rate)
     zs = noise_multipliers(spec, device_size)
     events = []
     values, counts = np.unique(zs, return_counts=True)
@@ -269,7 +284,7 @@ def account(cfg, rounds: int, delta: float | None = None, orders=None, device_si
         an ``SGLDConfig`` or an ``OracleSpec``.
       rounds: number of communication rounds.
       delta: δ in ``(0, 1)`` (default: ``cfg.delta``).
-      orders: RDP orders (default: the library's).
+      orders: RDP orders, numbers >= 1 (default: the library's).
       device_sizes: ``(N,)`` training-set sizes ``n_i`` (e.g. ``AgentData.counts``):
         required for per-sample clipping, whose multiplier depends on ``n_i``
         (module docstring); with batch clipping they only shape ``device_epsilon``.
@@ -280,6 +295,7 @@ def account(cfg, rounds: int, delta: float | None = None, orders=None, device_si
         if delta is None:
             raise ValueError("delta is required (the config has no delta)")
     d = _delta(delta)
+    orders = _orders(orders)
     spec = _spec(cfg)
     mode = _clipping(spec)
     sizes = None if device_sizes is None else _device_sizes(device_sizes)

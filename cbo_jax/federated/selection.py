@@ -39,6 +39,9 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import _checks
 
 __all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
            "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "epsilon_schedule", "init_likelihood", "update_likelihood",
@@ -69,7 +72,15 @@ class SelectionRule(NamedTuple):
 
 
 def epsilon_greedy(M: int, eps0: float = 0.5, eps_decay: float = 0.01, eps_min: float = 0.1) -> SelectionRule:
-    """FedCBO's ε-greedy rule (Remark 3) with ``ε(n) = max(ε0 - decay·n, ε_min)``."""
+    """FedCBO's ε-greedy rule (Remark 3) with ``ε(n) = max(ε0 - decay·n, ε_min)``.
+
+    ``M >= 1`` an integer, ``eps0`` and ``eps_min`` in ``[0, 1]``, ``eps_decay >= 0``
+    (checked here, as :class:`~cbo_jax.federated.algorithms.fedcbo.FedCBOConfig` does)."""
+    _checks.positive_int("M", M)
+    _checks.unit_interval("eps0", eps0)
+    _checks.non_negative("eps_decay", eps_decay, f32=True)
+    _checks.unit_interval("eps_min", eps_min)
+
     def select(key, P, n):
         eps = epsilon_schedule(n, eps0, eps_decay, eps_min)
         idx, is_random = draw_epsilon_greedy(key, P, M, eps)
@@ -87,7 +98,13 @@ def uniform(M: int) -> SelectionRule:
 
 
 def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRule:
-    """FedCB²O's ProbSampling (Algorithm 2) with ``P ← (1-ζ) P + ζ exp(-κ L)``."""
+    """FedCB²O's ProbSampling (Algorithm 2) with ``P ← (1-ζ) P + ζ exp(-κ L)``.
+
+    ``M >= 1`` an integer, ``kappa >= 0``, ``zeta`` in ``(0, 1]`` (checked here)."""
+    _checks.positive_int("M", M)
+    _checks.non_negative("kappa", kappa, f32=True)
+    _checks.fraction("zeta", zeta)
+
     def select(key, P, n):
         idx = draw_prob_sampling(key, P, M)
         return Selection(idx, jnp.take_along_axis(jnp.isnan(P), idx, axis=1), jnp.zeros((), jnp.float32),
@@ -164,6 +181,8 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
 def init_likelihood(rows: int, cols: int | None = None, dtype=jnp.float32) -> jax.Array:
     """``P`` of the reference code: ones, ``-inf`` at each row's own agent."""
     cols = rows if cols is None else cols
+    if rows > cols:
+        raise ValueError(f"rows ({rows}) must be <= cols ({cols}): row j's own agent is column j")
     return jnp.where(jnp.eye(rows, cols, dtype=bool), -jnp.inf, jnp.ones((rows, cols), dtype))
 
 
@@ -177,6 +196,8 @@ def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: j
 
 
 def _check_m(n: int, m: int) -> None:
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)):
+        raise ValueError(f"M (downloads per agent) must be an integer, got M={m!r}")
     if not 1 <= m <= n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={m}")
 

@@ -111,7 +111,8 @@ def synthetic(
     """Generate synthetic(α, β) (or its IID variant) with a seeded NumPy generator.
 
     Args:
-      alpha: std of ``u_k`` (model heterogeneity); ignored when ``iid``.
+      alpha: std of ``u_k`` (model heterogeneity, ``>= 0`` and within float32's range, the
+        data's dtype); ignored when ``iid``.
       beta: std of ``B_k`` (input heterogeneity); ignored when ``iid``.
       iid: the IID variant: one shared ``W, b ~ N(0, 1)`` and ``x ~ N(0, Σ)`` everywhere.
       num_devices, num_features, num_classes: 30, 60, 10 in the benchmark.
@@ -122,10 +123,14 @@ def synthetic(
         draws as without the cap, but a capped device draws fewer samples, so every
         device after the first capped one (and its ``W_k``, ``b_k``) differs from the
         uncapped data: capped data are not a subset of the uncapped data.
-      seed: the generator's seed.
+      seed: the generator's seed (an integer >= 0).
     """
-    a = _checks.non_negative("alpha", alpha)
-    b_std = _checks.non_negative("beta", beta)
+    a = _checks.non_negative("alpha", alpha, f32=True)
+    b_std = _checks.non_negative("beta", beta, f32=True)
+    if not isinstance(iid, (bool, np.bool_)):
+        raise ValueError(f"iid must be a bool, got {iid!r}")
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     n_dev = _checks.positive_int("num_devices", num_devices)
     d = _checks.positive_int("num_features", num_features)
     c = _checks.positive_int("num_classes", num_classes)
