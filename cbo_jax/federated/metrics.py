@@ -305,7 +305,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     cluster = None if data.cluster is None else _checks.cluster_ids("cluster", data.cluster)
     if cluster is not None and cluster.shape != (n,):
         raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
-    if model.is_classifier:
+    if model.num_classes is not None:  # a classifier
         check_labels(data.test_y, data.test_counts, model.num_classes, "test_y", model=f"model {model.name}",
                      unit="test set")
     ids = () if cluster is None else tuple(range(int(cluster.max(initial=-1)) + 1))

@@ -84,10 +84,11 @@ def _check_labels(algorithm: Algorithm, data) -> None:
     on the host, naming the agent: out-of-range labels would train silently to garbage.
     Only the labels are read (the model is not probed: :meth:`FederatedData.check` does that)."""
     model = getattr(algorithm, "model", None)
-    if model is None or not model.is_classifier:
+    if model is None or model.num_classes is None:  # not a classifier
         return
     from cbo_jax.federated.attacks import AttackData
 
+    parts: tuple[tuple[str, AgentData, int], ...]
     if isinstance(data, AttackData):
         nb = data.benign.num_agents
         parts = (("benign.y", data.benign, 0), ("val.y", data.val, 0), ("malicious.y", data.malicious, nb))
