@@ -178,20 +178,28 @@ def test_optimize_mirror_cbo_is_the_library_run(capsys):
     assert "--mirror-map needs --dynamic mirror_cbo" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, flag", [
-    (["rastrigin-success", "--runs", "-2"], "--runs"),
-    (["rastrigin-success", "--steps", "0"], "--steps"),
-    (["fedcbo-table1", "--seeds", "-1"], "--seeds"),
-    (["fedcbo-table1", "--rounds", "0"], "--rounds"),
-    (["fedcbo-noise", "--seeds", "0"], "--seeds"),
-    (["fedcb2o-attack", "--seeds", "-1"], "--seeds"),
-    (["fedcb2o-attack", "--rounds", "0"], "--rounds"),
-    (["fedcb2o-tg", "--T-G", "-1"], "--T-G"),
-    (["cb2o-malicious", "--dim", "0"], "--dim"),
+@pytest.mark.parametrize("argv, flag, match", [
+    (["rastrigin-success", "--runs", "-2"], "--runs", "must be >="),
+    (["rastrigin-success", "--steps", "0"], "--steps", "must be >="),
+    (["fedcbo-table1", "--seeds", "-1"], "--seeds", "must be >="),
+    (["fedcbo-table1", "--rounds", "0"], "--rounds", "must be >="),
+    (["fedcbo-noise", "--seeds", "0"], "--seeds", "must be >="),
+    (["fedcb2o-attack", "--seeds", "-1"], "--seeds", "must be >="),
+    (["fedcb2o-attack", "--rounds", "0"], "--rounds", "must be >="),
+    (["fedcb2o-tg", "--T-G", "-1"], "--T-G", "must be >="),
+    (["cb2o-malicious", "--dim", "0"], "--dim", "must be >="),
+    # seeds: a negative one reached np.random.default_rng (naming no option), one beyond 64 bits
+    # jax.random.key (an OverflowError traceback); now integers in [0, 2**32)
+    (["rastrigin-success", "--seed", "-1"], "--seed", "must be >="),
+    (["clustered-consensus", "--seed", "-1"], "--seed", "must be >="),
+    (["meanfield-scaling", "--seed", str(2**70)], "--seed", "must be at most"),
+    (["cb2o-malicious", "--seed", "1.5"], "--seed", "must be an integer"),
+    (["fedsgld-synthetic", "--data-seed", "-1"], "--data-seed", "must be >="),
+    (["fedsgld-synthetic", "--seed", str(2**64)], "--seed", "must be at most"),
 ])
-def test_reproduce_counts_must_be_positive(argv, flag, capsys, tmp_path, monkeypatch):
-    """A count below 1 is a one-line usage error before any work (was: a raw MLIRError, a
-    KeyError after the sweep, or --rounds 0 silently running the default rounds)."""
+def test_reproduce_counts_and_seeds_are_checked_by_the_parser(argv, flag, match, capsys, tmp_path, monkeypatch):
+    """A count below 1 or a seed off [0, 2**32) is a one-line usage error before any work (was:
+    a raw MLIRError, a KeyError after the sweep, or --rounds 0 silently running the default rounds)."""
     import dataclasses
 
     import cbo_jax.experiments as experiments
@@ -206,7 +214,7 @@ def test_reproduce_counts_must_be_positive(argv, flag, capsys, tmp_path, monkeyp
         main(["reproduce", *argv, "--output", str(tmp_path), "--no-progress"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert f"argument {flag}" in err and "must be >=" in err and "Traceback" not in err
+    assert f"argument {flag}" in err and match in err and "Traceback" not in err
 
 
 def test_reproduce_explicit_counts_are_not_replaced_by_defaults():

@@ -331,16 +331,22 @@ def test_metrics_writer_keeps_json_valid(tmp_path):
     assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
 
 
+def _tiny_local_run(seed):
+    """4 agents of 8 two-feature samples, 3 classes, local training of a Dense layer."""
+    rng = np.random.default_rng(seed)
+    data = fl.AgentData(jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32),
+                        jnp.asarray(rng.integers(0, 3, size=(4, 8)), jnp.int32), jnp.full((4,), 8, jnp.int32))
+    alg = fl.local_only(fl.from_flax(nn.Dense(3), np.zeros((1, 2), np.float32)),
+                        fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4)), 4)
+    return data, alg
+
+
 def test_checkpoint_every_is_honoured_between_evaluations_and_a_resume_from_one_equals_the_whole_run(tmp_path,
                                                                                                       monkeypatch):
     from cbo_jax import checkpoint as ckpt
     from cbo_jax.federated import runner
 
-    rng = np.random.default_rng(0)
-    data = fl.AgentData(jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32),
-                        jnp.asarray(rng.integers(0, 3, size=(4, 8)), jnp.int32), jnp.full((4,), 8, jnp.int32))
-    alg = fl.local_only(fl.from_flax(nn.Dense(3), np.zeros((1, 2), np.float32)),
-                        fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4)), 4)
+    data, alg = _tiny_local_run(0)
     kw = dict(every=3, metrics=[lambda ev: {"evaluated": ev.round}], round_metrics=[fl.metrics.round_stats],
               progress=False, plots=False)
     whole = fl.run(alg, data, 9, jax.random.key(0), **kw)
@@ -456,11 +462,7 @@ def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
     of a run without the bar (scans of ``every`` rounds)."""
     import tqdm.auto
 
-    rng = np.random.default_rng(1)
-    data = fl.AgentData(jnp.asarray(rng.normal(size=(4, 8, 2)), jnp.float32),
-                        jnp.asarray(rng.integers(0, 3, size=(4, 8)), jnp.int32), jnp.full((4,), 8, jnp.int32))
-    alg = fl.local_only(fl.from_flax(nn.Dense(3), np.zeros((1, 2), np.float32)),
-                        fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4)), 4)
+    data, alg = _tiny_local_run(1)
     kw = dict(every=4, metrics=[lambda ev: {"evaluated": ev.round}], round_metrics=[fl.metrics.round_stats],
               plots=False)
     updates: list = []
