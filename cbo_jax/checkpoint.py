@@ -102,9 +102,13 @@ def _manager(path: Path, keep: int | None = None, create: bool = False):
 
 
 def _step(step) -> int:
-    if isinstance(step, (bool, np.bool_)) or not isinstance(step, (int, np.integer)) or step < 0:
-        raise ValueError(f"step must be an integer >= 0, got {step!r}")
-    return int(step)
+    """An integer step ``>= 0``: a Python or NumPy integer, or a 0-d integer array (not a bool, not 1.5)."""
+    if not isinstance(step, (bool, np.bool_)) and np.ndim(step) == 0 and np.issubdtype(np.asarray(step).dtype,
+                                                                                        np.integer):
+        value = int(step)
+        if value >= 0:
+            return value
+    raise ValueError(f"step must be an integer >= 0, got {step!r}")
 
 
 def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None, keep: int = 2) -> Path:

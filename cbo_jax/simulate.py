@@ -259,7 +259,9 @@ def simulate(
             stride = log_every or max(1, num_steps // 1000)
         # A stopped run is frozen (its step count too), so once every run has stopped, the steps
         # taken are the largest step count gained; the chunk's rows after that are dropped.
-        stops = bool(getattr(config, "early_stop", False)) and hasattr(state, "step")
+        # (Dynamics of the user's without a step count still stop early; their chunks are not trimmed.)
+        early = bool(getattr(config, "early_stop", False))
+        stops = early and hasattr(state, "step")
         start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
         try:
             while done < num_steps:
@@ -268,8 +270,8 @@ def simulate(
                     state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
                     with_consensus=record_consensus,
                 )
-                stopped = stops and not bool(jnp.any(state.active))
-                if stopped:
+                stopped = early and not bool(jnp.any(state.active))
+                if stopped and stops:
                     taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
                     length = min(length, max(0, taken - done))
                     rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)

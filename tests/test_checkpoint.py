@@ -85,12 +85,13 @@ def test_a_missing_or_fractional_step_is_named_not_called_corrupt(tmp_path):
     checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, step=1)
     with pytest.raises(checkpoint.CheckpointError, match=r"no step 7 \(steps: \[1\]\)"):
         checkpoint.read_meta(tmp_path / "c", step=7)
-    for bad in (1.5, -1, True, "1"):
+    for bad in (1.5, -1, True, "1", np.array(True), np.array([1]), jnp.asarray(1.0)):
         with pytest.raises(ValueError, match="step must be an integer >= 0"):
             checkpoint.restore(tmp_path / "c", {"x": jnp.ones(3)}, step=bad)
         with pytest.raises(ValueError, match="step must be an integer >= 0"):
             checkpoint.read_meta(tmp_path / "c", step=bad)
-    assert checkpoint.read_meta(tmp_path / "c", step=np.int64(1))["step"] == 1
+    for one in (np.int64(1), np.array(1), jnp.asarray(1)):  # integer scalars and 0-d integer arrays
+        assert checkpoint.read_meta(tmp_path / "c", step=one)["step"] == 1
 
 
 def test_an_unwritable_path_or_meta_that_is_not_json_is_a_clear_error(tmp_path):

@@ -139,6 +139,35 @@ def test_a_stopped_run_reports_the_steps_it_took(tmp_path):
     assert res.history["active"][-2].any()
 
 
+def test_custom_dynamics_without_a_step_count_still_stop_early():
+    """A user's ``Dynamics`` whose config has ``early_stop`` and whose state has ``active``
+    but no ``step`` count stops after the chunk in which every run stopped (the trimming
+    of the history, which needs ``step``, must not also disable the early stop)."""
+    from typing import NamedTuple
+
+    class State(NamedTuple):
+        x: jax.Array
+        best_energy: jax.Array
+        active: jax.Array
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        early_stop: bool = True
+
+    f = lambda x: jnp.sum(x**2, -1)  # noqa: E731
+
+    def init(x0, key):
+        return State(jnp.asarray(x0), jnp.min(f(jnp.asarray(x0))), jnp.array(True))
+
+    def step(s):
+        x = jnp.where(s.active, 0.5 * s.x, s.x)
+        return State(x, jnp.min(f(x)), s.active & (jnp.min(f(x)) > 0.5))
+
+    dyn = cj.Dynamics(init, step, Config(), f, record=lambda s: {"best_energy": s.best_energy, "active": s.active})
+    res = cj.simulate(dyn, np.ones((4, 2), np.float32), 0, 1000, chunk_size=10)
+    assert res.steps == 10 and res.history["active"].shape == (10,) and not bool(res.state.active)
+
+
 def test_diff_tol_stops_when_consensus_settles():
     cfg = cj.CBOConfig(lambda1=1.0, sigma1=0.0, dt=0.1, alpha=10.0, noise="none", diff_tol=1e-6)
     res = cj.simulate(cj.cbo(objectives.Sphere(), cfg), _x0((40, 3)), jax.random.key(0), 10_000, chunk_size=200)

@@ -53,7 +53,7 @@ def seed(text: str) -> int:
 
 
 def jax_seed(text: str) -> int:
-    """argparse ``type`` for a seed that only keys JAX (``optimize``, ``demo``): any integer
+    """argparse ``type`` for a seed that only keys JAX (``cbo-jax optimize``): any integer
     :func:`cbo_jax._checks.as_key` takes, ``-2**63`` to ``2**64 - 1``."""
     return _int_option(text, -(2**63), 2**64 - 1, "2**64 - 1")
 
