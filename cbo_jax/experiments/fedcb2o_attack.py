@@ -116,7 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fedcb2o-attack: skip the sensitivity rows (both methods at α = 2, both at α = 10)")
     p.add_argument("--dataset", choices=("mnist", "emnist"), default="mnist")
     p.add_argument("--source", default="auto",
-                   help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled (--dataset mnist only)")
+                   help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled (EMNIST: tfds only, as auto)")
     p.add_argument("--data-dir", default=None)
     p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
     p.add_argument("--shard", action="store_true",
@@ -125,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _refuse_ignored(args, sweep: bool) -> None:
     """Refuse flags that this reproduction would ignore, naming them (before any data is read)."""
-    if getattr(args, "dataset", "mnist") == "emnist" and getattr(args, "source", "auto") != "auto":
+    if getattr(args, "dataset", "mnist") == "emnist" and getattr(args, "source", "auto") not in ("auto", "tfds"):
         raise ValueError(f"--source {args.source} applies to --dataset mnist; EMNIST is read with tensorflow-datasets "
                          f"(--data-dir: its data directory)")
     if not sweep:
