@@ -29,6 +29,7 @@ count compilations see every one.
 from __future__ import annotations
 
 import importlib.util
+import numbers
 import os
 import warnings
 from pathlib import Path
@@ -74,6 +75,8 @@ def enable(path: str | Path | None = None, *, max_size: int = 2 << 30) -> Path |
     """
     import jax
 
+    if isinstance(max_size, bool) or not isinstance(max_size, numbers.Integral) or max_size < -1:
+        raise ValueError(f"max_size must be a size in bytes (an integer >= 0) or -1 for no limit, got {max_size!r}")
     current = current_dir()
     if path is None and current:
         return Path(current)

@@ -31,6 +31,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from typing import NamedTuple
 
@@ -189,8 +190,8 @@ class Multiply:
 
     def __post_init__(self):
         _checks.positive("factor", self.factor)
-        if not (isinstance(self.maximum, (int, float)) and self.maximum > 0):
-            raise ValueError(f"maximum must be a number > 0, got {self.maximum!r}")
+        if not (isinstance(self.maximum, (float, np.floating)) and self.maximum == math.inf):  # inf: no cap
+            _checks.positive("maximum", self.maximum)
         _checks.non_negative("minimum", self.minimum)
         if self.minimum > self.maximum:
             raise ValueError(f"minimum ({self.minimum}) must be <= maximum ({self.maximum})")

@@ -122,12 +122,14 @@ def diffusion(kind: str, u: PyTree, z: PyTree) -> PyTree:
     """``D(u) z`` for a population ``u`` (rows are agents) and normals ``z``.
 
     ``"anisotropic"``: ``u ∘ z``; ``"isotropic"``: ``|u_i| z_i`` with ``|u_i|`` the
-    Euclidean norm of agent ``i`` over all leaves.
+    Euclidean norm of agent ``i`` over all leaves; ``"none"``: zeros.
     """
     if kind == "anisotropic":
         return jax.tree_util.tree_map(jnp.multiply, u, z)
     if kind == "isotropic":
         return pop.tree_scale_rows(z, pop.norms(u))
+    if kind == "none":
+        return jax.tree_util.tree_map(jnp.zeros_like, z)
     raise ValueError(f"unknown noise kind {kind!r}; choose from {NOISE_KINDS}")
 
 
@@ -167,6 +169,8 @@ def euler_maruyama(
     Strengths may be Python numbers or traced arrays (for vmapped parameter sweeps);
     a Python ``0`` skips the corresponding noise draw.
     """
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"unknown noise kind {noise!r}; choose from {NOISE_KINDS}")
     u = pop.tree_sub(x, m)
     sqdt = jnp.sqrt(jnp.asarray(dt))
     key_c, key_g = jax.random.split(key)

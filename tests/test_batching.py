@@ -93,3 +93,15 @@ def test_bad_batch_settings():
     dyn = cj.cbo(objectives.Sphere(), batch_size=20)
     with pytest.raises(ValueError, match="batch_size=20 exceeds the number of particles N=10"):
         cj.simulate(dyn, np.zeros((10, 2), np.float32), 0, 5)
+
+
+@pytest.mark.parametrize("bad", [2.5, True, np.float32(2.0)])
+def test_next_batch_refuses_a_batch_size_that_is_not_an_integer(bad):
+    """next_batch(state, key, 2.5) passed its range check and failed in dynamic_slice with
+    JAX's "Shapes must be 1D sequences of concrete values of integer type"; True was a batch of 1."""
+    from cbo_jax import batching
+
+    with pytest.raises(ValueError, match="batch_size must be an integer"):
+        batching.next_batch(batching.init(5), jax.random.key(0), bad)
+    mask, _ = batching.next_batch(batching.init(5), jax.random.key(0), np.int64(2))
+    assert int(mask.sum()) == 2

@@ -685,3 +685,14 @@ def test_stiefel_surface_and_quadric_shapes_are_checked():
         cons.quadric(np.eye(2), b=[1.0, 2.0, 3.0])
     ok = cj.hypersurface_cbo(objectives.Sphere(), surface={"name": "Stiefel", "nk": (2, 1)}, noise="isotropic")
     assert ok.check("x0", x0) == 6
+
+
+def test_multiply_bounds_take_numpy_numbers_and_refuse_bools():
+    """Multiply(maximum=np.int64(100)) or np.float32 was refused as "not a number > 0", and
+    maximum=True was taken as a cap of 1."""
+    assert schedules.Multiply(0.9, maximum=np.int64(100)).update(jnp.float32(1000.0)) == 100.0
+    assert schedules.Multiply(0.9, maximum=np.float32(10.0)).update(jnp.float32(1000.0)) == 10.0
+    assert schedules.Multiply(0.9, maximum=np.float32(np.inf)).update(jnp.float32(1000.0)) == 900.0
+    for bad in (True, 0, -1.0, float("nan"), "10"):
+        with pytest.raises(ValueError, match="maximum"):
+            schedules.Multiply(0.9, maximum=bad)

@@ -66,3 +66,18 @@ def test_command_reuses_compiled_programs_across_processes(tmp_path):
     second = _optimize(tmp_path / "b", env)
     assert second["hits"] > 0  # compiled programs read back, not compiled again
     assert second["best_energy"] == first["best_energy"]  # the same run, the same numbers
+
+
+@pytest.mark.parametrize("bad", [-5, 1.5, "2G", True, None])
+def test_enable_refuses_a_max_size_that_is_not_a_byte_count(monkeypatch, tmp_path, bad):
+    """max_size=-5 was silently no limit, 1.5 truncated, "2G" a TypeError; now a ValueError
+    naming max_size, before any JAX setting changes (-1 stays "no limit")."""
+    import jax
+
+    monkeypatch.setattr(cc, "current_dir", lambda: None)
+    calls = []
+    monkeypatch.setattr(jax.config, "update", lambda *a: calls.append(a))
+    with pytest.raises(ValueError, match="max_size"):
+        cc.enable(tmp_path / "c", max_size=bad)
+    assert calls == []
+    assert cc.enable(tmp_path / "ok", max_size=-1) == tmp_path / "ok"

@@ -153,3 +153,20 @@ def test_load_mnist_reads_what_resolve_source_names(tmp_path, monkeypatch):
     assert data.source == f"idx:{d}" and data.train_images.shape == (30, 28, 28)
     monkeypatch.delenv("CBO_JAX_DATA_DIR")
     assert mnist.load_mnist().source == "bundled"
+
+
+@pytest.mark.parametrize("content", ["garbage", "missing_key", "pickled"])
+def test_corrupt_bundled_subset_is_a_data_error_naming_the_file(tmp_path, monkeypatch, content):
+    """A corrupt bundled subset (not an npz, an array missing, object arrays) was NumPy's
+    ValueError or a bare KeyError; the module promises a DataError naming the file."""
+    path = tmp_path / "mnist_subset.npz"
+    if content == "garbage":
+        path.write_bytes(b"not an npz file")
+    elif content == "missing_key":
+        np.savez(path, train_images=np.zeros((2, 28, 28), np.uint8))
+    else:
+        np.savez(path, train_images=np.array([None, 1], object), train_labels=np.zeros(2), test_images=np.zeros(2),
+                 test_labels=np.zeros(2))
+    monkeypatch.setattr(mnist, "BUNDLED_PATH", path)
+    with pytest.raises(mnist.DataError, match="mnist_subset.npz"):
+        mnist.load_bundled()

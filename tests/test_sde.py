@@ -197,3 +197,14 @@ def test_a_constrained_step_is_differentiable_in_the_positions():
     moved_jit = jax.jit(moved)  # compiled once for both sides
     fd = (moved_jit(state.x + e) - moved_jit(state.x - e)) / 2e-2
     np.testing.assert_allclose(float(g[3, 1]), float(fd), rtol=5e-2, atol=5e-3)
+
+
+def test_noise_kind_is_checked_also_without_noise_and_none_is_no_diffusion():
+    """A misspelt ``noise`` passed silently when σ1 was a Python 0 (and was refused
+    otherwise); ``diffusion("none", ...)`` refused "none" while listing it as a choice."""
+    x = jnp.ones((3, 2))
+    with pytest.raises(ValueError, match="isotrpic"):
+        sde.euler_maruyama(jax.random.key(0), x, jnp.zeros(2), dt=0.1, lambda1=1.0, sigma1=0.0, noise="isotrpic")
+    np.testing.assert_array_equal(sde.diffusion("none", x, jnp.full((3, 2), 5.0)), jnp.zeros((3, 2)))
+    with pytest.raises(ValueError, match="unknown noise kind"):
+        sde.diffusion("sideways", x, x)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zipfile
 import zlib
 from pathlib import Path
 from typing import NamedTuple
@@ -153,14 +154,18 @@ def load_bundled() -> MNIST:
     if not BUNDLED_PATH.exists():
         raise DataError(f"{BUNDLED_PATH}: bundled subset missing (rebuild with "
                         "python -m cbo_jax.data.build_subset --idx-dir DIR)")
-    with np.load(BUNDLED_PATH) as z:
-        return MNIST(
-            train_images=z["train_images"],
-            train_labels=z["train_labels"].astype(np.int32),
-            test_images=z["test_images"],
-            test_labels=z["test_labels"].astype(np.int32),
-            source="bundled",
-        )
+    try:
+        with np.load(BUNDLED_PATH) as z:
+            return MNIST(
+                train_images=z["train_images"],
+                train_labels=z["train_labels"].astype(np.int32),
+                test_images=z["test_images"],
+                test_labels=z["test_labels"].astype(np.int32),
+                source="bundled",
+            )
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise DataError(f"{BUNDLED_PATH}: corrupt bundled subset ({type(err).__name__}: {err}); rebuild it with "
+                        "python -m cbo_jax.data.build_subset --idx-dir DIR") from None
 
 
 SOURCES = ("auto", "idx", "tfds", "bundled")
