@@ -73,7 +73,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
     """The rows of a ``metrics.jsonl`` file (a missing file has none).
 
     A last line cut short (the writer was killed while appending it) is dropped; any other
-    line that is not JSON is an error naming the file and the line.
+    line that is not a JSON object (a row) is an error naming the file and the line.
     """
     path = Path(path)
     if not path.is_file():
@@ -82,11 +82,14 @@ def read_jsonl(path: str | Path) -> list[dict]:
     rows = []
     for i, line in enumerate(lines):
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 break
             raise ValueError(f"{path}: line {i + 1} is not JSON") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}: line {i + 1} is not a row (a JSON object), got {type(row).__name__}")
+        rows.append(row)
     return rows
 
 
@@ -106,7 +109,8 @@ class MetricsWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
         self.step_key = step_key
-        self.path.write_text("".join(json.dumps(json_safe(r), allow_nan=False) + "\n" for r in (keep or [])))
+        self.path.write_text("".join(json.dumps(json_safe(to_python(r)), allow_nan=False) + "\n"  # as write()
+                                     for r in (keep or [])))
         self._tb = None
         if tensorboard:
             try:

@@ -131,6 +131,9 @@ def test_pair_schedule_covers_every_valid_pair_once_in_groups_of_one_model():
 
     assert group_sizes(1) == (1,) and group_sizes(4) == (4, 1) and group_sizes(16) == (16, 4, 1)
     assert group_sizes(8) == (8, 2, 1) and group_sizes(3) == (3, 1)
+    for bad in (0, -4, 2.5):  # group=0 failed later, in a message about pair_schedule's sizes
+        with pytest.raises(ValueError, match="group must be"):
+            group_sizes(bad)
     rng = np.random.default_rng(3)
     n, q = 9, 57
     models = rng.integers(0, n, q)

@@ -329,6 +329,14 @@ def test_metrics_writer_keeps_json_valid(tmp_path):
     with MetricsWriter(tmp_path, keep=[{"round": 1}]) as w:
         w.write({"round": 2})
     assert [r["round"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]
+    # kept rows take what write() takes (NumPy scalars were a TypeError), and a line that is JSON
+    # but not a row (an object) is named, as a line that is not JSON is
+    with MetricsWriter(tmp_path, keep=[{"round": np.int64(1), "v": np.float32(np.nan)}]) as w:
+        w.write({"round": 2})
+    assert read_jsonl(tmp_path / "metrics.jsonl") == [{"round": 1, "v": None}, {"round": 2}]
+    (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n[1, 2]\n{"round": 3}\n')
+    with pytest.raises(ValueError, match="line 2 is not a row"):
+        read_jsonl(tmp_path / "metrics.jsonl")
 
 
 def _tiny_local_run(seed):

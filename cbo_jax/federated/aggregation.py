@@ -189,7 +189,7 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
 def group_sizes(group: int) -> tuple[int, ...]:
     """The ladder of group sizes :func:`consensus_by_model` uses for ``group``: ``group``,
     then every fourth of it down to 1 (4 → (4, 1), 16 → (16, 4, 1), 8 → (8, 2, 1))."""
-    sizes = [int(group)]
+    sizes = [_checks.positive_int("group", group)]  # group=0 failed later, in a message about sizes
     while sizes[-1] >= 4:
         sizes.append(sizes[-1] // 4)
     if sizes[-1] != 1:
