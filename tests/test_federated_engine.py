@@ -455,6 +455,9 @@ def test_test_accuracy_refuses_test_labels_and_test_sets_out_of_range():
     with pytest.raises(ValueError, match=r"test_y holds labels outside \[0, 2\) .*: test set 1 has label 5 "):
         fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 1, 1], test_x=sets["test_x"],
                                                                     test_y=bad_y))
+    # only the evaluated samples count: the bad label sits past test_size=5
+    fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, cluster=[0, 0, 1, 1], test_x=sets["test_x"],
+                                                                test_y=bad_y), test_size=5)
     with pytest.raises(ValueError, match=r"test_of must map each of the 4 agents to one of the 2 test sets"):
         fl.metrics.test_accuracy(model, fl.FederatedData.from_lists(xs, ys, test_of=[0, 0, 1, 2], **sets))
     with pytest.raises(ValueError, match=r"test_of ids must be integers; agent 1 has 0\.5"):

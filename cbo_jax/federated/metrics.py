@@ -306,8 +306,9 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     if cluster is not None and cluster.shape != (n,):
         raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
     if model.num_classes is not None:  # a classifier
-        check_labels(data.test_y, data.test_counts, model.num_classes, "test_y", model=f"model {model.name}",
-                     unit="test set")
+        # the samples evaluated only (the first test_size of each set)
+        check_labels(data.test_y[:, :test_size], None if counts is None else np.asarray(counts), model.num_classes,
+                     "test_y", model=f"model {model.name}", unit="test set")
     ids = () if cluster is None else tuple(range(int(cluster.max(initial=-1)) + 1))
     has = {k: bool(np.any(cluster == k)) for k in ids}
     t = test_x.shape[0]
