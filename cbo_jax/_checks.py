@@ -115,12 +115,17 @@ def aggregation_step(lambda1: float, gamma: float) -> float:
 INT32_MAX = 2**31 - 1
 
 
+def is_integer(value: Any) -> bool:
+    """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, never a count here)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def positive_int(name: str, value: Any, *, int32: bool = True) -> int:
     """``value`` as an ``int >= 1``. With ``int32`` (the default) it must also be at most ``2**31 - 1``:
     counts, steps and sizes meet JAX's ``int32`` counters and indices, where a larger value would
     overflow inside a compiled program (or size a buffer no machine holds) instead of being refused
     here. ``int32=False`` for a count that is only ever a Python-side shape."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    if not is_integer(value):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < 1:
         raise ValueError(f"{name} must be >= 1, got {value!r}")

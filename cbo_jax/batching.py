@@ -27,7 +27,8 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from cbo_jax import _checks
 
 __all__ = ["BatchState", "BATCH_STREAM", "init", "next_batch"]
 
@@ -58,7 +59,7 @@ def next_batch(state: BatchState, step_key: jax.Array, batch_size: int) -> tuple
     ``step_key`` is the step's PRNG key (the state's key before it is split for noise).
     """
     n = state.perm.shape[0]
-    if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)):
+    if not _checks.is_integer(batch_size):
         raise ValueError(f"batch_size must be an integer, got {batch_size!r}")
     if not 1 <= batch_size <= n:
         raise ValueError(f"batch_size must lie in [1, N={n}], got {batch_size}")

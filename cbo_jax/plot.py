@@ -193,7 +193,7 @@ def snapshots(objective: Callable, history: History, frames: Sequence[int] | Non
     if not frames:
         raise ValueError("frames must name at least one frame of the history")
     for f in frames:
-        if isinstance(f, (bool, np.bool_)) or not isinstance(f, (int, np.integer)) or not -len(x) <= f < len(x):
+        if not _checks.is_integer(f) or not -len(x) <= f < len(x):
             raise ValueError(f"frame {f!r} is out of range: the history has {len(x)} frames (0..{len(x) - 1})")
     _checks.positive_int("ncols", ncols)
     ncols = min(ncols, len(frames))

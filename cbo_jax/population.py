@@ -220,7 +220,7 @@ def resize_rows(tree: PyTree, size: int, fill: float = 0.0) -> PyTree:
     New rows hold ``fill`` (floating leaves), ``False`` (bool) or ``0`` (integer); PRNG
     key leaves repeat their last key. Works inside and outside ``jit``.
     """
-    if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 0:
+    if not _checks.is_integer(size) or size < 0:
         # a negative size would cut rows from the end (leaf[:-1]) instead of failing
         raise ValueError(f"resize_rows: size must be an integer >= 0, got {size!r}")
     size = int(size)

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import numpy as np
 
+from cbo_jax import _checks
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo
 from cbo_jax.federated.data import AgentData
@@ -67,7 +67,7 @@ def eval_chunk_for_budget(model: Model, cfg: FedCBOConfig, data: AgentData, budg
     if not candidates:
         raise ValueError("candidates must be a non-empty sequence of eval_chunk values (integers >= 1)")
     for c in candidates:
-        if isinstance(c, (bool, np.bool_)) or not isinstance(c, (int, np.integer)):
+        if not _checks.is_integer(c):
             raise ValueError(f"candidates must be integers (eval_chunk values), got {c!r} in {candidates!r}")
         if c < 1:
             raise ValueError(f"candidates must be >= 1 (eval_chunk values), got {c!r} in {candidates!r}")

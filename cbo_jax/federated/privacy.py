@@ -132,7 +132,7 @@ def _clipping(spec) -> str:
 
 
 def _device_size(value) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+    if not _checks.is_integer(value):
         raise ValueError(f"device size n_i must be an integer, got {value!r}")
     if value < 1:
         raise ValueError(f"device size n_i must be >= 1, got {value!r}")

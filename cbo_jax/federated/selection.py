@@ -196,7 +196,7 @@ def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: j
 
 
 def _check_m(n: int, m: int) -> None:
-    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)):
+    if not _checks.is_integer(m):
         raise ValueError(f"M (downloads per agent) must be an integer, got M={m!r}")
     if not 1 <= m <= n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={m}")
