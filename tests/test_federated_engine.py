@@ -150,7 +150,7 @@ def _check_pinned(name):
     c = fv.compare(name, "single", s, h, np.load(fv.PINNED))
     assert set(c["missing"]) <= fv.DROPPED, c["missing"]
     for key, d in c["diffs"].items():
-        assert d <= fv.pinned_atol(), (key, d)  # bitwise on the pinned JAX
+        assert d <= fv.pinned_atol(), (key, d)  # bitwise on the pinned stack
 
 
 @pytest.mark.parametrize("name", REGISTRY)

@@ -54,7 +54,7 @@ def test_federated_runs_sharded_equal_the_pinned_runs(sharded_results, name):
     state and every metric of every round equal the pinned runs (tests/pinned/federated_v3.npz)
     on 8 devices bitwise, and the unsharded ones up to float rounding."""
     r = sharded_results
-    assert r[f"fed_{name}_vs_pinned_mesh8"] <= fv.pinned_atol(), r  # bitwise on the pinned JAX
+    assert r[f"fed_{name}_vs_pinned_mesh8"] <= fv.pinned_atol(), r  # bitwise on the pinned stack
     assert r[f"fed_{name}_vs_single"] < 1e-5, r
     assert r[f"fed_{name}_missing"] == [], r
 
