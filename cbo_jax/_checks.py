@@ -115,6 +115,16 @@ def aggregation_step(lambda1: float, gamma: float) -> float:
 INT32_MAX = 2**31 - 1
 
 
+def normal_vector(where: str, a: Any) -> tuple[np.ndarray, float]:
+    """``(a, |a|)`` for a hyperplane's normal, refused unless finite and non-zero (``|a| = 0``
+    divides by zero)."""
+    a = np.asarray(a, np.float64)
+    norm = float(np.linalg.norm(a))
+    if not (np.all(np.isfinite(a)) and norm > 0):
+        raise ValueError(f"{where}: a must be a finite, non-zero normal vector, got {a.tolist()}")
+    return a, norm
+
+
 def is_integer(value: Any) -> bool:
     """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, never a count here)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

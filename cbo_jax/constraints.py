@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from cbo_jax import _checks
+
 __all__ = ["Constraint", "sphere", "plane", "quadric", "as_constraints", "penalty", "Surface", "surface", "sphere_surface",
            "plane_surface", "stiefel_surface", "get_surface"]
 
@@ -62,19 +64,10 @@ def sphere(r: float = 1.0) -> Constraint:
 
 def plane(a, b: float = 1.0) -> Constraint:
     """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``."""
-    a, norm = _normal("plane", a)
+    a, norm = _checks.normal_vector("plane", a)
     return Constraint(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm,
                       grad=lambda x: jnp.broadcast_to(jnp.asarray(a / norm, x.dtype), x.shape), hess_scale=0.0,
                       name="plane")
-
-
-def _normal(where: str, a):
-    """``(a, |a|)`` for a plane's normal: finite and non-zero (``|a| = 0`` divides by zero)."""
-    a = np.asarray(a, np.float64)
-    norm = float(np.linalg.norm(a))
-    if not (np.all(np.isfinite(a)) and norm > 0):
-        raise ValueError(f"{where}: a must be a finite, non-zero normal vector, got {a.tolist()}")
-    return a, norm
 
 
 def quadric(A, b=None, c: float = 0.0) -> Constraint:
@@ -210,7 +203,7 @@ def sphere_surface() -> Surface:
 
 def plane_surface(a, b: float = 1.0) -> Surface:
     """The hyperplane ``a·x = b``, ``d(x) = (a·x - b)/|a|`` (CBXpy's ``planeDistance``)."""
-    a, norm = _normal("plane_surface", a)
+    a, norm = _checks.normal_vector("plane_surface", a)
     ahat = a / norm
 
     def grad(x):
@@ -231,8 +224,7 @@ def plane_surface(a, b: float = 1.0) -> Surface:
 def stiefel_surface(n: int, k: int) -> Surface:
     """The Stiefel manifold ``{X ∈ R^{n×k}: XᵀX = I}`` for particles of length ``n k`` (CBXpy's
     ``StiefelDistance``: normal ``X``, constant ``Δ = (2n - k - 1)/2``, polar projection)."""
-    if isinstance(n, bool) or isinstance(k, bool) or not (isinstance(n, (int, np.integer))
-                                                          and isinstance(k, (int, np.integer)) and n >= 1 and k >= 1):
+    if not (_checks.is_integer(n) and _checks.is_integer(k) and n >= 1 and k >= 1):
         raise ValueError(f"stiefel_surface: n and k must be integers >= 1, got n={n!r}, k={k!r}")
 
     def fits(x):

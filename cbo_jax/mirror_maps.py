@@ -93,10 +93,8 @@ def ProjectionBall(radius: float = 1.0, center=0.0) -> MirrorMap:
 
 def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
     """Projection onto the hyperplane ``a·x = b`` (CBXpy's default ``a = (1, ..., 1)``)."""
-    a = np.ones((1,)) if a is None else np.asarray(a, np.float64)
+    a, _ = _checks.normal_vector("ProjectionHyperplane", np.ones((1,)) if a is None else a)
     norm_a = float(np.sum(a * a))
-    if not (np.all(np.isfinite(a)) and norm_a > 0):
-        raise ValueError(f"ProjectionHyperplane: a must be a finite, non-zero normal vector, got {a.tolist()}")
 
     def conj(y):
         av = jnp.asarray(a, y.dtype)

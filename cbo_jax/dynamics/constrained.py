@@ -74,7 +74,7 @@ def _check_constraints(cs, x0, n):
     core.require_array("x0", x0, "a constrained dynamic")
     for k, g in enumerate(cs):
         what = f"constraint {k} ({getattr(g, '__name__', 'g')})"
-        core.check_values(what, core.host_eval_named(what, jax.vmap(g), x0), (n,))
+        core.check_values(what, core.host_eval(what, jax.vmap(g), x0), (n,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,10 +239,10 @@ def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: Hypersurf
     def check(x0, n, cfg):
         core.require_array("x0", x0, "hypersurface_cbo")
         what = f"the surface {cfg.surface.name!r}"
-        proj = core.host_eval_named(f"{what}'s projection", cfg.surface.proj, x0)
+        proj = core.host_eval(f"{what}'s projection", cfg.surface.proj, x0)
         if proj.shape != np.shape(x0):
             raise ValueError(f"{what}'s projection returned shape {proj.shape} for x0 of shape {np.shape(x0)}")
-        core.host_eval_named(f"{what}'s normal", cfg.surface.grad, x0)
+        core.host_eval(f"{what}'s normal", cfg.surface.grad, x0)
 
     kernel = core.Kernel(name="hypersurface_cbo", move=move, corrects=False, check=check)
     return core.build(objective, config, kernel)

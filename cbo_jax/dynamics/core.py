@@ -696,18 +696,15 @@ def require_array(name: str, x0, what: str) -> int:
     return int(np.shape(x0)[1])
 
 
-def host_eval(fn, x0, dtype=np.float64):
-    """Evaluate ``fn`` on the host population ``x0`` (eagerly, before any simulation is compiled)."""
-    with jax.ensure_compile_time_eval():
-        return np.asarray(fn(jnp.asarray(np.asarray(x0), dtype if jax.config.jax_enable_x64 else np.float32)))
+def host_eval(what: str, fn, x0, name: str = "x0", dtype=np.float64):
+    """Evaluate ``fn`` on the host population ``x0`` (eagerly, before any simulation is compiled).
 
-
-def host_eval_named(what: str, fn, x0, name: str = "x0", dtype=np.float64):
-    """:func:`host_eval`, with a failure inside ``fn`` (a map, constraint or surface built for another
-    dimension: a reshape, broadcasting or ``dot_general`` error) re-raised as a ``ValueError`` that
-    names ``what`` and the particles' shape."""
+    A failure inside ``fn`` (a map, constraint or surface built for another dimension: a
+    reshape, broadcasting or ``dot_general`` error) is re-raised as a ``ValueError`` that names
+    ``what`` and the particles' shape."""
     try:
-        return host_eval(fn, x0, dtype)
+        with jax.ensure_compile_time_eval():
+            return np.asarray(fn(jnp.asarray(np.asarray(x0), jax.dtypes.canonicalize_dtype(dtype))))
     except Exception as err:  # noqa: BLE001 - re-raised with context
         shape = tuple(np.shape(x0))
         raise ValueError(f"{what} failed on {name} of shape {shape} (particles in d = {shape[-1]}); was it built "

@@ -72,9 +72,9 @@ def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig
     def check(x0, n, cfg):
         core.require_array("x0", x0, "mirror_cbo")
         what = f"the mirror map {mm.name!r}"
-        y0 = core.host_eval_named(f"{what}'s grad", mm.grad, x0)
+        y0 = core.host_eval(f"{what}'s grad", mm.grad, x0)
         core.check_values(f"{what}'s grad", y0, np.shape(x0))
-        core.check_values(f"{what}'s grad_conj", core.host_eval_named(f"{what}'s grad_conj", mm.grad_conj, y0),
+        core.check_values(f"{what}'s grad_conj", core.host_eval(f"{what}'s grad_conj", mm.grad_conj, y0, "grad(x0)"),
                           np.shape(x0))
 
     kernel = core.Kernel(name="mirror_cbo", move=move, init_aux=lambda x0, e, prm: MirrorAux(y=mm.grad(x0)),
