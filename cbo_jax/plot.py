@@ -212,6 +212,10 @@ def snapshots(objective: Callable, history: History, frames: Sequence[int] | Non
 
 def _frames_x(history: History, run: int):
     x = _check_2d(history.x)
+    if not _checks.is_integer(run):
+        raise ValueError(f"run must be an integer, got {run!r}")
+    if x.ndim == 3 and run not in (0, -1):  # one run: another index was ignored
+        raise ValueError(f"run {run} is out of range: the history has one run (no run axis)")
     while x.ndim > 3:  # runs (and sweep points): pick one
         if not -x.shape[1] <= run < x.shape[1]:
             raise ValueError(f"run {run} is out of range: the history has {x.shape[1]} runs")

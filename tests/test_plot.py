@@ -56,6 +56,10 @@ def _history(runs=None):
     (lambda h, p: plot.snapshots(objectives.Sphere(), h, ncols=0), "ncols must be >= 1"),
     (lambda h, p: plot.snapshots(objectives.Sphere(), _history(runs=2), run=2), r"run 2 is out of range: the history "
                                                                                r"has 2 runs"),
+    (lambda h, p: plot.snapshots(objectives.Sphere(), h, run=5), r"run 5 is out of range: the history has one run"),
+    (lambda h, p: plot.animate(objectives.Sphere(), h, p / "a.gif", run=1), r"run 1 is out of range: the history has "
+                                                                         r"one run"),
+    (lambda h, p: plot.snapshots(objectives.Sphere(), _history(runs=2), run=0.5), "run must be an integer"),
     (lambda h, p: plot.animate(objectives.Sphere(), h, p / "a.gif", fps=0), "fps must be > 0"),
 ])
 def test_bad_frames_runs_and_rates_are_named(tmp_path, call, match):
