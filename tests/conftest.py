@@ -16,3 +16,15 @@ try:
         _hyp_settings.load_profile("ci")
 except ImportError:  # hypothesis is in the test extra; a bare install skips these tests
     pass
+
+
+
+# Modules whose tests share one long fixture: the 8-device subprocess of tests/test_sharding.py
+# takes minutes. CI's slow step runs with `--dist loadfile` (one module, one pytest-xdist worker,
+# the fixture once); these modules go first so that it starts while the other workers take the
+# rest instead of being left for the end.
+LONG_FIRST = ("test_sharding.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the order is kept otherwise
