@@ -1,20 +1,23 @@
 """The software stack and host the bitwise pins were recorded with.
 
 Some checks compare against numbers pinned bit for bit (tests/pinned/, pinned particles).
-They reproduce exactly with the JAX (and jaxlib) that CI installs on the kind of CPU they
-were recorded on. XLA:CPU compiles for the host it runs on, so another XLA, or the same XLA
-on a CPU with other vector instructions, may round float32 and float64 reductions
-differently. Those checks are exact on the pinned stack and hold to a stated rounding
-tolerance elsewhere (each names its measured difference).
+They reproduce exactly with the JAX (and jaxlib) that CI installs; another XLA may round
+float32 and float64 reductions differently. Those checks are exact on ``PINNED_JAX`` and
+hold to a stated rounding tolerance elsewhere (each names its measured difference).
 
-The pins were recorded with jax 0.10.2 on an AMD EPYC (family 25, Zen 3: AVX2 and FMA, no
-AVX-512). On an Intel Xeon with AVX-512 (2026-11-25), the same JAX gave the pinned federated
-runs within 1.0e-6 of the pins (fedcbo_probsampling's
-first-layer kernel), on one device and on 8, not bitwise.
+The pinned federated runs (float32 training) depend on the CPU as well: XLA:CPU compiles for
+the host's vector instructions. They were recorded with jax 0.10.2 on an AMD EPYC (Zen 3:
+AVX2 and FMA, no AVX-512); on an Intel Xeon with AVX-512 (2026-11-25) the same JAX gave them
+within 1.0e-6 of the pins (fedcbo_probsampling's first-layer kernel), on one device and on 8,
+not bitwise. They are exact only where :func:`on_pinned_stack` holds: the pinned JAX on an AMD
+CPU with AVX2 and FMA and without AVX-512, taken to round like the recording host. On that
+Xeon the other exact checks (a batched float64 run against single runs, one CBXpy comparison
+over 100 steps) still held, so they depend on the JAX version alone (:func:`on_pinned_jax`).
 """
 
 from __future__ import annotations
 
+import functools
 import platform
 from pathlib import Path
 
@@ -36,6 +39,7 @@ def _cpu_flags(cpuinfo: str) -> tuple[str, set[str]]:
     return vendor, flags
 
 
+@functools.cache
 def pinned_host(cpuinfo: str | None = None, machine: str | None = None) -> bool:
     """True on the kind of CPU the pins were recorded on: x86-64 AMD with AVX2 and FMA and
     without AVX-512 (XLA vectorises reductions by the widest vectors the host has)."""
@@ -51,6 +55,11 @@ def pinned_host(cpuinfo: str | None = None, machine: str | None = None) -> bool:
     return vendor == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
 
 
+def on_pinned_jax() -> bool:
+    """True with the JAX the pins were recorded with."""
+    return jax.__version__ == PINNED_JAX
+
+
 def on_pinned_stack() -> bool:
-    """True where the bitwise pins must reproduce exactly: the pinned JAX on the pinned kind of CPU."""
-    return jax.__version__ == PINNED_JAX and pinned_host()
+    """True where the pinned federated runs must reproduce exactly: the pinned JAX on the pinned kind of CPU."""
+    return on_pinned_jax() and pinned_host()

@@ -18,7 +18,6 @@ except ImportError:  # hypothesis is in the test extra; a bare install skips the
     pass
 
 
-
 # Modules whose tests share one long fixture: the 8-device subprocess of tests/test_sharding.py
 # takes minutes. CI's slow step runs with `--dist loadfile` (one module, one pytest-xdist worker,
 # the fixture once); these modules go first so that it starts while the other workers take the
