@@ -19,7 +19,7 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
-from _stack import on_pinned_stack
+from _stack import on_pinned_jax
 
 if hasattr(jax, "enable_x64"):
     enable_x64 = jax.enable_x64
@@ -62,7 +62,7 @@ AMPLIFIED = {"cbo-heaviside"}
 
 @pytest.mark.parametrize("name", DEFAULT)
 def test_same_particles_as_cbxpy(name):
-    _check(_compare(name), TOL if on_pinned_stack() or name not in AMPLIFIED else 1e-9)
+    _check(_compare(name), TOL if on_pinned_jax() or name not in AMPLIFIED else 1e-9)
 
 
 @pytest.mark.slow

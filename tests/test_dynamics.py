@@ -10,7 +10,7 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
-from _stack import on_pinned_stack
+from _stack import on_pinned_jax
 
 # jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
 if hasattr(jax, "enable_x64"):
@@ -380,7 +380,7 @@ def test_batched_run_r_equals_the_single_run_from_split_key_r(rng):
         for r in range(3):
             alone = cj.simulate(dyn, x0[r], jax.random.split(key, 3)[r], 20)
             np.testing.assert_allclose(np.asarray(alone.state.x), np.asarray(both.state.x[r]), rtol=0,
-                                       atol=0.0 if on_pinned_stack() else 1e-12)
+                                       atol=0.0 if on_pinned_jax() else 1e-12)
 
 
 def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
