@@ -44,7 +44,7 @@ def pinned_host(cpuinfo: str | None = None, machine: str | None = None) -> bool:
     """True on the kind of CPU the pins were recorded on: x86-64 AMD with AVX2 and FMA and
     without AVX-512 (XLA vectorises reductions by the widest vectors the host has)."""
     machine = platform.machine() if machine is None else machine
-    if machine not in ("x86_64", "AMD64"):
+    if machine != "x86_64":  # Windows ("AMD64") has no /proc/cpuinfo either
         return False
     if cpuinfo is None:
         try:
