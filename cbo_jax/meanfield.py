@@ -304,6 +304,25 @@ def _coupled(dynamics, x0, key, path, *, batched: bool):
     return jax.vmap(one)(x0, key) if batched else one(x0, key)
 
 
+def _check_path_fits(dynamics, x0, key, path, num_runs) -> None:
+    """Each step of ``path`` must have the shape of these dynamics' consensus point (shapes only,
+    nothing runs): a path of another dimension, or one with a run axis, failed inside the
+    ``lax.scan`` (a carry of another shape), and a ``(T, 1)`` path would broadcast silently."""
+    one = (lambda v: v[0]) if num_runs is not None else (lambda v: v)  # noqa: E731
+    single = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(
+        np.shape(leaf)[1 if num_runs else 0:], leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype), x0)
+    want = jax.eval_shape(dynamics.init, single, one(key)).consensus
+    got_steps = jax.tree_util.tree_map(lambda leaf: tuple(leaf.shape[1:]), path)
+    want_steps = jax.tree_util.tree_map(lambda leaf: tuple(leaf.shape), want)
+    same = jax.tree_util.tree_structure(path) == jax.tree_util.tree_structure(want) and all(  # type: ignore[operator]
+        a == b for a, b in zip(jax.tree_util.tree_leaves(got_steps, is_leaf=lambda v: isinstance(v, tuple)),
+                               jax.tree_util.tree_leaves(want_steps, is_leaf=lambda v: isinstance(v, tuple))))
+    if not same:
+        raise ValueError(f"consensus_path's steps have shape {got_steps}, but the consensus point of these dynamics "
+                         f"on x0 has shape {want_steps}: pass reference_consensus(...) of the same dynamics, one run "
+                         "(its path is shared by every run here)")
+
+
 def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) -> CouplingResult:
     """``N`` particles and their mean-field copies, coupled (FedCBO JMLR Proposition 1, eq. (50)).
 
@@ -339,6 +358,7 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) 
         dynamics.check("x0", x0, num_runs)
     else:
         check_population("x0", x0, dynamics.objective, num_runs)
+    _check_path_fits(dynamics, x0, key, path, num_runs)
 
     with rng_context(dynamics.config):
         d2, x, xbar = _coupled(dynamics, x0, key, path, batched=num_runs is not None)

@@ -50,8 +50,12 @@ class History(NamedTuple):
     """Particle positions recorded with a stride (see :func:`record_history`).
 
     Attributes:
-      step: ``(F,)`` step index of each frame (``0`` is the initial population).
-      t: ``(F,)`` times ``step · dt``.
+      step: ``(F,)`` step index of each frame (``0`` is the initial population). A run that
+        stopped early (``energy_tol``, ``max_evals``, ...) is frozen in the frames after
+        its stop; recording ends when every run has stopped, with a frame at that step.
+      t: ``(F,)`` times of the frames: ``step · dt``, or the sum of the steps' ``dt`` when
+        ``dt`` follows a rule of the config's ``schedule``. NaN where the runs still going
+        use different time steps (a sweep of ``dt``) or the dynamics carry no ``dt``.
       x: ``(F, ..., n, d)`` positions of the first ``n`` particles (``n = min(N, max_particles)``).
       consensus: ``(F, ..., d)`` (or ``(F, ..., K, d)`` for the clustered system) consensus points.
       state: the final state (to continue the run).
@@ -94,6 +98,9 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     ms.append(m)
     done = 0
     bar = None
+    schedule = getattr(getattr(dynamics, "config", None), "schedule", None) or {}
+    scheduled_dt = "dt" in schedule and getattr(state, "params", None) is not None
+    elapsed, times = 0.0, [0.0]  # with a scheduled dt: the sum of the steps' dt
     if progress:
         from tqdm.auto import tqdm
 
@@ -101,24 +108,63 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     try:
         while done < num_steps:
             length = min(every, num_steps - done)
-            state = simulate(dynamics, None, None, length, num_runs=num_runs, initial_state=state,
-                             chunk_size=every).state
-            done += length
+            before = (np.asarray(state.params.dt, np.float64), np.asarray(state.active)) if scheduled_dt else None
+            res = simulate(dynamics, None, None, length, num_runs=num_runs, initial_state=state, chunk_size=every,
+                           observe=_step_dt if scheduled_dt else None)
+            state = res.state
+            if res.steps == 0:  # every run had stopped (or could take no step): nothing more to record
+                break
+            done += res.steps  # fewer than `length` once every run has stopped
+            if before is not None:
+                elapsed += float(np.sum(_dts_taken(before, res.history)))
+                times.append(elapsed)
             x, m = frame(state)
             xs.append(x)
             ms.append(m)
             steps.append(done)
             if bar is not None:
-                bar.update(length)
+                bar.update(res.steps)
+            if res.steps < length:
+                break
     finally:
         if bar is not None:
             bar.close()
-    dt: np.ndarray | float = np.nan
-    if getattr(state, "params", None) is not None:
-        dt = np.asarray(state.params.dt, np.float64)
     step = np.asarray(steps)
-    t = step * (dt if np.ndim(dt) == 0 else np.nan)
+    if scheduled_dt:
+        t = np.asarray(times, np.float64)
+    else:
+        dt = np.nan
+        if getattr(state, "params", None) is not None:
+            dts = np.unique(np.asarray(state.params.dt, np.float64))  # one per run (and sweep point)
+            dt = dts[0] if dts.size == 1 else np.nan  # a sweep of dt: no common time axis
+        t = step * dt
     return History(step=step, t=t, x=np.stack(xs), consensus=np.stack(ms), state=state)
+
+
+def _step_dt(state) -> dict:
+    """``observe`` of :func:`record_history`: the ``dt`` after each step (a module-level function,
+    so that every segment reuses one compiled chunk)."""
+    return {"dt": state.params.dt}
+
+
+def _dts_taken(before, history) -> np.ndarray:
+    """The ``dt`` of each step of a segment, common to the runs that took it (NaN where they differ).
+
+    ``before``: the ``dt`` and active flags at the segment's start; ``history``: the segment's
+    history with ``dt`` (after each step) and ``active``. Step ``j`` used the ``dt`` left by
+    step ``j - 1`` and was taken by the runs active after it.
+    """
+    dt0, active0 = before
+    after = np.asarray(history["dt"], np.float64)
+    active = np.asarray(history["active"], bool)
+    used = np.concatenate([dt0[None], after[:-1]]).reshape(len(after), -1)
+    took = np.concatenate([active0[None], active[:-1]]).reshape(len(after), -1)
+    out = np.full(len(after), np.nan)
+    for j in range(len(after)):
+        vals = np.unique(used[j][took[j]])
+        if vals.size == 1:
+            out[j] = vals[0]
+    return out
 
 
 def _grid_values(objective: Callable, bounds: Bounds, resolution: int):

@@ -36,7 +36,7 @@ import numpy as np
 from typing import NamedTuple
 
 from cbo_jax import _checks
-from cbo_jax.consensus import effective_sample_size
+from cbo_jax.consensus import _real_energy, effective_sample_size
 
 __all__ = ["Constant", "Multiplicative", "EffectiveSampleSize", "Multiply", "Chain", "as_schedule", "ConstantParams",
            "MultiplicativeParams", "EffectiveSampleSizeParams"]
@@ -153,6 +153,9 @@ class EffectiveSampleSize:
         return float(self.alpha0) if params is None else params.alpha0
 
     def update(self, alpha, energy, mask=None, params=None):
+        # Integer energies (an objective that counts) are promoted, as the consensus weights
+        # promote them: the bisection runs on log α, which an integer dtype would truncate.
+        energy = _real_energy(energy)
         n_valid = jnp.sum(jnp.isfinite(energy) if mask is None else (jnp.isfinite(energy) & mask))
         dtype = energy.dtype
         if params is None:
@@ -243,4 +246,7 @@ def as_schedule(alpha):
     """A number becomes :class:`Constant`; a schedule is returned unchanged."""
     if hasattr(alpha, "init") and hasattr(alpha, "update"):
         return alpha
+    if hasattr(alpha, "update"):  # a rule (Multiply) has no α_0 of its own
+        raise ValueError(f"alpha: {alpha!r} is a rule without an initial value (no init()); give α_0 with an α "
+                         f"schedule first, e.g. alpha=Chain(Constant(1.0), {alpha!r})")
     return Constant(_checks.non_negative("alpha", alpha))

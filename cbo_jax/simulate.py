@@ -183,10 +183,12 @@ def simulate(
         to ``metrics.jsonl`` (and TensorBoard event files with ``tensorboard``) by the
         writer federated runs use (:class:`cbo_jax.writer.MetricsWriter`), chunk by chunk
         as the run goes. A directory holding such results is refused unless ``overwrite``.
-      log_every: write every this many steps (default: about 1000 rows for the whole run).
+      log_every: write every this many steps (default: about 1000 rows for the whole run), and
+        the first and the last step taken (a stop, or ``num_steps`` not a multiple).
     """
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
     _checks.positive_int("chunk_size", chunk_size)
     if log_every is not None:
         _checks.positive_int("log_every", log_every)
@@ -202,6 +204,7 @@ def simulate(
     config = dynamics.config
     if initial_state is None:
         key = _checks.as_key("key", key)
+        _check_single_key(key)
         if dynamics.check is not None:
             n = dynamics.check("x0", x0, num_runs)
         else:
@@ -276,8 +279,8 @@ def simulate(
                     length = min(length, max(0, taken - done))
                     rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
                 chunks.append(rec)
-                if writer is not None:
-                    _write_rows(writer, rec, done, stride)
+                if writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
+                    _write_rows(writer, rec, done, stride, final=stopped or done + length >= num_steps)
                 done += length
                 if bar is not None:
                     # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
@@ -299,22 +302,53 @@ def simulate(
             _, spec = jax.eval_shape(functools.partial(
                 _run_chunk, step=dynamics.step, record=record, observe=observe, length=0, batched=levels,
                 with_consensus=record_consensus), state)
-            chunks.append({k: np.zeros(v.shape, v.dtype) for k, v in spec.items()})
-    history = {k: np.concatenate([np.asarray(c[k]) for c in chunks]) for k in chunks[0]}
+            chunks.append(jax.tree_util.tree_map(lambda v: np.zeros(v.shape, v.dtype), spec))
+    # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
+    history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
+                                         *[c[k] for c in chunks]) for k in chunks[0]}
     if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
         state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
-        history = {k: v.reshape(v.shape[:1] + grid + v.shape[2:]) for k, v in history.items()}
+        history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
+                   for k, h in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
 
 
-def _write_rows(writer, rec: dict, done: int, stride: int) -> None:
-    """One row per ``stride``-th step of a chunk's record (steps count from 1)."""
+def _refuse_tracers(**args: Any) -> None:
+    """A clear error for :func:`simulate` called under ``jax.jit``, ``vmap`` or ``grad``.
+
+    ``simulate`` is a host loop (early stopping and progress between compiled chunks, host checks of
+    the population before compiling), so its inputs must be concrete; traced, the first host check
+    failed deep inside JAX (``TracerArrayConversionError``) without saying what to do instead.
+    """
+    for name, value in args.items():
+        if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):
+            raise ValueError(
+                f"simulate got a traced {name} (simulate called inside jax.jit, jax.vmap or jax.grad): it runs a "
+                "host loop of compiled chunks and cannot itself be traced. Batch runs with num_runs= and "
+                "parameters with params= (both vmapped inside simulate), or transform the pure pair "
+                "dynamics.init / dynamics.step yourself (e.g. jax.lax.scan over dynamics.step)")
+
+
+def _check_single_key(key: Any) -> None:
+    """``simulate`` splits one key into its runs' keys; a batch of keys failed inside ``jax.random.split``."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if np.ndim(key) != (0 if typed else 1):
+        raise ValueError(f"key must be a single PRNG key, got a key array of shape {tuple(np.shape(key))}"
+                         f"{'' if typed else ' (raw key data)'}: with num_runs=M, simulate splits the key into the "
+                         "M runs' keys itself (run r uses jax.random.split(key, M)[r])")
+
+
+def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False) -> None:
+    """One row per ``stride``-th step of a chunk's record (steps count from 1), the first step's,
+    and, for the chunk that ends the run (``final``), its last step's."""
     rec = jax.device_get(rec)
-    length = len(next(iter(rec.values()))) if rec else 0
+    leaves = jax.tree_util.tree_leaves(rec)
+    length = len(leaves[0]) if leaves else 0
     for i in range(length):
         step = done + i + 1
-        if step % stride == 0 or step == 1:
-            writer.write({"step": step, **{k: np.asarray(v[i]) for k, v in rec.items()}})
+        if step % stride == 0 or step == 1 or (final and i == length - 1):  # an entry may be a pytree
+            writer.write({"step": step, **{k: jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), v)
+                                            for k, v in rec.items()}})
 
 
 def _state_levels(state, num_runs) -> int:

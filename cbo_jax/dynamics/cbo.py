@@ -122,8 +122,9 @@ class CBOState(NamedTuple):
         or ``None`` without batches.
       aux: what a dynamic keeps besides the particles (CBOMemory's memory points, PSO's
         velocities, AdamCBO's moments, MirrorCBO's dual variable), or ``None``.
-      evals: int32 number of objective evaluations so far (see
-        :mod:`cbo_jax.dynamics.core` for how it relates to CBXpy's ``num_f_eval``).
+      evals: int32 number of objective evaluations so far, held at ``2**31 - 1`` once it
+        gets there (see :mod:`cbo_jax.dynamics.core` for how it relates to CBXpy's
+        ``num_f_eval``).
       ctrl: the control machinery's counters (:class:`cbo_jax.dynamics.core.Ctrl`).
     """
 
@@ -300,7 +301,11 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
         shape = np.shape(leaf)
         if len(shape) < lead + (1 if isinstance(x0, (np.ndarray, jax.Array)) else 0):
             want = "(M, N, d)" if num_runs is not None else "(N, d)"
-            raise ValueError(f"{name} must have shape {want} (or be a stacked pytree), got shape {shape}")
+            hint = ""
+            if isinstance(x0, (list, tuple)) and not shape:  # its numbers are a pytree's scalar leaves
+                hint = (f": {name} is a Python {type(x0).__name__} of numbers, which JAX reads as a pytree of scalars; "
+                        f"pass an array (np.asarray({name}))")
+            raise ValueError(f"{name} must have shape {want} (or be a stacked pytree), got shape {shape}{hint}")
         if num_runs is not None and shape[0] != num_runs:
             raise ValueError(f"{name} has {shape[0]} runs on its leading axis, but num_runs={num_runs}")
     single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
@@ -310,7 +315,14 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     _checks.all_finite(name, x0)
     if extra is not None:
         extra(single, n)
-    check_objective(name, objective, single, n)
+    try:
+        check_objective(name, objective, single, n)
+    except ValueError as err:
+        if num_runs is None and isinstance(x0, (np.ndarray, jax.Array)) and np.ndim(x0) == 3:
+            shape = tuple(np.shape(x0))
+            raise ValueError(f"{err} ({name} has shape {shape}: if its leading axis holds {shape[0]} independent "
+                             f"runs of {shape[1]} particles, pass num_runs={shape[0]})") from err
+        raise
     return n
 
 

@@ -148,12 +148,15 @@ def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: Drif
 
     def kicks(state, x):
         """Whether the independent noise kicks ``x`` (the particles around ``state``'s consensus;
-        their spread over the real agents, not a sharded run's NaN padding)."""
+        their spread over the real agents, not a sharded run's NaN padding). Never where this run's
+        ``sigma_indep`` is ``0`` (a sweep's point): a kick would not move them, and the prestep's
+        loop would never end (CBXpy's ``indep_noise_step`` checks ``sigma_indep > 0`` too)."""
         agents = core.real_agents(state, x.shape[0])
         real = jnp.arange(x.shape[0]) < agents
         sq = jnp.where(real, jnp.sum((x - state.consensus) ** 2, axis=1), 0)
         spread = jnp.sum(sq) / agents.astype(sq.dtype) / x.shape[1]
-        return (state.step > 0) & (spread < state.params.extra.eps_indep)
+        extra = state.params.extra
+        return (state.step > 0) & (extra.sigma_indep > 0) & (spread < extra.eps_indep)
 
     def prestep(state, key):
         prm = state.params

@@ -37,7 +37,9 @@ Conventions (documented and tested against CBXpy in ``tests/test_cbx_family.py``
   needs it (``N`` for PolarCBO's per-particle consensus). CBXpy additionally counts
   its ``check_f_dims`` probe (``N`` at construction) and, for CBO-type dynamics,
   evaluates at a step's start instead of ``init``: its CBO count after ``k`` steps equals
-  this one; CBOMemory's and PSO's exceed it by ``N``.
+  this one; CBOMemory's and PSO's exceed it by ``N``. The count is an int32 and stays at
+  ``2**31 - 1`` once it gets there (``N = 1e7`` particles after 215 steps) rather than
+  wrapping round to negative numbers.
 * **Order within a step** as in CBXpy: the consensus uses the current energies and α;
   the particles move; α is updated from the energies CBXpy holds after the step (the
   consensus energies; for CBOMemory and PSO the updated memory energies).
@@ -101,7 +103,9 @@ class FamilyConfig:
         :class:`~cbo_jax.schedules.Chain`.
       resampling: a :class:`cbo_jax.resampling.Resampling`, or ``None``.
       energy_tol: stop a run once its best energy is ``<= energy_tol``.
-      diff_tol: stop a run once its consensus point moves by less than ``diff_tol``.
+      diff_tol: stop a run once its consensus point moves by less than ``diff_tol`` in one
+        step (the Euclidean norm over all coordinates, from the second step on; CBXpy's
+        ``diff_tol`` measures the particles' update ``|x - x_old|_F / N`` instead).
       max_evals: stop a run before a step would take it past this many objective
         evaluations (CBXpy's ``max_eval`` termination, checked before every step as
         CBXpy does): a step is taken only if the evaluations counted so far plus that
@@ -453,9 +457,27 @@ def _best_row(energy):
 def _pick_row(tree, energy, row):
     # A one-hot reduction rather than an index: on a sharded agent axis an all-reduce of
     # one row, where `x[row]` makes XLA gather the whole population onto every device.
+    # The sums keep each leaf's dtype: jnp.sum widens integers (int32 energies of a counting
+    # objective become int64 under jax_enable_x64, which lax.scan's carry refuses).
     onehot = jnp.arange(energy.shape[0]) == row
-    pick = lambda leaf: jnp.sum(jnp.where(onehot.reshape((-1,) + (1,) * (leaf.ndim - 1)), leaf, 0), axis=0)  # noqa: E731
-    return jax.tree_util.tree_map(pick, tree), jnp.sum(jnp.where(onehot, energy, 0))
+    pick = lambda leaf: jnp.sum(jnp.where(onehot.reshape((-1,) + (1,) * (leaf.ndim - 1)), leaf, 0),  # noqa: E731
+                                axis=0, dtype=leaf.dtype)
+    return jax.tree_util.tree_map(pick, tree), jnp.sum(jnp.where(onehot, energy, 0), dtype=energy.dtype)
+
+
+def _saturating_add(count, inc):
+    """``count + inc`` in ``count``'s integer dtype, held at its largest value instead of wrapping
+    round to negative numbers (an int32 count of ``N = 1e7`` particles passes 2**31 after 215 steps)."""
+    top = jnp.iinfo(count.dtype).max
+    inc = jnp.asarray(inc).astype(count.dtype)
+    return jnp.where(count > top - inc, top, count + inc).astype(count.dtype)
+
+
+def _same_dtypes(new, old):
+    """``new``'s leaves cast to the dtypes of ``old``'s (same structure); a no-op where they agree."""
+    if jax.tree_util.tree_structure(new) != jax.tree_util.tree_structure(old):
+        return new
+    return jax.tree_util.tree_map(lambda a, b: a if a.dtype == b.dtype else a.astype(b.dtype), new, old)
 
 
 def real_agents(state, n):
@@ -559,7 +581,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         nxt = step_evals(agents)
         if kernel.prestep_evaluates is not None:
             nxt = nxt + jnp.where(kernel.prestep_evaluates(state), agents, 0)
-        return state.evals + nxt > config.max_evals
+        return state.evals > config.max_evals - nxt  # not evals + nxt: that wraps round near 2**31
 
     def _step(state0, m_given):
         state = state0
@@ -603,6 +625,11 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
             ctx = Move(state=state, m=m, key=sub, prm=prm, logw=logw, in_batch=in_batch, f_m=f_m, noise=noise,
                        correct=correct_, ids=ids, rng=config.rng)
             x, aux = kernel.move(ctx)
+            # The particles keep their dtype: an objective that returns wider energies than the
+            # config's dtype (float64 under jax_enable_x64 with dtype="float32") must not widen
+            # the particles through a kernel's weights (PolarCBO) or step count (AdamCBO).
+            x = _same_dtypes(x, state.x)
+            aux = _same_dtypes(aux, state.aux)
             x = clip(x)
             if in_batch is not None and config.batch_partial:  # only the batch's particles move
                 x = pop.tree_where_rows(in_batch, x, state.x)
@@ -648,7 +675,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
             buf = ctrl.stagnation.at[state.step % config.stagnation_patience].set(f_stag.astype(dtype))
             ctrl = ctrl._replace(stagnation=buf)
             stop = stop | (jnp.std(buf) < config.stagnation_tol)
-        new_evals = state.evals + jnp.asarray(evals, jnp.int32) + jnp.asarray(pre_evals, jnp.int32)
+        new_evals = _saturating_add(state.evals, jnp.asarray(evals, jnp.int32) + jnp.asarray(pre_evals, jnp.int32))
         new = state._replace(
             x=a.x, energy=a.energy, grad=grad, consensus=m, alpha=alpha, key=key, step=state.step + 1,
             best_x=best_x, best_energy=best_energy, params=prm, batch=batch, in_batch=in_batch, aux=a.aux,
@@ -681,7 +708,16 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         if kernel.check is not None:
             def extra(single, n):
                 kernel.check(jax.tree_util.tree_map(np.asarray, single), n, config)
-        return _check_pop(name, x0, objective, num_runs, extra)
+        n = _check_pop(name, x0, objective, num_runs, extra)
+        if config.uses_gradient:  # ∇L of an objective that counts: JAX's grad refuses integer outputs
+            single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
+            out = jax.eval_shape(objective, jax.tree_util.tree_map(
+                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
+            if not jnp.issubdtype(out.dtype, jnp.floating):
+                raise ValueError(f"lambda2={config.lambda2}, sigma2={config.sigma2}: the gradient terms differentiate "
+                                 f"the objective, which returns {out.dtype} energies; return floats "
+                                 "(a differentiable objective), or build the dynamics without gradient terms")
+        return n
 
     return Dynamics(init=init, step=step, config=config, objective=objective, check=check, record=record,
                     drive=None if kernel.per_particle_consensus else drive)
