@@ -126,8 +126,10 @@ def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callab
             raise ValueError(f"loss must be one of {sorted(LOSSES)} or a callable, got {loss!r}")
         if loss == "cross_entropy":
             if out.ndim != 2:
+                hint = (f" for example_input of shape {x.shape} (if that is the stacked (N, n_max, ...) data, give "
+                        f"one batch of samples, such as data.x[0, :1])" if x.ndim > 2 and out.ndim > 2 else "")
                 raise ValueError(f"a cross-entropy classifier must output (n, classes) logits; {type(module).__name__} "
-                                 f"outputs {out.shape}")
+                                 f"outputs {out.shape}{hint}")
             num_classes = out.shape[-1] if num_classes is None else num_classes
             if num_classes != out.shape[-1]:
                 raise ValueError(f"num_classes={num_classes} but the module outputs {out.shape[-1]} logits")

@@ -38,7 +38,7 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax import population as pop
-from cbo_jax.federated.data import ROTATIONS, AgentData, rotate
+from cbo_jax.federated.data import ROTATIONS, AgentData, _check_seed, _check_source, rotate
 from cbo_jax.federated.local import LocalResult, LocalSGDConfig, local_train
 from cbo_jax.federated.mnist import MNIST, DataError
 
@@ -217,8 +217,13 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
 
     ``images`` is any :class:`~cbo_jax.federated.mnist.MNIST`-like source (MNIST, or
     EMNIST-balanced from :mod:`cbo_jax.federated.emnist`). Raises ``DataError`` when the
-    source holds fewer training images than one cluster needs.
+    source holds fewer training images than one cluster needs (or images and labels that
+    do not pair up), and ``ValueError`` when its labels reach ``cfg.num_classes`` or lack
+    the ``source`` class in training or test (the attack would flip nothing). ``seed``:
+    an integer >= 0.
     """
+    _check_seed(seed)
+    _check_source(images, ROTATIONS[cfg.num_clusters])
     n_train = len(images.train_images)
     need = max(cfg.images_per_cluster)
     if need > n_train:
@@ -228,9 +233,16 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
             f"{cfg.benign_samples} + {cfg.malicious_counts[k]} malicious x {cfg.malicious_samples}), but the "
             f"source ({images.source}) has {n_train}; use the full MNIST (CBO_JAX_DATA_DIR or --source idx/tfds)"
         )
-    if images.train_labels.size and int(images.train_labels.max()) >= cfg.num_classes:
-        raise ValueError(f"num_classes ({cfg.num_classes}) is smaller than the data's largest label "
-                         f"{int(images.train_labels.max())}")
+    for split in ("train", "test"):
+        labels = np.asarray(getattr(images, f"{split}_labels"))
+        if labels.size and int(labels.max()) >= cfg.num_classes:
+            raise ValueError(f"num_classes ({cfg.num_classes}) is smaller than the data's largest {split} label "
+                             f"{int(labels.max())}")
+        # A source class the data lacks flips nothing (the attack would be a silent no-op) and leaves the
+        # source-class accuracy and the attack success rate without test images (reported as 0).
+        if not np.any(labels == cfg.source):
+            raise ValueError(f"the source class {cfg.source} has no {split} images in the data ({images.source}), so "
+                             f"the attack {cfg.source} -> {cfg.target} would flip nothing; pick a class of the data")
     rng = np.random.default_rng(seed)
     n_tr = cfg.benign_samples - cfg.val_samples
     xt, yt, xv, yv, xm, ym = [], [], [], [], [], []
@@ -272,6 +284,9 @@ def check_split(data: AttackData, benign: int, attackers: int, who: str) -> None
     ``attackers``, with a ``ValueError`` when a round is traced (the shapes are static).
     Padding agents of a sharded run come after the last group: the attackers, or the
     benign agents when there are none."""
+    if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'benign')
+        raise ValueError(f"{who} takes an AttackData (benign training splits, their validation splits, the "
+                         f"attackers' data: AttackDataset.attack_data()), got {type(data).__name__}")
     b, m, v = data.benign.num_agents, data.malicious.num_agents, data.val.num_agents
     ok = (b == benign and m >= attackers) if attackers else (b >= benign and m == 0)
     if v != benign or not ok:

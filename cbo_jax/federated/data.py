@@ -33,11 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.federated.mnist import MNIST
-from cbo_jax.models import squared_error
+from cbo_jax.federated.mnist import MNIST, DataError
+from cbo_jax.models import Model, squared_error
 from cbo_jax.population import resize_rows
 
-__all__ = ["AgentData", "FederatedData", "ROTATIONS", "check_labels", "rotated_mnist", "rotate"]
+__all__ = ["AgentData", "FederatedData", "ROTATIONS", "check_labels", "check_model", "check_training", "rotated_mnist",
+           "rotate"]
 
 # Rotation (degrees, counter-clockwise) of each cluster for K = 1, 2, 4. K = 2 uses the
 # two upright-symmetric angles 0° and 180°, as the FedCB²O experiment does.
@@ -197,21 +198,8 @@ class FederatedData(NamedTuple):
         given a ``model``, that its output fits the labels (before any compilation).
         """
         x, y, counts = np.asarray(self.x), np.asarray(self.y), np.asarray(self.counts)
-        if x.ndim < 2 or y.shape[:2] != x.shape[:2]:
-            raise ValueError(f"x must be (N, n_max, ...) and y (N, n_max, ...) with the same first two axes; got x "
-                             f"{x.shape} and y {y.shape}")
-        n, n_max = x.shape[:2]
-        if counts.shape != (n,) or not np.issubdtype(counts.dtype, np.integer):
-            raise ValueError(f"counts must hold one integer per agent ({n}), got shape {counts.shape} ({counts.dtype})")
-        empty = np.nonzero(counts < 1)[0]
-        if empty.size:
-            raise ValueError(f"agents {empty[:10].tolist()} have no samples (counts < 1); every agent needs data")
-        if counts.max() > n_max:
-            raise ValueError(f"counts up to {int(counts.max())} exceed the padded size n_max={n_max}")
-        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x[self.mask])):
-            raise ValueError("the training inputs x hold NaN or infinite values")
-        if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y[self.mask])):
-            raise ValueError("the training targets y hold NaN or infinite values")
+        check_training(x, y, counts, model=model)  # with the model: its probe and the training labels' range
+        n = x.shape[0]
         if self.cluster is not None:
             c = np.asarray(self.cluster)
             if c.shape != (n,) or not np.issubdtype(c.dtype, np.integer) or (c.size and c.min() < 0):
@@ -236,9 +224,12 @@ class FederatedData(NamedTuple):
             idx = self.test_index()
             if idx.shape != (n,) or idx.min(initial=0) < 0 or idx.max(initial=0) >= tx.shape[0]:
                 raise ValueError(f"test_of must map each of the {n} agents to one of the {tx.shape[0]} test sets")
-        if model is not None:
-            _check_model(model, x, y, counts, None if self.test_y is None else np.asarray(self.test_y),
-                         None if self.test_counts is None else np.asarray(self.test_counts))
+        if model is not None and model.num_classes is not None and self.test_y is not None:  # a classifier
+            test_y = np.asarray(self.test_y)
+            if not np.issubdtype(test_y.dtype, np.integer):
+                raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}")
+            check_labels(test_y, None if self.test_counts is None else np.asarray(self.test_counts),
+                         model.num_classes, "test_y", model=f"model {model.name}", unit="test set")
         return self
 
 
@@ -268,7 +259,108 @@ def check_labels(y: Any, counts: Any, num_classes: int, name: str = "y", *, mode
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
-    return y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) else y
+    # Booleans (binary labels such as ``x[:, 0] > 0``) are the class ids 0 and 1.
+    return y.astype(np.int32) if np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_ else y
+
+
+def _field(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def check_training(x: Any, y: Any, counts: Any, valid: Any = None, *, model: Model | None = None, prefix: str = "",
+                   first: int = 0) -> None:
+    """Validate one group of agents' training data on the host; ``ValueError`` naming the first problem.
+
+    ``x``/``y``: ``(N, n_max, ...)`` inputs and labels or targets, ``counts``: ``(N,)`` real
+    samples of each agent, ``valid``: ``(N,)`` the real agents (``None``: all; inactive
+    padding agents hold no samples). Checks the shapes, that ``counts`` are integers in
+    ``[1, n_max]`` for every real agent, that floating inputs and targets are finite on the
+    real samples (naming the agent and the sample), and, given a ``model``, that it takes
+    the inputs and that its output and per-sample loss fit the labels
+    (:func:`check_model`, abstract: nothing is compiled) and, for a classifier, that the
+    labels lie in ``[0, classes)``. ``prefix`` names the group in the messages
+    (``"benign"``: ``benign.y``), ``first`` is the index of its first agent.
+    :func:`cbo_jax.federated.run` calls this at the start of every run.
+    """
+    xn, yn, cn = _field(prefix, "x"), _field(prefix, "y"), _field(prefix, "counts")
+    xs, ys = tuple(np.shape(x)), tuple(np.shape(y))
+    if len(xs) < 2 or ys[:2] != xs[:2]:
+        raise ValueError(f"{xn} must be (N, n_max, ...) and {yn} (N, n_max, ...) with the same first two axes; got "
+                         f"{xn} {xs} and {yn} {ys}")
+    n, n_max = xs[:2]
+    c = np.asarray(counts)
+    if c.shape != (n,) or not np.issubdtype(c.dtype, np.integer):
+        raise ValueError(f"{cn} must hold one integer per agent ({n}), got shape {c.shape} ({c.dtype})")
+    if not n:
+        return
+    real = np.ones(n, bool) if valid is None else np.asarray(valid, bool)
+    empty = np.flatnonzero(real & (c < 1))
+    if empty.size:
+        raise ValueError(f"agents {(first + empty[:10]).tolist()} have no samples ({cn} < 1); every agent needs "
+                         f"data")
+    if c.max() > n_max:
+        raise ValueError(f"{cn} up to {int(c.max())} exceed the padded size n_max={n_max}")
+    mask = (np.arange(n_max)[None, :] < c[:, None]) & real[:, None]
+    for name, a, what in ((xn, x, "inputs"), (yn, y, "targets")):
+        if jnp.issubdtype(a.dtype, jnp.floating):
+            bad = ~np.isfinite(np.asarray(a)).reshape(n, n_max, -1).all(axis=2) & mask
+            if bad.any():
+                j, i = (int(v) for v in np.argwhere(bad)[0])
+                raise ValueError(f"the training {what} {name} hold NaN or infinite values: agent {first + j}, "
+                                 f"sample {i}")
+    if model is not None:
+        check_model(model, x, y, x_name=xn, y_name=yn)
+        if model.num_classes is not None:  # a classifier
+            check_labels(y, np.where(real, c, 0), model.num_classes, yn, model=f"model {model.name}", first=first)
+
+
+def check_model(model: Model, x: Any, y: Any, *, x_name: str = "x", y_name: str = "y") -> None:
+    """Probe ``model`` against training data ``(N, n_max, ...)`` of ``x``'s and ``y``'s shapes and
+    dtypes (arrays or ``jax.ShapeDtypeStruct``) with ``jax.eval_shape``: nothing is compiled.
+
+    A ``ValueError`` names the problem when the model cannot take the inputs, when a
+    classifier does not output one logit per class or its labels are not integer class
+    ids ``(N, n_max)``, when a squared-error model's output does not match the targets,
+    or when the loss does not give one loss per sample.
+    """
+    x_shape, y_shape = tuple(np.shape(x))[2:], tuple(np.shape(y))[2:]
+    y_dtype = np.dtype(y.dtype)
+    params = jax.eval_shape(model.init, jax.random.key(0))
+    try:
+        out = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((1,) + x_shape, x.dtype))
+    except Exception as err:  # noqa: BLE001 - reported with the shapes involved
+        raise ValueError(f"model {model.name} cannot take inputs of shape {x_shape} ({x_name}): {err}") from None
+    if model.is_classifier:
+        if out.shape != (1, model.num_classes):
+            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample but is a {model.num_classes}-class "
+                             f"classifier")
+        if not np.issubdtype(y_dtype, np.integer) or y_shape:
+            hint = ""
+            if y_shape == (model.num_classes,):
+                hint = f"; one-hot labels: pass their class ids, {y_name}.argmax(-1)"
+            elif y_shape == (1,):
+                hint = f"; a column of labels: pass {y_name}[..., 0]"
+            elif np.issubdtype(y_dtype, np.floating):
+                hint = f"; class ids stored as floats: pass {y_name}.astype(int)"
+            raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y_dtype} "
+                             f"{tuple(np.shape(y))} ({y_name} of model {model.name}){hint}")
+        return
+    # A batch of 3, not 1: with one sample, (1, 2) outputs broadcast against (1,) targets.
+    b = 3
+    if model.loss is squared_error and out.shape[1:] != y_shape and not (out.shape[1:] == (1,) and y_shape == ()):
+        # squared_error broadcasts, e.g. (n, 3) outputs against (n, 1) targets or (n,) against (n, 1)
+        raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, but the squared error needs "
+                         f"targets of the same shape; got targets of shape {y_shape} ({y_name})")
+    try:
+        out_b = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((b,) + x_shape, x.dtype))
+        loss = jax.eval_shape(model.loss, out_b, jax.ShapeDtypeStruct((b,) + y_shape, y_dtype))
+    except Exception as err:  # noqa: BLE001
+        raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, which its loss cannot compare "
+                         f"with targets of shape {y_shape} ({y_name}): {err}") from None
+    if loss.shape != (b,):
+        # (n, 1) broadcast against the (n,) sample mask to (n, n); a scalar mean counted the padding rows
+        raise ValueError(f"the loss of model {model.name} gives shape {loss.shape} for {b} samples, not one loss per "
+                         f"sample ({b},)")
 
 
 def _stack_pairs(xs: Sequence, ys: Sequence, names: tuple[str, str], what: str):
@@ -298,40 +390,28 @@ def _stack(parts: Sequence, name: str = "parts") -> tuple[np.ndarray, np.ndarray
     return out, counts
 
 
-def _check_model(model, x: np.ndarray, y: np.ndarray, counts: np.ndarray, test_y: np.ndarray | None,
-                 test_counts: np.ndarray | None) -> None:
-    params = jax.eval_shape(model.init, jax.random.key(0))
-    try:
-        out = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((1,) + x.shape[2:], x.dtype))
-    except Exception as err:  # noqa: BLE001 - reported with the shapes involved
-        raise ValueError(f"model {model.name} cannot take inputs of shape {x.shape[2:]}: {err}") from None
-    if model.is_classifier:
-        if out.shape != (1, model.num_classes):
-            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample but is a {model.num_classes}-class "
-                             f"classifier")
-        if not np.issubdtype(y.dtype, np.integer) or y.ndim != 2:
-            raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y.dtype} {y.shape}")
-        if test_y is not None and not np.issubdtype(test_y.dtype, np.integer):
-            raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}")
-        check_labels(y, counts, model.num_classes, "y", model=f"model {model.name}")
-        if test_y is not None:
-            check_labels(test_y, test_counts, model.num_classes, "test_y", model=f"model {model.name}", unit="test set")
-    else:
-        # A batch of 3, not 1: with one sample, (1, 2) outputs broadcast against (1,) targets.
-        b = 3
-        if model.loss is squared_error and out.shape[1:] != y.shape[2:] and not (out.shape[1:] == (1,)
-                                                                                 and y.shape[2:] == ()):
-            # squared_error broadcasts, e.g. (n, 3) outputs against (n, 1) targets or (n,) against (n, 1)
-            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, but the squared error needs "
-                             f"targets of the same shape; got targets of shape {y.shape[2:]}")
-        try:
-            out_b = jax.eval_shape(model.apply, params, jax.ShapeDtypeStruct((b,) + x.shape[2:], x.dtype))
-            loss = jax.eval_shape(model.loss, out_b, jax.ShapeDtypeStruct((b,) + y.shape[2:], y.dtype))
-            if loss.shape != (b,):
-                raise ValueError(f"the loss gives shape {loss.shape} for {b} samples, not one loss per sample")
-        except Exception as err:  # noqa: BLE001
-            raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, which its loss cannot compare "
-                             f"with targets of shape {y.shape[2:]}: {err}") from None
+def _check_seed(seed: Any) -> int:
+    """The seed of a random partition: an integer >= 0 (``None`` would draw a partition no seed reproduces)."""
+    if not _checks.is_integer(seed) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    return int(seed)
+
+
+def _check_source(mnist: MNIST, rotations: Sequence[int]) -> None:
+    """``DataError`` for a source whose images are not ``(n, H, W)``, whose labels do not pair up
+    with its images one to one, or whose images are not square when ``rotations`` hold quarter turns."""
+    for split in ("train", "test"):
+        images = np.asarray(getattr(mnist, f"{split}_images"))
+        labels = np.asarray(getattr(mnist, f"{split}_labels"))
+        if images.ndim != 3:
+            raise DataError(f"{split} images must be (n, H, W), got shape {images.shape} ({mnist.source})")
+        if labels.shape != images.shape[:1]:
+            raise DataError(f"the source ({mnist.source}) has {images.shape[0]} {split} images but {split} labels of "
+                            f"shape {labels.shape}")
+        h, w = images.shape[1:]
+        if h != w and any(r % 180 for r in rotations):
+            raise DataError(f"{split} images are {h}x{w}: rotations by {list(rotations)} degrees need square images "
+                            f"({mnist.source})")
 
 
 def rotate(images: np.ndarray, degrees: int) -> np.ndarray:
@@ -357,7 +437,7 @@ def rotated_mnist(
       num_clusters: ``K`` in ``{1, 2, 4}``; rotations are ``ROTATIONS[K]``.
       samples_per_agent: images per agent; default (``None``) partitions the whole
         training set, ``n_train // (N / K)`` each (200 for the paper's N = 1200).
-      seed: seed of the random partition.
+      seed: seed of the random partition (an integer >= 0).
       subset: the FedCBO reference script's protocol instead of the paper's: one random
         subset of ``subset`` training images (6,000 in the script), shared by every
         rotation, from which each agent draws its ``samples_per_agent`` images with
@@ -365,15 +445,24 @@ def rotated_mnist(
 
     Returns a :class:`FederatedData` whose agents ``k·N/K .. (k+1)·N/K - 1`` form
     cluster ``k`` (the algorithms never see this order or the ids), with one test set
-    per cluster.
+    per cluster. Raises ``ValueError`` for arguments the source cannot satisfy (more
+    agents per cluster than training images, without ``subset``) and ``DataError`` for a
+    source whose images and labels do not pair up.
     """
     n = _checks.positive_int("num_agents", num_agents)
-    if num_clusters not in ROTATIONS:
+    # is_integer first: 4.0 and True are dictionary keys of ROTATIONS too (4.0 failed later, True became K = 1)
+    if not _checks.is_integer(num_clusters) or num_clusters not in ROTATIONS:
         raise ValueError(f"num_clusters (rotation count) must be one of {sorted(ROTATIONS)}, got {num_clusters!r}")
+    num_clusters = int(num_clusters)
     if n % num_clusters:
         raise ValueError(f"num_agents ({n}) must be divisible by num_clusters ({num_clusters})")
+    _check_seed(seed)
+    _check_source(mnist, ROTATIONS[num_clusters])
     per_cluster = n // num_clusters
     n_train = len(mnist.train_images)
+    if subset is None and per_cluster > n_train:
+        raise ValueError(f"num_agents={n} puts {per_cluster} agents in each of the {num_clusters} clusters, but the "
+                         f"source ({mnist.source}) has {n_train} training images: every agent needs at least one")
     max_per_agent = n_train // per_cluster
     if subset is not None:
         _checks.positive_int("subset", subset)

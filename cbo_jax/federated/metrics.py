@@ -131,11 +131,20 @@ class _ClusterMetric:
     def num_clusters(self) -> int:
         return max(self.cluster) + 1
 
+    def check_agents(self, name: str, n: int) -> None:
+        """One id per agent of the run (``n`` rows of the info; named at trace time, before
+        compilation): a longer list gave a silently wrong SR_n and oracle, a shorter one
+        failed in JAX's broadcasting."""
+        if len(self.cluster) != n:
+            raise ValueError(f"{name}(cluster): cluster holds {len(self.cluster)} ids but the run has {n} agents; "
+                             f"give one cluster id per agent")
+
 
 class _Selection(_ClusterMetric):
     def __call__(self, info) -> dict:
         if not (hasattr(info, "idx") and hasattr(info, "eps")):
             return {}
+        self.check_agents("selection", info.idx.shape[0])
         c = self.ids
         valid = getattr(info, "valid", None)
         return {"sr": selection_rate(info.idx, c, valid), "sr_oracle": oracle_selection_rate(info.eps, c),
@@ -146,7 +155,14 @@ class _Purity(_ClusterMetric):
     def __call__(self, info) -> dict:
         if not hasattr(info, "assignment"):
             return {}
-        c, a, k = self.ids, info.assignment, self.num_clusters
+        self.check_agents("cluster_purity", info.assignment.shape[0])
+        c, k = self.ids, self.num_clusters
+        # The estimates renumbered 0, 1, ... in increasing order (the same ties, the same purity):
+        # IFCA's estimates run to its k - 1, which may exceed the agents, and the (k, N) table
+        # below dropped the votes for estimates >= N.
+        n = info.assignment.shape[0]
+        _, a = jnp.unique(info.assignment, return_inverse=True, size=n, fill_value=0)
+        a = a.reshape(n)
         votes = jnp.zeros((k, len(self.cluster)), jnp.int32).at[c, a].add(1)  # (true cluster, estimate)
         majority = jnp.argmax(votes, axis=1)
         # Only the ids that occur: an absent id (a gap, {0, 2}) has no agents and no majority.
@@ -302,10 +318,19 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     if test_of.shape != (n,) or test_of.max(initial=0) >= test_x.shape[0]:
         raise ValueError(f"test_of must map each of the {n} agents to one of the {test_x.shape[0]} test sets, got "
                          f"{test_of.tolist()[:10]}{' ...' if test_of.size > 10 else ''}")
+    if counts is not None:  # an empty test set scored accuracy 0 and loss 0 into the agents' means
+        empty = sorted(set(int(t) for t in test_of) & set(np.flatnonzero(np.asarray(counts) < 1).tolist()))
+        if empty:
+            raise ValueError(f"test sets {empty[:10]} have no samples (test_counts < 1) but agents "
+                             f"{np.flatnonzero(np.isin(test_of, empty))[:10].tolist()} are measured on them")
     cluster = None if data.cluster is None else _checks.cluster_ids("cluster", data.cluster)
     if cluster is not None and cluster.shape != (n,):
         raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
     if model.num_classes is not None:  # a classifier
+        # Float (or one-hot) test labels failed inside the loss at the first evaluation.
+        if not np.issubdtype(np.asarray(data.test_y).dtype, np.integer) or np.ndim(data.test_y) != 2:
+            raise ValueError(f"a classifier needs integer test labels test_y of shape (T, n_test), got "
+                             f"{np.asarray(data.test_y).dtype} {np.shape(data.test_y)} (model {model.name})")
         # the samples evaluated only (the first test_size of each set)
         check_labels(data.test_y[:, :test_size], None if counts is None else np.asarray(counts), model.num_classes,
                      "test_y", model=f"model {model.name}", unit="test set")
@@ -423,7 +448,9 @@ def _pooled(model, params, x, y, counts):
     out = jax.vmap(lambda xi: model.apply(params, xi))(x)  # (N, n, C)
     real = (jnp.arange(x.shape[1])[None, :] < counts[:, None]).astype(jnp.float32)
     per = jax.vmap(model.loss)(out, y)
-    hit = (jnp.argmax(out, -1) == y).astype(jnp.float32)
+    # a regression model has no accuracy (argmax over its outputs against float targets was 0, or
+    # a broadcasting error for targets of more than one dimension)
+    hit = (jnp.argmax(out, -1) == y).astype(jnp.float32) if model.is_classifier else jnp.zeros(real.shape)
     total = jnp.maximum(jnp.sum(real), 1.0)
     per_device = jnp.sum(per * real, axis=1) / jnp.maximum(jnp.sum(real, axis=1), 1.0)
     return jnp.sum(per * real) / total, jnp.sum(hit * real) / total, jnp.mean(per_device)
@@ -434,16 +461,29 @@ _pooled_jit = jax.jit(_pooled, static_argnums=0)
 
 def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
     """The server model's pooled metrics (FedSGLD): ``train_loss`` (pooled over every
-    training sample), ``objective`` (``(1/N) Σ_i F_i``), ``train_acc`` and ``test_acc`` (%)."""
+    training sample), ``objective`` (``(1/N) Σ_i F_i``), ``train_acc`` and ``test_acc`` (%;
+    a classifier's only). ``test_counts``: ``None`` when every test set is whole.
+
+    For algorithms with one server model (FedSGLD, FedPD, FedAvg); per-agent models or
+    several server models (FedCBO, IFCA) are refused at the first evaluation rather than
+    reported as agent 0's or server model 0's."""
     train = jax.tree_util.tree_map(jnp.asarray, train)
-    test = (jnp.asarray(test_x), jnp.asarray(test_y), jnp.asarray(test_counts))
+    test_x = jnp.asarray(test_x)
+    counts = jnp.full(test_x.shape[:1], test_x.shape[1], jnp.int32) if test_counts is None else test_counts
+    test = (test_x, jnp.asarray(test_y), jnp.asarray(counts))
 
     def metric(ev: Evaluation) -> dict:
+        num = int(jax.tree_util.tree_leaves(ev.params)[0].shape[0])
+        if ev.kind != "server" or num != 1:
+            raise ValueError(f"pooled measures one server model (FedSGLD, FedPD, FedAvg); the algorithm exposes {num} "
+                             f"{ev.kind} models: use test_accuracy")
         server = jax.tree_util.tree_map(lambda a: a[0], ev.params)
         loss, acc, obj = _pooled_jit(model, server, train.x, train.y, train.counts)
         _, tacc, _ = _pooled_jit(model, server, *test)
-        return {"train_loss": float(loss), "objective": float(obj), "train_acc": float(acc) * 100,
-                "test_acc": float(tacc) * 100}
+        out = {"train_loss": float(loss), "objective": float(obj)}
+        if model.is_classifier:
+            out.update(train_acc=float(acc) * 100, test_acc=float(tacc) * 100)
+        return out
 
     return metric
 

@@ -1,7 +1,8 @@
 """Real MNIST from three sources: IDX files, tensorflow-datasets, a bundled subset.
 
-* :func:`load_idx_dir` reads the four standard IDX files (gzip-compressed or not)
-  from a directory, as distributed by LeCun et al. (in CI: ``$CBO_JAX_DATA_DIR/mnist``).
+* :func:`load_idx_dir` reads the four standard IDX files (gzip-compressed or not, told
+  by their content) from a directory, as distributed by LeCun et al. (in CI:
+  ``$CBO_JAX_DATA_DIR/mnist``).
 * :func:`load_tfds` reads MNIST through tensorflow-datasets (needs a prepared tfds
   data directory, or network access on the first call).
 * :func:`load_bundled` reads the small real-MNIST subset shipped inside the package
@@ -18,6 +19,8 @@ to document recognition", Proc. IEEE 86(11), 1998.
 from __future__ import annotations
 
 import gzip
+import io
+import math
 import os
 import zipfile
 import zlib
@@ -38,6 +41,7 @@ _FILES = {
     "test_labels": "t10k-labels-idx1-ubyte",
 }
 _MAGIC = {3: 2051, 1: 2049}  # unsigned-byte IDX files with 3 (images) or 1 (labels) dimensions
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class DataError(ValueError):
@@ -53,17 +57,24 @@ class MNIST(NamedTuple):
 
 
 def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
-    """Read one unsigned-byte IDX file (``.gz`` or raw) with ``ndim`` dimensions.
+    """Read one unsigned-byte IDX file (``.gz`` or raw) with ``ndim`` dimensions (1 or 3).
 
-    Checks the magic number (2051 for images, 2049 for labels) and that the data
-    length equals the product of the dimensions; raises :class:`DataError` naming
-    ``path`` otherwise.
+    Gzip-compressed or raw is told by the content, not by the name: a compressed file
+    without the ``.gz`` suffix, or a raw one that kept it (browsers that decompress
+    downloads leave the name), reads the same. Checks the magic number (2051 for
+    images, 2049 for labels) and that the data length equals the product of the
+    dimensions; raises :class:`DataError` naming ``path`` otherwise.
     """
+    if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)) or ndim not in _MAGIC:
+        raise ValueError(f"ndim must be 3 (images) or 1 (labels), got {ndim!r}")
     path = Path(path)
     try:
-        opener = gzip.open if path.suffix == ".gz" else open
-        with opener(path, "rb") as fh:
+        with open(path, "rb") as fh:
             raw = fh.read()
+        # Raw unsigned-byte IDX starts 00 00 08; anything else named .gz goes to gzip, which names the problem.
+        if raw[:2] == _GZIP_MAGIC or (path.suffix == ".gz" and raw[:3] != b"\x00\x00\x08"):
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read()
     except FileNotFoundError:
         raise DataError(f"{path}: file not found") from None
     except (OSError, EOFError, zlib.error) as err:  # zlib.error: a corrupt deflate stream
@@ -75,7 +86,7 @@ def read_idx(path: str | os.PathLike, ndim: int) -> np.ndarray:
     if magic != _MAGIC[ndim]:
         raise DataError(f"{path}: bad magic number {magic}, expected {_MAGIC[ndim]} (unsigned-byte, {ndim}-D IDX)")
     dims = [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    expected = int(np.prod(dims))
+    expected = math.prod(dims)  # Python integers: np.prod wraps around in int64 for a corrupt header
     if len(raw) - header != expected:
         raise DataError(f"{path}: {len(raw) - header} data bytes, but the header's dimensions {dims} need {expected}")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(dims)
@@ -92,7 +103,8 @@ def load_idx_dir(directory: str | os.PathLike) -> MNIST:
     """Load MNIST from the four IDX files in ``directory`` (or its ``mnist/`` subfolder)."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise DataError(f"{directory}: not a directory")
+        why = "it is a file" if directory.exists() else "it does not exist"
+        raise DataError(f"{directory}: not a directory ({why})")
     arrays = {}
     for name, stem in _FILES.items():
         path = _find(directory, stem)
@@ -140,7 +152,9 @@ def _tfds_splits(name: str, data_dir, download: bool, transpose: bool = False) -
         except Exception as err:  # noqa: BLE001 - tfds raises many types for a missing dataset
             raise DataError(f"tensorflow-datasets could not provide {name}/{split}: {err}") from err
         examples = [source[i] for i in range(len(source))]
-        arr = np.stack([np.asarray(ex["image"]) for ex in examples]) if examples else np.zeros((0, 28, 28), np.uint8)
+        if not examples:  # as load_idx_dir: an empty split fails here, not as a division by zero mid-run
+            raise DataError(f"tensorflow-datasets gave 0 images for {name}/{split}; the {split} split must not be empty")
+        arr = np.stack([np.asarray(ex["image"]) for ex in examples])
         arr = arr[..., 0] if arr.ndim == 4 else arr
         if transpose:
             arr = np.swapaxes(arr, 1, 2)
@@ -200,11 +214,20 @@ def load_mnist(source: str = "auto", data_dir: str | os.PathLike | None = None) 
     ``"auto"`` uses the IDX files in ``data_dir`` (or ``$CBO_JAX_DATA_DIR``) when
     given, else the bundled subset (:func:`resolve_source` says which).
     """
+    requested, given = source, data_dir
     source, data_dir = resolve_source(source, data_dir)
     if source == "idx":
         if not data_dir:
             raise DataError("source='idx' needs data_dir or the CBO_JAX_DATA_DIR environment variable")
-        return load_idx_dir(data_dir)
+        try:
+            return load_idx_dir(data_dir)
+        except DataError as err:
+            if given:
+                raise
+            # The directory came from the environment: say so, the user may not know it is set.
+            hint = ": unset it to use the bundled subset" if requested == "auto" else ""
+            raise DataError(f"{err}; the directory comes from CBO_JAX_DATA_DIR={os.environ.get('CBO_JAX_DATA_DIR')!r}"
+                            f"{hint}") from None
     if source == "tfds":
         return load_tfds(data_dir)
     return load_bundled()

@@ -31,8 +31,9 @@ import hashlib
 import json
 import math
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,9 +45,9 @@ from cbo_jax import checkpoint as ckpt
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
-from cbo_jax.federated.data import AgentData, check_labels
+from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
-from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, to_python, write_summary
+from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, to_python, write_summary
 
 __all__ = ["RunResult", "run", "fingerprint"]
 
@@ -79,25 +80,58 @@ def _train_view(data):
     return data.train if hasattr(data, "test_index") else data
 
 
-def _check_labels(algorithm: Algorithm, data) -> None:
-    """Refuse training (and validation) labels outside the classifier's ``[0, num_classes)``
-    on the host, naming the agent: out-of-range labels would train silently to garbage.
-    Only the labels are read (the model is not probed: :meth:`FederatedData.check` does that)."""
+def _check_data(algorithm: Algorithm, data) -> None:
+    """Validate the training side of ``data`` on the host before anything is compiled, naming
+    the field and the agent (:func:`~cbo_jax.federated.data.check_training`): shapes, integer
+    ``counts`` in ``[1, n_max]`` for every real agent, finite inputs and targets on the real
+    samples, and, with the algorithm's model, an abstract probe of its output and per-sample
+    loss against the labels (``jax.eval_shape``) and, for a classifier, labels in
+    ``[0, num_classes)`` (out-of-range labels would train silently to garbage). A
+    :class:`~cbo_jax.federated.data.FederatedData` is checked as given (its ``counts``
+    before the ``int32`` conversion of its ``.train``); its test sets are the metrics' part."""
     model = getattr(algorithm, "model", None)
-    if model is None or model.num_classes is None:  # not a classifier
-        return
     from cbo_jax.federated.attacks import AttackData
 
-    parts: tuple[tuple[str, AgentData, int], ...]
+    parts: tuple[tuple[str, Any, int], ...]
     if isinstance(data, AttackData):
         nb = data.benign.num_agents
-        parts = (("benign.y", data.benign, 0), ("val.y", data.val, 0), ("malicious.y", data.malicious, nb))
-    elif isinstance(data, AgentData):
-        parts = (("y", data, 0),)
-    else:
+        parts = (("benign", data.benign, 0), ("val", data.val, 0), ("malicious", data.malicious, nb))
+    elif isinstance(data, (AgentData, FederatedData)):
+        parts = (("", data, 0),)
+    elif not hasattr(data, "num_agents"):  # was an AttributeError ('tuple' object has no attribute 'num_agents')
+        raise ValueError(f"data must be a FederatedData, an AgentData or an AttackData (what the algorithm's round "
+                         f"takes), got {type(data).__name__}; FederatedData.from_arrays / from_lists build one")
+    else:  # another container of the caller's own algorithm
         return
-    for name, group, first in parts:
-        check_labels(group.y, group.counts, model.num_classes, name, model=f"model {model.name}", first=first)
+    for prefix, group, first in parts:
+        check_training(group.x, group.y, group.counts, getattr(group, "valid", None), model=model, prefix=prefix,
+                       first=first)
+
+
+def _metric_fns(name: str, fns: Any) -> tuple:
+    """``fns`` as a tuple of metric functions, refused up front otherwise: a non-function was
+    called only at the first evaluation, after the rounds up to it had trained ("'list' object
+    is not callable" for the pair that :func:`~cbo_jax.federated.metrics.default_metrics`
+    returns), and round metrics are static arguments of the compiled scan (hashable)."""
+    kind = "f(Evaluation) -> dict" if name == "metrics" else "f(info) -> dict"
+    if callable(fns) or isinstance(fns, (str, bytes, dict)) or not isinstance(fns, Iterable):
+        raise ValueError(f"{name} must be a list of functions {kind}, got {type(fns).__name__}"
+                         + (f": pass [{name}]" if callable(fns) else ""))
+    fns = tuple(fns)  # once: a generator is used up by the checks below
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            hint = ""
+            if isinstance(fn, (list, tuple)):
+                hint = ("; fl.metrics.default_metrics returns the pair (round_metrics, metrics): unpack it, "
+                        "round_metrics, metrics = default_metrics(...)")
+            raise ValueError(f"{name}[{i}] must be a function {kind}, got {type(fn).__name__}{hint}")
+        if name == "round_metrics":
+            try:
+                hash(fn)
+            except TypeError:
+                raise ValueError(f"{name}[{i}] ({type(fn).__name__}) must be hashable: round metrics are static "
+                                 f"arguments of the compiled rounds (a function, or a frozen dataclass)") from None
+    return fns
 
 
 def _config_dict(cfg) -> Any:
@@ -115,11 +149,14 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     Args:
       algorithm: an ``(init, round)`` pair from :mod:`cbo_jax.federated.algorithms`.
       data: what ``algorithm.round`` takes (an ``AgentData``, an ``AttackData``), or a
-        :class:`~cbo_jax.federated.data.FederatedData`, whose training side is used. For a
-        classifier, labels outside ``[0, num_classes)`` (training, validation) are refused
-        with a ``ValueError`` naming the agent before anything is compiled
-        (:func:`~cbo_jax.federated.data.check_labels`; the full, costlier validation,
-        model probe included, is :meth:`~cbo_jax.federated.data.FederatedData.check`).
+        :class:`~cbo_jax.federated.data.FederatedData`, whose training side is used. The
+        training data (and FedCB²O's validation splits) are validated on the host before
+        anything is compiled, a ``ValueError`` naming the field and the agent
+        (:func:`~cbo_jax.federated.data.check_training`): shapes, integer ``counts`` in
+        ``[1, n_max]``, finite inputs and targets, the model's output and per-sample loss
+        against the labels (an abstract probe), a classifier's integer labels in
+        ``[0, num_classes)``. The test sets are checked by the metrics and by
+        :meth:`~cbo_jax.federated.data.FederatedData.check`.
       key: PRNG key of the run.
       metrics: evaluation metrics ``f(Evaluation) -> dict``, run every ``every`` rounds
         and after the last.
@@ -150,16 +187,21 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
     key = _checks.as_key("key", key)
+    metrics, round_metrics = _metric_fns("metrics", metrics), _metric_fns("round_metrics", round_metrics)
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("every", every)
     if checkpoint_every is not None:
         _checks.positive_int("checkpoint_every", checkpoint_every)
     out = Path(out) if out is not None else None
+    if extend and not resume:  # was ignored: a new run of the extended length
+        raise ValueError("extend continues a run: it needs resume=True")
+    if resume and overwrite:  # overwrite was ignored: the run resumed
+        raise ValueError("resume continues the results in out and overwrite replaces them: give one of them")
     if (resume or checkpoint_every or tensorboard) and out is None:
         raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
     clusters = getattr(data, "num_clusters", None)
+    _check_data(algorithm, data)
     data = _train_view(data)
-    _check_labels(algorithm, data)
     n = data.num_agents
     padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
     fp = fingerprint(algorithm, data, key, rounds, every)
@@ -169,7 +211,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     with guard, jax.threefry_partitionable(True):
         # Row j's random numbers must not depend on the rows after it (padding agents):
         # JAX's partitionable threefry (its default since 0.5) guarantees that.
-        res = _run(algorithm, data, rounds, key, fp, metrics=tuple(metrics), round_metrics=tuple(round_metrics),
+        res = _run(algorithm, data, rounds, key, fp, metrics=metrics, round_metrics=round_metrics,
                    every=every, out=out, config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume,
                    extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters)
     return res
@@ -237,23 +279,31 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         if diffs:
             hint = " (extend=True / --extend allows more rounds)" if any(d.startswith("rounds:") for d in diffs) else ""
             raise ValueError(f"cannot resume {out}: it holds another run{hint}:\n  " + "\n  ".join(diffs))
+        rows = read_jsonl(out / "metrics.jsonl")
+        if any("round" not in r for r in rows):  # e.g. a particle run's rows (`optimize --overwrite` into it)
+            raise ValueError(f"cannot resume {out}: {out / 'metrics.jsonl'} holds rows without a round (not a "
+                             f"federated run's); overwrite them instead")
         if has_ckpt:
             state, meta = ckpt.restore(out / "checkpoint", state)
             done = int(meta["step"])
             if done > rounds:
                 raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
-            history = [r for r in read_jsonl(out / "metrics.jsonl") if r["round"] <= done]
+            history = [r for r in rows if r["round"] <= done]
             if len(history) != done:
                 raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the "
                                  f"checkpoint's); cannot resume")
+        elif rows:  # its rows are replaced as the run goes again: say so, it may have been long
+            warnings.warn(f"resuming {out}: it holds {len(rows)} rows but no checkpoint (the run saved none: "
+                          f"checkpoint_every / --checkpoint-every saves them), so the run starts again from round 0",
+                          stacklevel=3)
     if out is not None:
-        (out / "fingerprint.json").write_text(json.dumps(fp, indent=1) + "\n")
+        replace_text(out / "fingerprint.json", json.dumps(fp, indent=1) + "\n")
     writer = None
     if out is not None:
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
         cfg = _config_dict(config) if config is not None else {
             "algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
-        (out / "config.json").write_text(json.dumps(json_safe(to_python(cfg)), indent=2, default=str) + "\n")
+        replace_text(out / "config.json", json.dumps(json_safe(to_python(cfg)), indent=2, default=str) + "\n")
     if lay.padded:
         state, data = jax.jit(lay.pad_state)(state), lay.pad_data(data)
     if mesh is not None:

@@ -105,6 +105,9 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         return DFedAvgMState(params, jax.vmap(make_optimizer(cfg.local).init)(params), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: DFedAvgMState, data: AttackData):
+        if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'groups')
+            raise ValueError(f"{name} takes an AttackData (the agents' groups: AttackDataset.attack_data()), got "
+                             f"{type(data).__name__}")
         if data.num_agents < n:  # static shapes: named at trace time (Oracle Min's data needs its benign groups)
             raise ValueError(f"the data holds {data.num_agents} agents ({data.benign.num_agents} benign, "
                              f"{data.malicious.num_agents} attackers), but {name} was built for groups of {n} agents")

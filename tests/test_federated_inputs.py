@@ -1,0 +1,352 @@
+"""A researcher's own model and data meeting the federated public API: bad inputs are named.
+
+``fl.run`` validates the training side it is given on the host, before anything is
+compiled: shapes and counts, integer labels for a classifier (in range), finite inputs
+and targets, and the model's output and per-sample loss against the labels (an abstract
+probe, ``jax.eval_shape``). Each case here used to crash deep inside JAX or optax, or to
+run silently to a wrong number.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cbo_jax.federated as fl
+from cbo_jax.federated import runner
+
+
+class Classifier(nn.Module):
+    classes: int = 3
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(self.classes)(x.reshape(x.shape[0], -1).astype(jnp.float32))
+
+
+class Squeezed(nn.Module):
+    """A scalar regression model that outputs ``(n,)``."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(1)(x)[:, 0]
+
+
+LOCAL = fl.LocalSGDConfig(epochs=1, batch_size=4, lr=0.05, momentum=0.0)
+
+
+def _lists(sizes=(5, 1, 7, 3), dim=4, classes=3, seed=0):
+    """Unequal per-agent data sets (one agent with a single sample), int64 labels."""
+    rng = np.random.default_rng(seed)
+    xs = [rng.normal(size=(n, dim)).astype(np.float32) for n in sizes]
+    ys = [rng.integers(0, classes, n) for n in sizes]
+    return xs, ys
+
+
+def _targets(xs, seed=1, shape=()):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=(len(x),) + shape).astype(np.float32) for x in xs]
+
+
+def _local(model, n=4):
+    return fl.local_only(model, fl.LocalConfig(local=LOCAL), n)
+
+
+def _refused(alg, data, match, monkeypatch):
+    """``run`` raises ``ValueError(match)`` and never reaches the compiled rounds."""
+    def never(*a, **k):
+        raise AssertionError("the compiled rounds were reached")
+
+    monkeypatch.setattr(runner, "_scan_rounds", never)
+    with pytest.raises(ValueError, match=match):
+        fl.run(alg, data, 1, jax.random.key(0), progress=False)
+
+
+# --- labels of a classifier -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind,hint", [("float", r"astype\(int\)"), ("one_hot", r"one-hot labels: pass their class "
+                                       r"ids, y.argmax\(-1\)"), ("column", r"a column of labels: pass y\[..., 0\]")])
+def test_run_names_labels_a_classifier_cannot_take(kind, hint, monkeypatch):
+    # Float or one-hot labels for a cross-entropy classifier failed inside optax's trace with
+    # "Expected the input to have a dtype that is a subdtype of integer", naming nothing; a
+    # column of labels (n, 1) failed in optax's shape check.
+    xs, ys = _lists()
+    ys = {"float": [y.astype(np.float32) for y in ys], "one_hot": [np.eye(3, dtype=np.float32)[y] for y in ys],
+          "column": [y[:, None] for y in ys]}[kind]
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys)
+    match = r"a classifier needs integer labels of shape \(N, n_max\), got .*" + hint
+    for d in (data, data.train):
+        _refused(_local(model), d, match, monkeypatch)
+
+
+def test_boolean_labels_are_class_ids():
+    # Binary labels as booleans (y = x[:, 0] > 0) were kept as bool: check() refused them and
+    # run() failed inside optax. They are the class ids 0 and 1.
+    xs, ys = _lists(classes=2)
+    yb = [y.astype(bool) for y in ys]
+    data = fl.FederatedData.from_lists(xs, yb, test_x=xs, test_y=yb)
+    assert data.y.dtype == np.int32 and data.test_y.dtype == np.int32
+    np.testing.assert_array_equal(data.y[0, :5], ys[0])
+    model = fl.from_flax(Classifier(classes=2), xs[0][:1])
+    data.check(model)
+    res = fl.run(_local(model), data, 1, jax.random.key(0), metrics=[fl.metrics.test_accuracy(model, data)],
+                 progress=False)
+    assert 0 <= res.summary["final_test_acc"] <= 100
+
+
+def test_test_accuracy_names_float_test_labels_of_a_classifier():
+    # Integer training labels but float test labels: the metric failed inside optax at the
+    # first evaluation, after the training rounds had run.
+    xs, ys = _lists()
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys, test_x=xs, test_y=[y.astype(np.float32) for y in ys])
+    with pytest.raises(ValueError, match="integer test labels test_y"):
+        fl.metrics.test_accuracy(model, data)
+
+
+# --- the model against the data ---------------------------------------------------------------------
+
+def test_run_names_a_regression_output_that_does_not_fit_the_targets(monkeypatch):
+    # A 3-output model for scalar targets failed in JAX's broadcasting ("Incompatible shapes
+    # for broadcasting: shapes=[(4, 3), (4,)]") while tracing the rounds.
+    xs, _ = _lists()
+    data = fl.FederatedData.from_lists(xs, _targets(xs))
+    model = fl.from_flax(nn.Dense(3), xs[0][:1], loss="squared_error")
+    for d in (data, data.train):
+        _refused(_local(model), d, r"outputs \(3,\) per sample, but the squared error needs targets", monkeypatch)
+    # (n,) outputs against (n, 1) targets broadcast to (n, n): a silently wrong loss
+    squeeze = fl.from_flax(Squeezed(), xs[0][:1], loss="squared_error")
+    _refused(_local(squeeze), fl.FederatedData.from_lists(xs, _targets(xs, shape=(1,))),
+             "squared error needs targets of the same shape", monkeypatch)
+
+
+@pytest.mark.parametrize("loss,shape", [(lambda o, y: (o - y[:, None]) ** 2, r"\(3, 1\)"),
+                                        (lambda o, y: jnp.mean((o[:, 0] - y) ** 2), r"\(\)")])
+def test_run_names_a_loss_that_is_not_one_loss_per_sample(loss, shape, monkeypatch):
+    # A loss of shape (n, 1) broadcast against the (n,) sample mask to (n, n), a scalar mean
+    # counted the padding rows: both trained silently on wrong losses.
+    xs, _ = _lists()
+    model = fl.from_flax(nn.Dense(1), xs[0][:1], loss=loss)
+    data = fl.FederatedData.from_lists(xs, _targets(xs))
+    _refused(_local(model), data, rf"the loss of model Dense gives shape {shape} for 3 samples, not one loss per "
+             rf"sample", monkeypatch)
+
+
+def test_run_names_inputs_the_model_cannot_take(monkeypatch):
+    xs, ys = _lists()
+    model = fl.from_flax(nn.Dense(3), np.zeros((1, 5), np.float32))  # built for 5 features, the data has 4
+    _refused(_local(model), fl.FederatedData.from_lists(xs, ys), r"cannot take inputs of shape \(4,\)", monkeypatch)
+
+
+def test_run_names_a_classifier_with_fewer_logits_than_the_labels_need(monkeypatch):
+    xs, ys = _lists(classes=3)
+    model = fl.from_flax(Classifier(classes=2), xs[0][:1])
+    _refused(_local(model), fl.FederatedData.from_lists(xs, ys), r"y holds labels outside \[0, 2\)", monkeypatch)
+
+
+# --- counts and values ---------------------------------------------------------------------------------
+
+def test_run_names_an_agent_without_samples(monkeypatch):
+    # A client with 0 samples trained on nothing (its loss is 0 under every model), yet its 0
+    # entered the mean training loss; check() refused it, run() did not.
+    xs, ys = _lists()
+    xs[2], ys[2] = xs[2][:0], ys[2][:0]
+    data = fl.FederatedData.from_lists(xs, ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    for d in (data, data.train):
+        _refused(_local(model), d, r"agents \[2\] have no samples", monkeypatch)
+    # inactive padding agents (valid False) hold no samples by design, and whatever they hold is not data
+    padded = data.train._replace(counts=jnp.asarray([5, 1, 3, 3], jnp.int32)).pad(6)
+    assert padded.counts.tolist()[4:] == [0, 0]
+    runner._check_data(fl.fedavg(model, fl.FedAvgConfig(local=LOCAL), 6), padded)
+    garbage = padded._replace(x=padded.x.at[4:].set(jnp.nan), y=padded.y.at[4:].set(9),
+                              counts=padded.counts.at[4:].set(padded.x.shape[1]))
+    runner._check_data(fl.fedavg(model, fl.FedAvgConfig(local=LOCAL), 6), garbage)
+
+
+@pytest.mark.parametrize("counts,match", [([5, 1, 9, 3], r"counts up to 9 exceed the padded size n_max=7"),
+                                          ([5.0, 1.0, 7.0, 3.0], "counts must hold one integer per agent")])
+def test_run_names_counts_that_do_not_fit_the_data(counts, match, monkeypatch):
+    # counts past n_max weighted FedAvg's average by samples that do not exist; float counts
+    # were truncated by the int32 conversion of FederatedData.train.
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)._replace(counts=np.asarray(counts))
+    _refused(_local(fl.from_flax(Classifier(), xs[0][:1])), data, match, monkeypatch)
+
+
+@pytest.mark.parametrize("field", ["x", "y"])
+def test_run_names_non_finite_training_data(field, monkeypatch):
+    # A NaN input or target made the agent's model NaN (and the mean test loss NaN) without a word.
+    xs, _ = _lists()
+    ys = _targets(xs)
+    (xs if field == "x" else ys)[2][3] = np.nan
+    model = fl.from_flax(nn.Dense(1), xs[0][:1], loss="squared_error")
+    data = fl.FederatedData.from_lists(xs, ys)
+    what = "inputs x" if field == "x" else "targets y"
+    for d in (data, data.train):
+        _refused(_local(model), d, rf"training {what} hold NaN or infinite values: agent 2, sample 3", monkeypatch)
+    # padding rows are not data: NaN after an agent's samples is fine
+    xs, _ = _lists()
+    clean = fl.FederatedData.from_lists(xs, _targets(xs))
+    clean.x[1, 3] = np.nan  # agent 1 has one sample
+    runner._check_data(_local(model), clean)
+
+
+# --- cluster ids in the round metrics ----------------------------------------------------------------
+
+def test_cluster_purity_counts_estimates_beyond_the_number_of_agents():
+    # IFCA with more server models than agents (k = 10, N = 4) estimates clusters 0..9; the vote
+    # table had one column per agent and dropped the votes for estimates >= 4: clusters
+    # recovered exactly scored 0.5 or 0.
+    import collections
+
+    Info = collections.namedtuple("Info", "assignment")
+    purity = fl.metrics.cluster_purity([0, 0, 1, 1])
+    for estimate, want in (([5, 5, 1, 1], 1.0), ([5, 5, 6, 6], 1.0), ([7, 7, 7, 7], 0.0), ([9, 5, 6, 6], 0.75)):
+        assert float(purity(Info(jnp.asarray(estimate, jnp.int32)))["cluster_purity"]) == want, estimate
+    # in a run: IFCA with 10 server models for 4 agents, against the definition computed here
+    xs, ys = _lists(sizes=(6, 6, 6, 6))
+    alg = fl.ifca(fl.from_flax(Classifier(), xs[0][:1]), fl.IFCAConfig(k=10, local=LOCAL), 4)
+    res = fl.run(alg, fl.FederatedData.from_lists(xs, ys), 3, jax.random.key(0), progress=False,
+                 round_metrics=[purity, lambda info: {"estimates": info.assignment}])
+    for row in res.history:
+        est = np.asarray(row["estimates"])
+        majority = [min(v for v in set(est[t]) if list(est[t]).count(v) == max(list(est[t]).count(u) for u in est[t]))
+                    for t in (slice(0, 2), slice(2, 4))]
+        want = 0.0 if majority[0] == majority[1] else float(np.mean(est == np.repeat(majority, 2)))
+        assert row["cluster_purity"] == want, (est, row["cluster_purity"])
+
+
+@pytest.mark.parametrize("ids", [[0, 0, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
+def test_round_metrics_need_one_cluster_id_per_agent(ids):
+    # 8 ids for 6 agents gave a silently wrong SR_n oracle (computed for 8 agents); 3 failed in
+    # JAX's broadcasting ("eq got incompatible shapes").
+    xs, ys = _lists(sizes=(5, 2, 7, 3, 4, 4))
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys)
+    cbo = fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 6)
+    ifca = fl.ifca(model, fl.IFCAConfig(k=2, local=LOCAL), 6)
+    for alg, metric, name in ((cbo, fl.metrics.selection(ids), "selection"),
+                              (ifca, fl.metrics.cluster_purity(ids), "cluster_purity")):
+        with pytest.raises(ValueError, match=rf"{name}\(cluster\): cluster holds {len(ids)} ids but the run has 6 "
+                                             rf"agents"):
+            fl.run(alg, data, 1, jax.random.key(0), round_metrics=[metric], progress=False)
+
+
+# --- what run() is given ------------------------------------------------------------------------------
+
+def test_run_refuses_metrics_that_are_not_functions_before_training(monkeypatch):
+    # metrics=default_metrics(...) (the pair, not unpacked) trained every round up to the first
+    # evaluation and then failed with "'list' object is not callable".
+    xs, ys = _lists()
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys, test_x=xs, test_y=ys)
+    alg = _local(model)
+    pair = fl.metrics.default_metrics(model, data, log=None)
+    monkeypatch.setattr(runner, "_scan_rounds", lambda *a, **k: pytest.fail("the rounds were reached"))
+    for kw, match in ((dict(metrics=pair), r"metrics\[0\] must be a function f\(Evaluation\) -> dict, got list; "
+                                           r"fl.metrics.default_metrics returns the pair"),
+                      (dict(round_metrics=["sr"]), r"round_metrics\[0\] must be a function f\(info\) -> dict, got str"),
+                      (dict(metrics=fl.metrics.test_accuracy(model, data)), r"metrics must be a list of functions .*: "
+                                                                             r"pass \[metrics\]"),
+                      (dict(round_metrics=[Unhashable()]), r"round_metrics\[0\] \(Unhashable\) must be hashable")):
+        with pytest.raises(ValueError, match=match):
+            fl.run(alg, data, 3, jax.random.key(0), every=3, progress=False, **kw)
+    monkeypatch.undo()
+    # evaluation metrics run on the host: any callable, hashable or not
+    res = fl.run(alg, data, 1, jax.random.key(0), metrics=[Unhashable()], progress=False)
+    assert res.history[-1]["round"] == 1
+
+
+class Unhashable:
+    __hash__ = None  # type: ignore[assignment]
+
+    def __call__(self, info):
+        return {}
+
+
+def test_run_names_data_of_the_wrong_kind():
+    xs, ys = _lists()
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys)
+    with pytest.raises(ValueError, match="data must be a FederatedData, an AgentData or an AttackData .* got tuple"):
+        fl.run(_local(model), (data.x, data.y, data.counts), 1, jax.random.key(0), progress=False)
+    # FedCB2O and DFedAvgM take the attack benchmark's groups: an AttributeError ('AgentData' object
+    # has no attribute 'benign') before
+    cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=1, local=LOCAL), [0, 0, 1, 1], [False] * 4)
+    with pytest.raises(ValueError, match="fedcb2o takes an AttackData .* got AgentData"):
+        fl.run(cb2o, data, 1, jax.random.key(0), progress=False)
+    dfed = fl.dfedavgm(model, fl.DFedAvgMConfig(M=1, local=LOCAL), [0, 0, 1, 1])
+    with pytest.raises(ValueError, match="dfedavgm takes an AttackData .* got AgentData"):
+        fl.run(dfed, data, 1, jax.random.key(0), progress=False)
+
+
+def test_pooled_metrics_of_a_regression_model_and_of_models_that_are_not_one_server_model():
+    # A regression model got train_acc = test_acc = 0.0 (argmax of its one output against float
+    # targets); FedCBO's agents were reported as "the server model" (agent 0's numbers).
+    xs, _ = _lists()
+    ys = _targets(xs)
+    data = fl.FederatedData.from_lists(xs, ys, test_x=xs, test_y=ys)
+    reg = fl.from_flax(nn.Dense(1), xs[0][:1], loss="squared_error")
+    metric = fl.metrics.pooled(reg, data.train, data.test_x, data.test_y, data.test_counts)
+    res = fl.run(fl.fedsgld(reg, fl.FedSGLDConfig(), 4), data, 1, jax.random.key(0), metrics=[metric],
+                 progress=False)
+    row = res.history[-1]
+    assert "train_acc" not in row and "test_acc" not in row and np.isfinite(row["train_loss"])
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys, test_x=np.stack([x[:1] for x in xs]),
+                                       test_y=np.stack([y[:1] for y in ys]))
+    assert data.test_counts is None  # whole test sets: None was a TypeError in jnp.asarray
+    clf = fl.from_flax(Classifier(), xs[0][:1])
+    metric = fl.metrics.pooled(clf, data.train, data.test_x, data.test_y, data.test_counts)
+    row = fl.run(fl.fedavg(clf, fl.FedAvgConfig(local=LOCAL), 4), data, 1, jax.random.key(0), metrics=[metric],
+                 progress=False).history[-1]
+    assert 0 <= row["train_acc"] <= 100 and 0 <= row["test_acc"] <= 100
+    with pytest.raises(ValueError, match="pooled measures one server model .* exposes 4 agent models"):
+        fl.run(_local(clf), data, 1, jax.random.key(0), metrics=[metric], progress=False)
+
+
+def test_test_accuracy_names_an_empty_test_set():
+    # An agent whose own test set was empty scored accuracy 0 and loss 0 into the means.
+    xs, ys = _lists()
+    txs, tys = _lists(sizes=(4, 0, 3, 3), seed=2)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    data = fl.FederatedData.from_lists(xs, ys, test_x=txs, test_y=tys)
+    with pytest.raises(ValueError, match=r"test sets \[1\] have no samples \(test_counts < 1\) but agents \[1\] are "
+                                         r"measured on them"):
+        fl.metrics.test_accuracy(model, data)
+    fl.metrics.test_accuracy(model, data._replace(test_of=np.array([0, 0, 2, 3])))  # nobody uses the empty one
+
+
+def test_from_flax_hints_at_the_stacked_data_given_as_example_input():
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    with pytest.raises(ValueError, match=r"outputs \(4, 7, 3\) for example_input of shape \(4, 7, 4\) \(if that is the "
+                                         r"stacked \(N, n_max, ...\) data, give one batch of samples"):
+        fl.from_flax(nn.Dense(3), data.x)
+    assert fl.from_flax(nn.Dense(3), data.x[0, :1]).num_classes == 3
+
+
+def test_metrics_given_as_a_generator_are_kept():
+    """The checks of the metric lists used up a generator: the run reported no metric at all."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys, test_x=xs, test_y=ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    res = fl.run(_local(model), data, 1, jax.random.key(0), progress=False,
+                 metrics=(m for m in [fl.metrics.test_accuracy(model, data)]))
+    assert "final_test_acc" in res.summary
+
+
+def test_run_refuses_extend_without_resume_and_resume_with_overwrite(tmp_path):
+    """Both were ignored: extend=True alone made a new run; resume=True, overwrite=True resumed."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    with pytest.raises(ValueError, match="extend continues a run: it needs resume=True"):
+        fl.run(_local(model), data, 1, jax.random.key(0), out=tmp_path / "a", extend=True, progress=False)
+    with pytest.raises(ValueError, match="resume continues the results in out and overwrite replaces them"):
+        fl.run(_local(model), data, 1, jax.random.key(0), out=tmp_path / "b", resume=True, overwrite=True,
+               progress=False)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
