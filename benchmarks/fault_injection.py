@@ -159,7 +159,7 @@ def main() -> None:
     log("resume with another seed")
     proc = subprocess.run(cli("--rounds", str(args.rounds), "--seed", "99", "--output", str(ref), "--resume"),
                           capture_output=True, text=True)
-    result["config_mismatch_refused"] = proc.returncode == 2 and "key:" in proc.stderr
+    result["config_mismatch_refused"] = proc.returncode == 2 and "--seed:" in proc.stderr
     log(proc.stderr.strip())
     shutil.rmtree(root, ignore_errors=True)
     print(json.dumps(result))

@@ -22,6 +22,28 @@ RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "fingerprint.json",
 _LOCK = ".lock"
 
 
+def _not_a_directory(path: Path) -> Path:
+    """The first of ``path`` and its parents that exists but is not a directory (else ``path``)."""
+    for p in (*reversed(path.parents), path):
+        if p.exists() and not p.is_dir():
+            return p
+    return path
+
+
+def _remove(path: Path) -> None:
+    """Remove a result; a directory that is a link (checkpoints on a scratch disk) is emptied and stays linked.
+
+    ``shutil.rmtree`` refused the link with an ``OSError`` traceback.
+    """
+    if path.is_symlink() and path.is_dir():
+        for p in path.iterdir():
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
 class ResultsDir:
     """An output directory held by one run (a context manager).
 
@@ -42,13 +64,19 @@ class ResultsDir:
 
     def _results(self) -> list[Path]:
         if self.owned is None:
-            return sorted(p for p in self.path.iterdir() if p.name != _LOCK)
-        return sorted({p for pattern in self.owned for p in self.path.glob(pattern)})
+            found = {p for p in self.path.iterdir() if p.name != _LOCK}
+        else:
+            found = {p for pattern in self.owned for p in self.path.glob(pattern)}
+        # an empty directory holds no result (a checkpoint/ linked to a scratch disk before the first run)
+        return sorted(p for p in found if not (p.is_dir() and next(p.iterdir(), None) is None))
 
     def __enter__(self) -> "ResultsDir":
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path / _LOCK, "a+")
+        except FileExistsError:  # was "File exists": a file (or one above it) is in the directory's place
+            raise ValueError(f"cannot write results to {self.path}: {_not_a_directory(self.path)} is a file, not a "
+                             f"directory") from None
         except OSError as err:
             raise ValueError(f"cannot write results to {self.path}: {err.strerror or err}") from None
         try:
@@ -77,7 +105,7 @@ class ResultsDir:
                 raise ValueError(f"{self.path} already holds results ({names}); {resume}choose another output "
                                  f"directory, or overwrite them (--overwrite)")
             for p in found:
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+                _remove(p)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -146,9 +147,19 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
 
 
 def steps(path: str | Path) -> list[int]:
-    """The complete steps in checkpoint directory ``path`` (none when it does not exist)."""
+    """The complete steps in checkpoint directory ``path`` (none when it does not exist).
+
+    A path that exists but is not a directory, or a link whose target is missing, is a
+    :class:`CheckpointError`: it was "no checkpoint", and a resume started the run again
+    from round 0 over its rows.
+    """
     path = Path(path).absolute()
     if not path.is_dir():
+        if path.exists():
+            raise CheckpointError(f"{path} is a file, not a checkpoint directory")
+        if path.is_symlink():  # a link to a scratch disk that is not mounted: the checkpoints are elsewhere
+            raise CheckpointError(f"{path} is a link to {os.readlink(path)}, which does not exist (a disk not "
+                                  f"mounted?)")
         return []
     with _manager(path) as mgr:
         return sorted(int(s) for s in mgr.all_steps())
@@ -190,6 +201,14 @@ def _check_layout(path: Path, step: int, saved, template) -> None:
                                   f"in the checkpoint but {np.dtype(w.dtype)}{list(w.shape)} in this run")
 
 
+def _earlier(path: Path, step: int, available: list[int]) -> str:
+    """The end of a corrupt-step message: the earlier steps, and how to fall back to the latest of them."""
+    earlier = [s for s in available if s < step]
+    if not earlier:
+        return ""
+    return f"; earlier steps: {earlier} (delete {path / str(step)} to use step {earlier[-1]})"
+
+
 def read_meta(path: str | Path, *, step: int | None = None) -> dict:
     """The metadata of step ``step`` (default: the latest), without reading the arrays."""
     import orbax.checkpoint as ocp
@@ -201,12 +220,15 @@ def read_meta(path: str | Path, *, step: int | None = None) -> dict:
     step = available[-1] if step is None else _step(step)
     if step not in available:  # was reported as "corrupt: unreadable metadata"
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
-    _verify_digest(path, step, "")
+    # A resume reads the metadata first: a corrupt step named no way back to the intact ones
+    others = _earlier(path, step, available)
+    _verify_digest(path, step, others)
     with _manager(path) as mgr:
         try:
             meta = mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
         except Exception as err:  # noqa: BLE001 - reported with the step
-            raise CheckpointError(f"{path} step {step} is corrupt: unreadable metadata ({type(err).__name__})") from None
+            raise CheckpointError(f"{path} step {step} is corrupt: unreadable metadata ({type(err).__name__})"
+                                  f"{others}") from None
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
     return meta
@@ -229,7 +251,7 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
     step = available[-1] if step is None else _step(step)  # int(1.5) restored step 1
     if step not in available:
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
-    others = f"; earlier steps: {[s for s in available if s < step]}" if len(available) > 1 else ""
+    others = _earlier(path, step, available)
     _verify_digest(path, step, others)
     template = _template(like)
     with _manager(path) as mgr:

@@ -254,6 +254,10 @@ def _add_run(sub) -> None:
 def _cmd_run(args) -> int:
     from cbo_jax.experiments.federated import config_from_args, run_experiment
 
+    if args.extend and not args.resume:  # was ignored: a new run of the extended length over the old one
+        raise ValueError("--extend continues a run: it needs --resume")
+    if args.resume and args.overwrite:  # --overwrite was ignored: the run resumed
+        raise ValueError("--resume continues the results in OUTPUT and --overwrite replaces them: give one of them")
     cfg = config_from_args(args.algorithm, args, args.run_flags)
     out = args.output or Path("results") / f"run-{args.algorithm}"
     from cbo_jax import sharding
@@ -274,7 +278,9 @@ def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="FedCBO vs FedAvg, IFCA and local training on the bundled MNIST subset",
                        description="A small rotated-MNIST comparison on the real-MNIST subset shipped with the package "
                                    "(offline, about 2 minutes on 2 CPU cores).")
-    p.add_argument("--output", type=Path, default=Path("results") / "demo")
+    p.add_argument("--output", type=Path, default=Path("results") / "demo",
+                   help="directory of the four runs, OUTPUT/fedcbo, ... (default results/demo); a later demo replaces "
+                        "them, never another command's run")
     p.add_argument("--seed", type=_run_seed, default=0, help="seed of the algorithms' randomness (0 to 2**32 - 1)")
     p.add_argument("--rounds", type=_positive_int, default=None,
                    help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
@@ -408,11 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from cbo_jax import provenance
-
+    args = None
     try:
+        # Ctrl-C while the parser imports JAX and the experiments was a traceback through the imports
+        args = build_parser().parse_args(argv)
+        from cbo_jax import provenance
+
         _maybe_initialize_distributed(args)
         from cbo_jax import compilation_cache
 
@@ -424,7 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback through JAX's internals
-        print("cbo-jax: interrupted (a run with --checkpoint-every resumes with --resume)", file=sys.stderr)
+        # only `cbo-jax run` resumes; the hint was printed after any command
+        resumable = getattr(args, "command", None) == "run"
+        hint = " (a run with --checkpoint-every resumes with --resume)" if resumable else ""
+        print(f"cbo-jax: interrupted{hint}", file=sys.stderr)
         return 130
 
 

@@ -99,7 +99,8 @@ def _try_read_json(path: Path) -> tuple[Any, str | None]:
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
     try:
-        for line in path.read_text().splitlines():
+        # undecodable bytes (a damaged file) spoil their line only: a UnicodeDecodeError stopped the whole report
+        for line in path.read_text(errors="replace").splitlines():
             line = line.strip()
             if line:
                 try:
@@ -190,8 +191,8 @@ def _provenance_line(env: dict) -> str:
     if env.get("backend"):
         host = ", ".join(str(x) for x in (env.get("cpu_model"), env.get("cpu_count") and f"{env['cpu_count']} cores")
                          if x)
-        kind = str(env.get("device_kind", ""))
-        device = env["backend"].upper() + (f" {kind}" if kind.lower() != env["backend"] else "")
+        kind, backend = str(env.get("device_kind", "")), str(env["backend"])  # a hand-edited value: any JSON
+        device = backend.upper() + (f" {kind}" if kind and kind.lower() != backend else "")
         if env.get("device_count", 1) != 1:
             device += f" x {env['device_count']}"
         parts.append(device + (f" (host: {host})" if host else ""))
@@ -286,7 +287,8 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
             png = _curves_png(series, f"{title}: metrics.jsonl")
             if png is not None:
                 section.append(("img", png, f"{title}: curves from metrics.jsonl", f"{_slug(title)}_curves.png"))
-        for img in sorted(d.glob("*.png")):
+        # a directory or a broken link named *.png is skipped (read_bytes failed with a traceback)
+        for img in sorted(p for p in d.glob("*.png") if p.is_file()):
             section.append(("img", img.read_bytes(), f"{title}/{img.name}", f"{_slug(title)}_{img.name}"))
         if section:
             blocks.append(("h", level, title))
@@ -383,6 +385,11 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
         out_path = out_path / f"report.{fmt}"
     try:  # before the report is built: an unwritable path was an OSError traceback
         out_path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # was "File exists": a file stands where a directory of the path should be
+        from cbo_jax._results import _not_a_directory
+
+        raise ValueError(f"cannot write the report to {out_path}: {_not_a_directory(out_path.parent)} is a file, "
+                         f"not a directory") from None
     except OSError as err:
         raise ValueError(f"cannot write the report to {out_path}: {err.strerror or err}") from None
     blocks = _blocks(root, out_path)

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl", "write_summary"]
+__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl", "replace_text", "write_summary"]
 
 
 def to_python(value: Any) -> Any:
@@ -55,7 +56,22 @@ def write_summary(path: str | Path, summary: dict) -> None:
     from cbo_jax.provenance import environment
 
     recorded = {**summary, "environment": environment()}
-    Path(path).write_text(json.dumps(json_safe(to_python(recorded)), indent=2) + "\n")
+    replace_text(Path(path), json.dumps(json_safe(to_python(recorded)), indent=2) + "\n")
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a kill (or an error) while writing leaves the old file.
+
+    The text goes to a temporary file beside ``path`` that replaces it when complete; a
+    ``summary.json`` or a resumed run's ``metrics.jsonl`` rewritten in place was left cut
+    short or empty by a kill while it was written.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _scalars(prefix: str, value: Any):
@@ -78,7 +94,11 @@ def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:  # rows are ASCII (json.dumps): this is damage, and the codec's message named no file
+        raise ValueError(f"{path} is damaged: it holds bytes that are not text") from None
+    lines = [line for line in text.splitlines() if line.strip()]
     rows = []
     for i, line in enumerate(lines):
         try:
@@ -109,8 +129,8 @@ class MetricsWriter:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "metrics.jsonl"
         self.step_key = step_key
-        self.path.write_text("".join(json.dumps(json_safe(to_python(r)), allow_nan=False) + "\n"  # as write()
-                                     for r in (keep or [])))
+        replace_text(self.path, "".join(json.dumps(json_safe(to_python(r)), allow_nan=False) + "\n"  # as write()
+                                         for r in (keep or [])))
         self._tb = None
         if tensorboard:
             try:

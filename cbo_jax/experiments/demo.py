@@ -13,7 +13,8 @@ import json
 import time
 from pathlib import Path
 
-from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, run_experiment
+from cbo_jax.experiments.federated import (RotatedMNISTConfig, RunOptions, comparison, load_data, resolve_data,
+                                          run_experiment)
 from cbo_jax.federated.algorithms import FedCBOConfig
 from cbo_jax.federated.local import LocalSGDConfig
 
@@ -23,6 +24,28 @@ RUN = RunOptions(rounds=15, eval_every=5, test_size=1000)
 FEDCBO = FedCBOConfig(M=8, alpha=10.0, eps0=0.5, eps_decay=0.05, eps_min=0.1, eval_chunk=8)
 
 
+def _check_replaceable(out: Path, configs: dict) -> None:
+    """Refuse an ``out/ALGO`` that holds another command's run: the demo replaces only an earlier demo's results.
+
+    ``cbo-jax demo --output results`` deleted the metrics, checkpoints and summary of a
+    ``cbo-jax run fedcbo --output results/fedcbo``. An earlier demo's run is recognised by its
+    ``config.json`` (the algorithm and the demo's data; any seed or round count); a run
+    killed before writing it, and an empty directory, are replaced as before.
+    """
+    data = dataclasses.asdict(resolve_data(DATA))
+    for algo in configs:
+        d = out / algo
+        try:
+            recorded = json.loads((d / "config.json").read_text())
+        except (OSError, ValueError):
+            recorded = None
+        foreign = (d / "checkpoint").exists() or (recorded is not None and not (
+            isinstance(recorded, dict) and recorded.get("algorithm") == algo and recorded.get("data") == data))
+        if foreign:
+            raise ValueError(f"{d} holds the results of a run that is not a demo's; the demo replaces only its own "
+                             f"results: choose another --output")
+
+
 def run_demo(out: Path, seed: int = 0, progress: bool = True, rounds: int | None = None) -> dict:
     """Run the four methods; ``rounds`` overrides the demo's 15 rounds (a quicker look)."""
     out = Path(out)
@@ -30,6 +53,7 @@ def run_demo(out: Path, seed: int = 0, progress: bool = True, rounds: int | None
     if rounds is not None:
         run = dataclasses.replace(run, rounds=rounds, eval_every=min(RUN.eval_every, rounds))
     configs = comparison(DATA, LOCAL, run, FEDCBO)
+    _check_replaceable(out, configs)
     data = load_data(DATA)
     rows = {}
     t0 = time.perf_counter()

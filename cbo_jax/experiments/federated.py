@@ -31,6 +31,7 @@ from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
 from cbo_jax.federated.runner import RunResult, run
+from cbo_jax.writer import json_safe, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
            "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES",
@@ -244,6 +245,8 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     if cfg.algorithm == "fedcbo" and not 1 <= cfg.config.M <= cfg.data.agents - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.data.agents - 1}, "
                          f"got M={cfg.config.M}")
+    if resume and out_dir is not None:
+        _check_resume(cfg, Path(out_dir), extend)
     data = data if data is not None else load_data(cfg.data)
     if cfg.run.memory_budget_gb is not None and cfg.algorithm == "fedcbo":
         from cbo_jax.federated.memory import eval_chunk_for_budget
@@ -262,6 +265,57 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
               checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
               progress=progress, tensorboard=cfg.run.tensorboard)
     return res
+
+
+# Options a resumed run may change: where the data is read from (the data's hash is in the
+# run's fingerprint), how often it checkpoints, what it writes besides the rows, and the
+# memory budget (the eval_chunk it picks is in the fingerprint).
+_RESUME_MAY_CHANGE = {("data", "source"), ("data", "data_dir"), ("run", "checkpoint_every"), ("run", "tensorboard"),
+                      ("run", "memory_budget_gb"), ("config", "eval_chunk")}
+
+
+def _flag(path: tuple[str, ...]) -> str:
+    """The command-line flag of a config field: ``--data.seed``, ``--M``, ``--local.lr``, ``--test-size``."""
+    shown = path[1:] if path[0] in ("config", "run") else path
+    return "--" + ".".join(p.replace("_", "-") for p in shown)
+
+
+def _leaves(d: dict, path: tuple[str, ...] = ()) -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_leaves(v, path + (k,)))
+        else:
+            out[path + (k,)] = v
+    return out
+
+
+def _check_resume(cfg, out: Path, extend: bool) -> None:
+    """Refuse to resume ``out`` with options other than those its ``config.json`` records, by flag.
+
+    The run's fingerprint (checked by :func:`cbo_jax.federated.run`) holds the algorithm's
+    config, the seed's key and a hash of the training data, but not the evaluation's
+    ``test_size``: a resume with another ``--test-size`` went on, its later rows measured on
+    another test set than the earlier ones. The other differences were reported under the
+    fingerprint's names (``key``, ``data_sha256``); here they name the flag.
+    """
+    path = out / "config.json"
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet (a run killed at its start) or cut short: the fingerprint decides
+        return
+    if not isinstance(recorded, dict):
+        return
+    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=str))
+    saved, current = _leaves(recorded), _leaves(now)
+    diffs = []
+    for p, v in current.items():
+        if p in saved and saved[p] != v and p not in _RESUME_MAY_CHANGE and not (extend and p == ("run", "rounds")):
+            name = "ALGORITHM" if p == ("algorithm",) else _flag(p)
+            diffs.append(f"{name}: {saved[p]!r} in {path}, {v!r} now")
+    if diffs:
+        hint = " (--extend allows more rounds)" if any(d.startswith("--rounds:") for d in diffs) else ""
+        raise ValueError(f"cannot resume {out}: it holds another run{hint}:\n  " + "\n  ".join(diffs))
 
 
 def comparison(data: RotatedMNISTConfig, local, run_options: RunOptions, fedcbo_config: FedCBOConfig,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import time
 from pathlib import Path
 
@@ -42,6 +43,18 @@ from cbo_jax import _checks, _plotting, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
 from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
 from cbo_jax.simulate import simulate
+
+
+def _whole(flag: str, value) -> int:
+    """A particle count written as an integer or a float (``1e6``): whole and finite, else an error naming
+    ``flag`` (``inf`` was an OverflowError traceback, ``abc`` an error naming no option, ``20.5`` became 20)."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v) or v != int(v):
+        raise ValueError(f"{flag} takes whole numbers such as 1000 or 1e3, got {str(value)!r}")
+    return int(v)
 
 
 def _savefig(fig, path: Path) -> None:
@@ -252,8 +265,8 @@ def _scaling_init(n: int, d: int, rng: np.random.Generator):
 
 
 def run_scaling(args: argparse.Namespace) -> dict:
-    sizes = [int(float(s)) for s in str(args.sizes).split(",")]
-    n_ref = int(args.reference)
+    sizes = [_whole("--sizes", s) for s in str(args.sizes).split(",")]
+    n_ref = _whole("--reference", args.reference)
     if min(sizes) < 4 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1:
         raise ValueError("need every N >= 4, --reference above the largest N, steps >= 1, seeds >= 1")
     d = args.dim
@@ -446,9 +459,9 @@ def _coupling_init(n: int, d: int, rng: np.random.Generator, runs: int | None = 
 
 
 def run_coupling(args: argparse.Namespace) -> dict:
-    sizes = [int(float(s)) for s in str(args.sizes).split(",") if s]
-    n_ref = int(args.reference)
-    chunk = int(args.chunk) or None
+    sizes = [_whole("--sizes", s) for s in str(args.sizes).split(",") if s]
+    n_ref = _whole("--reference", args.reference)
+    chunk = _whole("--chunk", args.chunk) or None
     if (len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1
             or args.seed < 0):
         raise ValueError("need at least two sizes N >= 2, --reference above the largest N, steps >= 1, seeds >= 1, "
