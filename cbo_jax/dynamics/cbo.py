@@ -285,13 +285,16 @@ def _check_batch(config) -> None:
         raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
 
 
-def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None, extra=None) -> int:
+def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None, extra=None, *,
+                     gradient: str = "") -> int:
     """Host-side checks before compilation; returns ``N``.
 
     ``x0`` must have a leading agent axis (after the run axis when ``num_runs`` is
     given), hold only finite values, and ``objective`` must map it to ``(N,)``.
     ``extra(single_run_x0, N)``, if given, runs after the checks of ``x0`` and before the
     objective is traced (a dynamic's own checks: mirror maps, constraints, ...).
+    ``gradient``: the gradient terms' settings when the dynamics differentiate the
+    objective (its energies must then be floats; see :func:`check_objective`).
     """
     leaves = jax.tree_util.tree_leaves(x0)
     if not leaves:
@@ -316,7 +319,7 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     if extra is not None:
         extra(single, n)
     try:
-        check_objective(name, objective, single, n)
+        check_objective(name, objective, single, n, gradient=gradient)
     except ValueError as err:
         if num_runs is None and isinstance(x0, (np.ndarray, jax.Array)) and np.ndim(x0) == 3:
             shape = tuple(np.shape(x0))
@@ -326,10 +329,12 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     return n
 
 
-def check_objective(name: str, objective, single: PyTree, n: int, what: str = "objective") -> None:
+def check_objective(name: str, objective, single: PyTree, n: int, what: str = "objective", *,
+                    gradient: str = "") -> None:
     """Trace ``objective`` on the shapes of one run's population ``single`` (``N = n``
     agents): it must run and return ``(n,)`` real (float or integer) energies; a clear ``ValueError``
-    otherwise."""
+    otherwise. ``gradient`` (the gradient terms' settings, when the dynamics have them): the
+    energies must be floats, which ``jax.grad`` can differentiate."""
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
     except Exception as err:  # noqa: BLE001 - re-raised with context
@@ -345,6 +350,10 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
         raise ValueError(f"{what} must return real energies (a float or integer array); got dtype {out.dtype}"
                          + (": take the real part or the modulus" if jnp.issubdtype(out.dtype, jnp.complexfloating)
                             else ": cast it to float (x.astype(float))"))
+    if gradient and not jnp.issubdtype(out.dtype, jnp.floating):
+        raise ValueError(f"{gradient}: the gradient terms differentiate the {what}, which returns {out.dtype} "
+                         "energies; return floats (a differentiable objective), or build the dynamics without "
+                         "gradient terms")
 
 
 def looks_single_particle(objective, population: PyTree) -> bool:

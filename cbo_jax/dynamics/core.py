@@ -708,16 +708,9 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         if kernel.check is not None:
             def extra(single, n):
                 kernel.check(jax.tree_util.tree_map(np.asarray, single), n, config)
-        n = _check_pop(name, x0, objective, num_runs, extra)
-        if config.uses_gradient:  # ∇L of an objective that counts: JAX's grad refuses integer outputs
-            single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
-            out = jax.eval_shape(objective, jax.tree_util.tree_map(
-                lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
-            if not jnp.issubdtype(out.dtype, jnp.floating):
-                raise ValueError(f"lambda2={config.lambda2}, sigma2={config.sigma2}: the gradient terms differentiate "
-                                 f"the objective, which returns {out.dtype} energies; return floats "
-                                 "(a differentiable objective), or build the dynamics without gradient terms")
-        return n
+        # ∇L of an objective that counts: JAX's grad refuses integer outputs (named with the terms)
+        gradient = f"lambda2={config.lambda2}, sigma2={config.sigma2}" if config.uses_gradient else ""
+        return _check_pop(name, x0, objective, num_runs, extra, gradient=gradient)
 
     return Dynamics(init=init, step=step, config=config, objective=objective, check=check, record=record,
                     drive=None if kernel.per_particle_consensus else drive)
