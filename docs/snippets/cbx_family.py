@@ -24,7 +24,7 @@ dc = cj.drift_constrained_cbo(f2, constraints=cj.constraints.sphere(1.0), alpha=
 mirror = cj.mirror_cbo(f2, mirror_map={"name": "ProjectionBall", "radius": 1.0}, alpha=30.0)
 for dyn in (dc, mirror):
     r = cj.simulate(dyn, x0[0] / 5, 0, 500)
-    print(np.round(np.asarray(r.state.consensus), 3))              # near (0.707, 0.707): on the unit circle
+    print(np.round(np.asarray(r.state.consensus), 3))              # near (1, 0) or (0, 1): lowest on the circle/disk
 
 # CBXpy's options: noise models, corrections, schedules of any number, resampling, termination
 cbo = cj.cbo(f, noise="covariance", correction="heaviside", alpha=30.0,

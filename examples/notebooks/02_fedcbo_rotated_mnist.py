@@ -19,8 +19,9 @@
 # is one vmapped kernel and the protocol is a jitted `lax.scan` over rounds.
 #
 # **Sizes.** Small (CPU): the real-MNIST subset bundled with cbo_jax, 40 agents, a few rounds.
-# Full (GPU): the paper's N = 1200, M = 200, τ = 10 on the full MNIST, read from
-# `CBO_JAX_DATA_DIR` (the IDX files) or tensorflow-datasets.
+# Full (GPU): the paper's N = 1200, M = 200, τ = 10 on the full MNIST, read from the IDX files
+# in `CBO_JAX_DATA_DIR` (`load_mnist("auto")`; without that variable it picks the bundled subset,
+# which is too small for 1200 agents; `load_mnist("tfds")` reads tensorflow-datasets instead).
 
 # %%
 import importlib.util

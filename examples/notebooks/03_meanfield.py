@@ -8,7 +8,7 @@
 # $$d\theta = -\lambda_1(\theta - m_k)\,dt - \lambda_2 \nabla L_k(\theta)\,dt
 #   + \sigma_1 |\theta - m_k|\, dB + \sigma_2 |\nabla L_k(\theta)|\, d\tilde B.$$
 #
-# Two results of the paper are checked here by simulation:
+# Three results of the paper are checked here by simulation:
 #
 # * **Theorem 2.3 (concentration).** With $V(\rho^k_t) = \tfrac12\int|\theta-\theta^*_k|^2 d\rho^k_t$,
 #   if $2\lambda_1 > 2\lambda_2 M + d\sigma_1^2 + d\sigma_2^2 M^2$ then $V(\rho^1_t)+V(\rho^2_t)$ decays
@@ -162,7 +162,7 @@ LiveFigure(fig, f"{OUT}/decay.png").close()
 # $2\lambda_1 = d\sigma_1^2$: the theorem guarantees nothing, and the variance decays only slowly
 # (the theorem's condition is sufficient, not necessary).
 #
-# ## Propagation of chaos: distance to a large-N reference
+# ## Theorem 2.2: distance to a large-N reference
 #
 # Rastrigin classes centred at $\pm(1,1)$. At time $T$ the class-0 particles of an
 # $N$-particle system are compared with those of a reference system by an exact sliced

@@ -22,7 +22,8 @@
 #
 # **Sizes.** Small (CPU): the bundled real-MNIST subset, 2 rotations, 10 benign and 5 malicious
 # agents per cluster, a few rounds. Full (GPU): the paper's 35 + 15 agents per cluster on full
-# MNIST from `CBO_JAX_DATA_DIR` (or tensorflow-datasets).
+# MNIST from the IDX files in `CBO_JAX_DATA_DIR` (`load_mnist("auto")`; without that variable it
+# picks the bundled subset, which is too small; `load_mnist("tfds")` reads tensorflow-datasets).
 
 # %%
 import importlib.util
