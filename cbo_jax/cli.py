@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -313,6 +316,14 @@ def _add_reproduce(sub) -> None:
                              description=f"{exp.summary}. Published: {exp.published}")
         q.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
         q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
+        if exp.resumable:
+            q.add_argument("--resume", action="store_true",
+                           help="continue a reproduction stopped part-way in OUTPUT, with the same options: its "
+                                "finished runs are read back, an unfinished one continues from its last checkpoint "
+                                "(--checkpoint-every) or starts again")
+            q.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="ROUNDS",
+                           help="checkpoint each run every ROUNDS rounds (OUTPUT/RUN/seedS/checkpoint), so that "
+                                "--resume continues it from there")
         q.add_argument("--no-progress", action="store_true")
         exp.add_arguments(q)
     p.set_defaults(func=_cmd_reproduce)
@@ -329,12 +340,18 @@ def _cmd_reproduce(args) -> int:
     from cbo_jax._results import ResultsDir
 
     exp = registry()[args.name]
+    resume = getattr(args, "resume", False)
+    if resume and args.overwrite:
+        raise ValueError("--resume continues the results in OUTPUT and --overwrite replaces them: give one of them")
     out_dir = args.output or Path("results") / exp.name
     args.output = out_dir
     t0 = time.perf_counter()
-    with ResultsDir(out_dir, overwrite=args.overwrite, owned=None, resumable=False):  # the whole directory is this reproduction's
+    # the whole directory is this reproduction's
+    with ResultsDir(out_dir, resume=resume, overwrite=args.overwrite, owned=None, resumable=exp.resumable):
         result = exp.run(args)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
+        if resume:  # wall_seconds is this command's: the runs read back cost nothing here
+            result["resumed"] = True
         from cbo_jax.writer import write_summary
 
         write_summary(out_dir / "summary.json", result)
@@ -412,7 +429,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's or a notebook host's stop), raised like Ctrl-C: the
+    run's ``finally`` blocks close its files, and the command exits with one line."""
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM handled like Ctrl-C while the command runs (the default killed the process
+    mid-write with no message); the handler before is restored after. Only the main thread
+    can set handlers: elsewhere (``main`` called from a worker thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
+    with _sigterm_as_interrupt():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = None
     try:
@@ -430,12 +476,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback through JAX's internals
-        # only `cbo-jax run` resumes; the hint was printed after any command
-        resumable = getattr(args, "command", None) == "run"
+    except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: one line, not a traceback through JAX's internals
+        # `cbo-jax run` and the reproductions made of federated runs resume; the hint was printed after any command
+        command = getattr(args, "command", None)
+        resumable = command == "run" or (command == "reproduce" and hasattr(args, "resume"))
         hint = " (a run with --checkpoint-every resumes with --resume)" if resumable else ""
-        print(f"cbo-jax: interrupted{hint}", file=sys.stderr)
-        return 130
+        terminated = isinstance(err, _Terminated)
+        print(f"cbo-jax: {'terminated (SIGTERM)' if terminated else 'interrupted'}{hint}", file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,11 +14,20 @@ from typing import Callable
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
+    """A named reproduction.
+
+    ``resumable``: it is made of federated runs, each in its own directory under
+    ``--output``, and takes ``--resume`` (finished runs are read back, an unfinished one
+    continues from its last checkpoint) and ``--checkpoint-every`` (``args.resume`` and
+    ``args.checkpoint_every`` reach ``run``).
+    """
+
     name: str
     summary: str
     published: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], dict]
+    resumable: bool = False
 
 
 def _int_option(text: str, low: int, high: int | None, high_text: str = "") -> int:

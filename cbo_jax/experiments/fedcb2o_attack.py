@@ -51,6 +51,7 @@ import jax
 import numpy as np
 
 from cbo_jax import _checks, models, sharding
+from cbo_jax import checkpoint as ckpt
 from cbo_jax.experiments import Experiment, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
@@ -58,7 +59,7 @@ from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.metrics import CATEGORIES
-from cbo_jax.federated.runner import run
+from cbo_jax.federated.runner import finished, run
 
 PUBLISHED_TG = {"T_G=0": {"overall_acc": 82.79, "source_acc": 55.73, "asr": 38.73},
                 "T_G=20": {"overall_acc": 83.68, "source_acc": 55.98, "asr": 38.83},
@@ -183,16 +184,28 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
     built: dict = {}
     for seed in range(seeds):
         ds = attacks.label_flip_rotated(images, flip, seed=seed)
-        for name, builder in variants.items():
+        for i, (name, builder) in enumerate(variants.items()):
             if name not in built:
                 built[name] = builder(ds, model)
             algorithm, data_fn, cluster, malicious, round_metrics = built[name]
             out = out_root / name / f"seed{seed}" if out_root else None
-            metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
-            res = run(algorithm, data_fn(ds), scale.rounds, _checks.as_key("seed", seed), metrics=metrics,
-                      round_metrics=round_metrics, every=scale.eval_every or scale.rounds, out=out,
-                      config=dataclasses.asdict(scale), progress=not args.no_progress,
-                      mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None)
+            if not args.no_progress:  # which of the runs this is: a long reproduction is many runs
+                print(f"[{seed * len(variants) + i + 1}/{seeds * len(variants)}] {name}, seed {seed}"
+                      + (f": {out}" if out else ""), flush=True)
+            data, key, every = data_fn(ds), _checks.as_key("seed", seed), scale.eval_every or scale.rounds
+            resume = bool(getattr(args, "resume", False)) and out is not None
+            res = None
+            if resume and not ckpt.exists(out / "checkpoint"):  # finished without a checkpoint: read back
+                res = finished(out, algorithm, data, scale.rounds, key, every=every, config=dataclasses.asdict(scale))
+                if res is not None:
+                    print(f"{out}: finished earlier, its results read back", flush=True)
+            if res is None:
+                metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
+                res = run(algorithm, data, scale.rounds, key, metrics=metrics, round_metrics=round_metrics,
+                          every=every, out=out, config=dataclasses.asdict(scale), progress=not args.no_progress,
+                          mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None,
+                          checkpoint_every=getattr(args, "checkpoint_every", None) if out is not None else None,
+                          resume=resume)
             for k in ("overall_acc", "source_acc", "asr"):
                 res.summary[k] = res.summary[f"final_{k}"]
             results.setdefault(name, []).append(res)
@@ -333,6 +346,7 @@ ATTACK = Experiment(
     published="FedCBO: overall accuracy near the oracle, much lower source-class accuracy and much higher ASR than FedCB2O",
     add_arguments=add_arguments,
     run=run_attack_table,
+    resumable=True,
 )
 
 TG = Experiment(
@@ -341,4 +355,5 @@ TG = Experiment(
     published="overall 82.79/83.68/83.64/83.76, source 55.73/55.98/57.64/56.87, ASR 38.73/38.83/37.31/38.07 (EMNIST)",
     add_arguments=add_arguments,
     run=run_tg_sweep,
+    resumable=True,
 )

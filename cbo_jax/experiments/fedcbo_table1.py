@@ -84,13 +84,19 @@ def _configs(args) -> tuple[dict, int]:
 def _sweep(variants: dict, seeds: int, args) -> dict:
     out_root = args.output or None
     results = {}
+    total = seeds * len(variants)
     for seed in range(seeds):
         first = next(iter(variants.values()))
         data = load_data(dataclasses.replace(first.data, seed=seed))
-        for name, cfg in variants.items():
+        for i, (name, cfg) in enumerate(variants.items()):
             out = (out_root / name / f"seed{seed}") if out_root else None
-            cfg = replace(cfg, **{"run.seed": seed, "data.seed": seed})
-            res = run_experiment(cfg, out, progress=not args.no_progress, data=data)
+            if not args.no_progress:  # which of the runs this is: a long reproduction is many runs
+                print(f"[{seed * len(variants) + i + 1}/{total}] {name}, seed {seed}" + (f": {out}" if out else ""),
+                      flush=True)
+            cfg = replace(cfg, **{"run.seed": seed, "data.seed": seed,
+                                  "run.checkpoint_every": getattr(args, "checkpoint_every", None)})
+            res = run_experiment(cfg, out, progress=not args.no_progress, data=data,
+                                 resume=bool(getattr(args, "resume", False)) and out is not None)
             results.setdefault(name, []).append(res.summary)
     return results
 
@@ -158,6 +164,7 @@ TABLE1 = Experiment(
     published="FedCBO 96.51, IFCA 94.44, FedAvg 85.50, Local 81.27 (N=1200, M=200, T=100)",
     add_arguments=add_arguments,
     run=run_table1,
+    resumable=True,
 )
 
 NOISE = Experiment(
@@ -167,4 +174,5 @@ NOISE = Experiment(
     published="none 96.51, iso 0.01 96.41, iso 0.05 10.49 (collapse), aniso 0.01 96.33, aniso 0.05 96.34",
     add_arguments=add_arguments,
     run=run_noise,
+    resumable=True,
 )

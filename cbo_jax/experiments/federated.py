@@ -24,13 +24,14 @@ from typing import Any
 import jax
 
 from cbo_jax import _checks, models
+from cbo_jax import checkpoint as ckpt
 from cbo_jax import config as cfgs
 from cbo_jax.federated import data as fdata
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
-from cbo_jax.federated.runner import RunResult, run
+from cbo_jax.federated.runner import RunResult, finished, run
 from cbo_jax.writer import json_safe, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
@@ -237,7 +238,10 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
                    overwrite: bool = False) -> RunResult:
     """Run one configured experiment; write its results directory when ``out_dir`` is given.
 
-    ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`.
+    ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`; a resume
+    of a finished run that saved no checkpoint reads its results back
+    (:func:`cbo_jax.federated.runner.finished`: the result's ``state`` is then ``None``)
+    instead of running it again from round 0.
     ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`).
     ``data``, when given, is the data ``cfg.data`` describes (loaded with :func:`load_data`).
     """
@@ -259,8 +263,16 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     model, algorithm = build(cfg, data.num_agents, mesh=mesh)
     data.check(model)
     chunk = getattr(cfg.config, "eval_chunk", 8)
+    key = _checks.as_key("seed", cfg.run.seed)
+    if resume and out_dir is not None and not ckpt.exists(Path(out_dir) / "checkpoint"):
+        # A finished run that saved no checkpoint: its results are read back, not computed again.
+        done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
+                        config=cfgs.to_dict(cfg))
+        if done is not None:
+            print(f"{out_dir}: finished earlier, its results read back", flush=True)
+            return done
     round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
-    res = run(algorithm, data, cfg.run.rounds, _checks.as_key("seed", cfg.run.seed), metrics=metrics,
+    res = run(algorithm, data, cfg.run.rounds, key, metrics=metrics,
               round_metrics=round_metrics, every=cfg.run.eval_every, out=out_dir, config=cfgs.to_dict(cfg), mesh=mesh,
               checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
               progress=progress, tensorboard=cfg.run.tensorboard)

@@ -49,7 +49,7 @@ from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, to_python, write_summary
 
-__all__ = ["RunResult", "run", "fingerprint"]
+__all__ = ["RunResult", "finished", "fingerprint", "run"]
 
 
 class RunResult(NamedTuple):
@@ -217,6 +217,54 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     return res
 
 
+def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, every: int = 1,
+             config: Any = None) -> RunResult | None:
+    """The results of ``out`` when it holds this run, finished; else ``None``.
+
+    :func:`run` with ``resume`` continues from a checkpoint; a finished run that saved
+    none (no ``checkpoint_every``) would run again from round 0. This reads it back
+    instead, when ``out`` holds exactly this run: its ``fingerprint.json`` equals this
+    run's :func:`fingerprint` (algorithm, its config, ``rounds``, ``every``, the key, a
+    hash of the data), its ``summary.json`` (written last) names ``rounds`` and that
+    fingerprint, ``metrics.jsonl`` holds rounds ``1..rounds`` in order, and its
+    ``config.json`` records ``config`` (default: what :func:`run` records without one).
+    Only a checkpoint holds a state, so the result's ``state`` is ``None``.
+    """
+    out = Path(out)
+    _checks.positive_int("rounds", rounds)
+    _checks.positive_int("every", every)
+    key = _checks.as_key("key", key)
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+        recorded = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):  # none (never finished) or damaged: not this finished run
+        return None
+    saved = _read_fingerprint(out)
+    if not isinstance(summary, dict) or saved is None or summary.get("rounds") != rounds:
+        return None
+    _check_data(algorithm, data)
+    fp = fingerprint(algorithm, _train_view(data), key, rounds, every)
+    if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
+        return None
+    if recorded != _config_record(algorithm, config, rounds, every):
+        return None
+    rows = read_jsonl(out / "metrics.jsonl")
+    if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
+        return None
+    return RunResult(None, rows, summary)
+
+
+def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -> Any:
+    """What ``config.json`` records, as JSON reads it back."""
+    cfg = _config_dict(config) if config is not None else {
+        "algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
+    return json.loads(json.dumps(json_safe(to_python(cfg)), default=str))
+
+
+def _fingerprint_hash(fp: dict) -> str:
+    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: int) -> dict:
     """What makes a run the run it is: algorithm, its config, rounds, every, key, data (a hash)."""
     h = hashlib.sha256()
@@ -301,9 +349,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     writer = None
     if out is not None:
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
-        cfg = _config_dict(config) if config is not None else {
-            "algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
-        replace_text(out / "config.json", json.dumps(json_safe(to_python(cfg)), indent=2, default=str) + "\n")
+        replace_text(out / "config.json", json.dumps(_config_record(algorithm, config, rounds, every), indent=2) + "\n")
     if lay.padded:
         state, data = jax.jit(lay.pad_state)(state), lay.pad_data(data)
     if mesh is not None:
@@ -367,7 +413,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             writer.close()
     summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n,
                "seconds": round(time.perf_counter() - t0, 2),
-               "fingerprint": hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]}
+               "fingerprint": _fingerprint_hash(fp)}
     if clusters is not None:
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})

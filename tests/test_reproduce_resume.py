@@ -1,0 +1,183 @@
+"""A long reproduction stopped part-way continues (``cbo-jax reproduce NAME --resume``), and
+a finished run is read back, not run again (:func:`cbo_jax.federated.runner.finished`).
+
+Before, ``reproduce`` refused any directory holding results (only ``--overwrite``: all
+runs again), and ``cbo-jax run --resume`` of a finished run that saved no checkpoint ran
+it again from round 0. SIGTERM (a scheduler's stop) killed the command with no message.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import signal
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from cbo_jax import cli
+from cbo_jax.experiments import fedcbo_table1
+from cbo_jax.experiments import federated as fx
+from cbo_jax.federated import runner
+from cbo_jax.federated.local import LocalSGDConfig
+
+DATA = fx.RotatedMNISTConfig(source="bundled", agents=8, clusters=2, samples_per_agent=20)
+RUN = fx.RunOptions(rounds=2, eval_every=1, test_size=50)
+LOCAL = LocalSGDConfig(epochs=1, batch_size=10)
+
+
+def _cfg(name="fedavg"):
+    return fx.comparison(DATA, LOCAL, RUN, fx.FedCBOConfig(M=3, eval_chunk=4), algorithms=(name,))[name]
+
+
+@pytest.fixture(scope="module")
+def done(tmp_path_factory):
+    """A finished two-round FedAvg run without a checkpoint, its algorithm, data and config."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cfg = dataclasses.replace(_cfg(), data=fx.resolve_data(_cfg().data))
+    res = fx.run_experiment(cfg, out, progress=False)
+    data = fx.load_data(cfg.data)
+    _, algorithm = fx.build(cfg, data.num_agents)
+    return out, res, algorithm, data, cfg
+
+
+def test_finished_reads_back_exactly_this_run(done, tmp_path):
+    out, res, algorithm, data, cfg = done
+    key, record = jax.random.key(0), fx.cfgs.to_dict(cfg)
+    back = runner.finished(out, algorithm, data, 2, key, every=1, config=record)
+    assert back is not None and back.state is None
+    assert back.history == json.loads(json.dumps(res.history)) and back.summary["final_test_acc"] == res.summary[
+        "final_test_acc"]
+    # any other run: None (another key, rounds, every, config record, data)
+    assert runner.finished(out, algorithm, data, 2, jax.random.key(1), every=1, config=record) is None
+    assert runner.finished(out, algorithm, data, 3, key, every=1, config=record) is None
+    assert runner.finished(out, algorithm, data, 2, key, every=2, config=record) is None
+    other = json.loads(json.dumps(record))
+    other["run"]["test_size"] = 100
+    assert runner.finished(out, algorithm, data, 2, key, every=1, config=other) is None
+    x = np.array(data.x)
+    x[0, 0] = 255 - x[0, 0]
+    changed = data._replace(x=x)
+    assert runner.finished(out, algorithm, changed, 2, key, every=1, config=record) is None
+
+
+@pytest.mark.parametrize("damage", ["no summary", "one row", "rows out of order", "summary of fewer rounds"])
+def test_an_unfinished_or_damaged_run_is_not_read_back(done, tmp_path, damage):
+    out, _, algorithm, data, cfg = done
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    rows = (copy / "metrics.jsonl").read_text().splitlines()
+    if damage == "no summary":  # killed after its last row, before the summary (written last)
+        (copy / "summary.json").unlink()
+    elif damage == "one row":
+        (copy / "metrics.jsonl").write_text(rows[0] + "\n")
+    elif damage == "rows out of order":
+        (copy / "metrics.jsonl").write_text("\n".join(rows[::-1]) + "\n")
+    else:
+        s = json.loads((copy / "summary.json").read_text())
+        s["rounds"] = 1
+        (copy / "summary.json").write_text(json.dumps(s))
+    assert runner.finished(copy, algorithm, data, 2, jax.random.key(0), every=1,
+                           config=fx.cfgs.to_dict(cfg)) is None
+
+
+def test_run_resume_of_a_finished_run_without_checkpoint_reads_it_back(done, tmp_path, monkeypatch, capsys):
+    """``cbo-jax run --resume`` of a finished run that saved no checkpoint ran it again from round 0."""
+    import shutil
+
+    out, res, *_ = done
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    monkeypatch.setattr(fx, "run", lambda *a, **k: pytest.fail("a finished run ran again"))
+    back = fx.run_experiment(_cfg(), copy, progress=False, resume=True)
+    assert back.history == json.loads(json.dumps(res.history))
+    assert "finished earlier, its results read back" in capsys.readouterr().out
+
+
+def _args(out, resume=False):
+    return argparse.Namespace(output=out, no_progress=True, resume=resume, checkpoint_every=None)
+
+
+def test_a_sweep_stopped_part_way_resumes_reading_back_the_finished_runs(tmp_path, monkeypatch):
+    """The reproductions' sweep over methods and seeds: a Ctrl-C in the second run, then
+    --resume: the first run is read back, the second runs, the results are the uninterrupted ones."""
+    variants = fx.comparison(DATA, LOCAL, RUN, fx.FedCBOConfig(M=3, eval_chunk=4), algorithms=("fedavg", "local"))
+    whole = fedcbo_table1._sweep(variants, 1, _args(tmp_path / "whole"))
+
+    real, calls = fx.run, []
+
+    def stop_in_local(algorithm, *a, **k):
+        calls.append(algorithm.name)
+        if algorithm.name == "local" and len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(algorithm, *a, **k)
+
+    monkeypatch.setattr(fx, "run", stop_in_local)
+    with pytest.raises(KeyboardInterrupt):
+        fedcbo_table1._sweep(variants, 1, _args(tmp_path / "part"))
+    resumed = fedcbo_table1._sweep(variants, 1, _args(tmp_path / "part", resume=True))
+    assert calls == ["fedavg", "local", "local"]  # fedavg was read back
+    for name in ("fedavg", "local"):
+        for key in ("final_test_acc", "final_train_loss", "fingerprint"):
+            assert resumed[name][0][key] == whole[name][0][key], (name, key)
+
+
+def test_reproduce_resume_and_checkpoint_every_reach_the_reproduction(tmp_path, monkeypatch, capsys):
+    seen = {}
+
+    def fake(args):
+        seen.update(resume=args.resume, checkpoint_every=args.checkpoint_every)
+        (args.output / "fedcbo").mkdir(exist_ok=True)
+        return {"experiment": "fedcbo-table1"}
+
+    monkeypatch.setattr(fedcbo_table1, "TABLE1", dataclasses.replace(fedcbo_table1.TABLE1, run=fake))
+    out = tmp_path / "t1"
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out), "--checkpoint-every", "5"]) == 0
+    assert seen == {"resume": False, "checkpoint_every": 5}
+    # a second reproduction into it: refused, suggesting --resume; with --resume it goes on
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out)]) == 2
+    assert "resume them (--resume)" in capsys.readouterr().err
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out), "--resume"]) == 0
+    assert seen["resume"] is True
+    assert json.loads((out / "summary.json").read_text())["resumed"] is True
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out), "--resume", "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["fedcbo-noise", "fedcb2o-attack", "fedcb2o-tg"])
+def test_the_federated_reproductions_take_resume(name):
+    ns = cli.build_parser().parse_args(["reproduce", name, "--resume", "--checkpoint-every", "3"])
+    assert ns.resume is True and ns.checkpoint_every == 3
+
+
+@pytest.mark.parametrize("name", ["meanfield-decay", "rastrigin-success", "fedsgld-synthetic"])
+def test_reproductions_that_cannot_resume_have_no_resume_flag(name, capsys):
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["reproduce", name, "--resume"])
+    assert "unrecognized arguments: --resume" in capsys.readouterr().err
+
+
+def test_sigterm_stops_the_command_like_ctrl_c(monkeypatch, capsys):
+    """SIGTERM (a scheduler's stop, a notebook host's shutdown) killed the process with no
+    message and no ``finally``: now one line, exit status 143, the run's files closed."""
+    closed = []
+
+    def terminated(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises before this ends
+        finally:
+            closed.append(True)
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "_cmd_run", terminated)
+    assert cli.main(["run", "fedcbo", "--no-progress"]) == 143
+    assert closed == [True]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "cbo-jax: terminated (SIGTERM) (a run with --checkpoint-every resumes with --resume)"]
+    assert signal.getsignal(signal.SIGTERM) is before  # restored after the command
