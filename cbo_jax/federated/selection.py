@@ -169,7 +169,10 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
     # broken by the same random permutation (stable top_k on the permuted row).
     position = jnp.argsort(order, axis=1)  # position of agent i in row j's permutation
     picked = (position < n_rand) | jnp.eye(rows, n, dtype=bool)
-    score = jnp.where(picked, -jnp.inf, P)
+    # A candidate whose P is -inf (eq. (21) after a download with an infinite loss) must
+    # still rank above the picked agents and self, or top_k would fill the last slots
+    # with them (duplicates) when fewer than M - ⌊εM⌋ candidates have a finite P.
+    score = jnp.where(picked, -jnp.inf, jnp.maximum(P, jnp.finfo(P.dtype).min))
     score_in_order = jnp.take_along_axis(score, order, axis=1)
     _, top_pos = jax.lax.top_k(score_in_order, m)
     greedy = jnp.take_along_axis(order, top_pos, axis=1)
@@ -225,17 +228,21 @@ def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
     been observed) are ``M`` agents drawn without replacement with probability
     proportional to ``P[j, i]`` (successive sampling, done as Gumbel-top-k:
     ``argtop_M(log P + Gumbel)``). Agents with ``P = 0`` are drawn only when nothing
-    else is left. An agent never selects itself and never the same agent twice.
+    else is left, and then uniformly at random among themselves. An agent never selects
+    itself and never the same agent twice.
     """
     rows, n = P.shape
     _check_m(n, m)
     own = jnp.eye(rows, n, dtype=bool)
     unexplored = jnp.isnan(P) & ~own
-    logp = jnp.log(jnp.clip(jnp.where(jnp.isnan(P) | own, 1.0, P), 0.0))
+    positive = (P > 0) & ~own  # NaN and -inf compare False
     g = jax.random.gumbel(key, (rows, n), jnp.float32)
-    within = jnp.where(unexplored, g, jnp.maximum(logp, -1e30) + g)
-    tier = jnp.where(own, 0, jnp.where(unexplored, 2, 1))
-    # Sort by tier (unexplored first, self last), then by the Gumbel key, both descending.
+    # Gumbel-top-k: argtop_M(log P + Gumbel) draws ∝ P without replacement. Unexplored and
+    # zero-likelihood agents have their own tiers and a plain Gumbel key, so they are picked
+    # uniformly among themselves (not by index: -1e30 + Gumbel rounds to -1e30 in float32).
+    within = jnp.where(positive, jnp.log(jnp.where(positive, P, 1.0)) + g, g)
+    tier = jnp.where(own, 0, jnp.where(unexplored, 3, jnp.where(positive, 2, 1)))
+    # Sort by tier (unexplored first, then P > 0, then P = 0, self last), then by the key, both descending.
     order = jnp.lexsort((-within, -tier), axis=-1)
     return order[:, :m].astype(jnp.int32)
 
