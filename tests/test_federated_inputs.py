@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import cbo_jax.federated as fl
+from cbo_jax import models
 from cbo_jax.federated import runner
 
 
@@ -350,3 +351,19 @@ def test_run_refuses_extend_without_resume_and_resume_with_overwrite(tmp_path):
         fl.run(_local(model), data, 1, jax.random.key(0), out=tmp_path / "b", resume=True, overwrite=True,
                progress=False)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_boolean_labels_given_directly_are_refused_with_the_conversion():
+    """``FederatedData.from_arrays`` converts boolean labels; a ``FederatedData(...)`` built
+    directly was refused with "got bool" and no way on."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 10, 3)).astype(np.float32)
+    y = x[..., 0] > 0
+    model = models.logistic_regression(3, 2)
+    data = fl.FederatedData(x, y, np.full(4, 10), cluster=np.zeros(4, int), test_x=x[:1], test_y=y[:1])
+    with pytest.raises(ValueError, match=r"booleans: pass y.astype\(int\) \(FederatedData.from_arrays converts"):
+        data.check(model)
+    with pytest.raises(ValueError, match=r"booleans: pass test_y.astype\(int\)"):
+        fl.metrics.default_metrics(model, data._replace(y=y.astype(np.int32)), chunk=2)
+    with pytest.raises(ValueError, match=r"booleans: pass test_y.astype\(int\)"):
+        data._replace(y=y.astype(np.int32)).check(model)

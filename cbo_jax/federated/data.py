@@ -227,7 +227,8 @@ class FederatedData(NamedTuple):
         if model is not None and model.num_classes is not None and self.test_y is not None:  # a classifier
             test_y = np.asarray(self.test_y)
             if not np.issubdtype(test_y.dtype, np.integer):
-                raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}")
+                raise ValueError(f"a classifier needs integer test labels test_y, got {test_y.dtype}"
+                                 + (_BOOL_HINT if test_y.dtype == np.bool_ else ""))
             check_labels(test_y, None if self.test_counts is None else np.asarray(self.test_counts),
                          model.num_classes, "test_y", model=f"model {model.name}", unit="test set")
         return self
@@ -256,6 +257,9 @@ def check_labels(y: Any, counts: Any, num_classes: int, name: str = "y", *, mode
         more = f"; {rows.size} {unit}s hold such labels" if rows.size > 1 else ""
         raise ValueError(f"{name} holds labels outside [0, {num_classes}) for {model or 'the model'}: {unit} "
                          f"{first + j} has label {y[j, i].item()} (sample {i}){more}")
+
+
+_BOOL_HINT = "; booleans: pass test_y.astype(int) (FederatedData.from_arrays converts them)"
 
 
 def _labels(y: np.ndarray) -> np.ndarray:
@@ -342,6 +346,8 @@ def check_model(model: Model, x: Any, y: Any, *, x_name: str = "x", y_name: str 
                 hint = f"; a column of labels: pass {y_name}[..., 0]"
             elif np.issubdtype(y_dtype, np.floating):
                 hint = f"; class ids stored as floats: pass {y_name}.astype(int)"
+            elif y_dtype == np.bool_:
+                hint = f"; booleans: pass {y_name}.astype(int) (FederatedData.from_arrays converts them)"
             raise ValueError(f"a classifier needs integer labels of shape (N, n_max), got {y_dtype} "
                              f"{tuple(np.shape(y))} ({y_name} of model {model.name}){hint}")
         return

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.federated.data import check_labels
+from cbo_jax.federated.data import _BOOL_HINT, check_labels
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -329,8 +329,10 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     if model.num_classes is not None:  # a classifier
         # Float (or one-hot) test labels failed inside the loss at the first evaluation.
         if not np.issubdtype(np.asarray(data.test_y).dtype, np.integer) or np.ndim(data.test_y) != 2:
+            bool_hint = _BOOL_HINT if np.asarray(data.test_y).dtype == np.bool_ else ""
             raise ValueError(f"a classifier needs integer test labels test_y of shape (T, n_test), got "
-                             f"{np.asarray(data.test_y).dtype} {np.shape(data.test_y)} (model {model.name})")
+                             f"{np.asarray(data.test_y).dtype} {np.shape(data.test_y)} (model {model.name})"
+                             f"{bool_hint}")
         # the samples evaluated only (the first test_size of each set)
         check_labels(data.test_y[:, :test_size], None if counts is None else np.asarray(counts), model.num_classes,
                      "test_y", model=f"model {model.name}", unit="test set")
