@@ -329,6 +329,42 @@ def _add_reproduce(sub) -> None:
     p.set_defaults(func=_cmd_reproduce)
 
 
+# Options of a reproduction that change how it runs, not what it computes: a resume may change them.
+# --seeds may grow (or shrink): each seed's runs have their own directories, read back when they exist.
+_HOW = {"coordinator", "num_processes", "process_id", "startup_timeout", "command", "list", "results_root", "name",
+        "func", "output", "overwrite", "resume", "checkpoint_every", "no_progress", "shard", "seeds"}
+
+
+def _check_options(out_dir: Path, args, resume: bool):
+    """The reproduction's options recorded in ``OUTPUT/options.json``; on ``--resume``, other
+    options than those recorded are refused, by flag, before any run (the runs' own checks
+    name ``cbo-jax run``'s flags and derived fields such as ``--eval-every``). Returns the
+    writer of the record when it is written after the runs (a resume of a directory
+    without one), else ``None``."""
+    from cbo_jax.writer import replace_text
+
+    now = json.loads(json.dumps(_json_safe({k: v for k, v in vars(args).items() if k not in _HOW}), default=str))
+    path = out_dir / "options.json"
+
+    def write() -> None:
+        replace_text(path, json.dumps(now, indent=1) + "\n")
+
+    if resume:
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):  # none (or cut short): the runs' checks decide, the record follows them
+            return write
+        if isinstance(saved, dict):
+            diffs = [f"--{k.replace('_', '-')}: {saved[k]!r} in {path}, {now.get(k)!r} now"
+                     for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+            if diffs:
+                raise ValueError(f"cannot resume {out_dir}: it was started with other options (a reproduction "
+                                 f"resumes with the options it was started with; --seeds may change):\n  "
+                                 + "\n  ".join(diffs))
+    write()
+    return None
+
+
 def _cmd_reproduce(args) -> int:
     from cbo_jax.experiments import registry
 
@@ -348,7 +384,10 @@ def _cmd_reproduce(args) -> int:
     t0 = time.perf_counter()
     # the whole directory is this reproduction's
     with ResultsDir(out_dir, resume=resume, overwrite=args.overwrite, owned=None, resumable=exp.resumable):
+        options = _check_options(out_dir, args, resume) if exp.resumable else None
         result = exp.run(args)
+        if options is not None:  # after the runs: a resume of a directory without the record wrote none before
+            options()
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if resume:  # wall_seconds is this command's: the runs read back cost nothing here
             result["resumed"] = True

@@ -148,6 +148,25 @@ def test_reproduce_resume_and_checkpoint_every_reach_the_reproduction(tmp_path, 
     assert "give one of them" in capsys.readouterr().err
 
 
+def test_reproduce_resume_refuses_other_options_by_the_reproductions_flags(tmp_path, monkeypatch, capsys):
+    """The runs' own refusal named ``cbo-jax run``'s flags and derived fields (--eval-every)
+    and suggested --extend, which reproduce does not have; options.json names its own."""
+    monkeypatch.setattr(fedcbo_table1, "TABLE1", dataclasses.replace(
+        fedcbo_table1.TABLE1, run=lambda args: {"experiment": "fedcbo-table1"}))
+    out = tmp_path / "t1"
+    base = ["reproduce", "fedcbo-table1", "--output", str(out), "--rounds", "2"]
+    assert cli.main(base) == 0
+    assert json.loads((out / "options.json").read_text())["rounds"] == 2
+    capsys.readouterr()
+    assert cli.main([*base, "--resume", "--preset", "reference-script", "--scale", "paper"]) == 2
+    err = capsys.readouterr().err
+    assert "it was started with other options" in err
+    assert f"--preset: 'paper' in {out / 'options.json'}, 'reference-script' now" in err
+    assert "--scale: 'small'" in err and "--rounds" not in err
+    # how it runs may change, and --seeds (each seed's runs are read back or run)
+    assert cli.main([*base, "--resume", "--seeds", "5", "--checkpoint-every", "1", "--no-progress"]) == 0
+
+
 @pytest.mark.parametrize("name", ["fedcbo-noise", "fedcb2o-attack", "fedcb2o-tg"])
 def test_the_federated_reproductions_take_resume(name):
     ns = cli.build_parser().parse_args(["reproduce", name, "--resume", "--checkpoint-every", "3"])
