@@ -6,6 +6,7 @@ directory (orbax ``CheckpointManager``)::
 
     PATH/<step>/state/   the arrays (PRNG keys stored as their key data)
     PATH/<step>/meta/    JSON: format, step, SHA-256 of the arrays, key implementations,
+                         the zero-size leaves (orbax writes none: their dtype and shape),
                          and what the caller adds (a run's fingerprint, for example)
 
     PATH/<step>/files.sha256   SHA-256 of every file of the step, written after it
@@ -127,9 +128,19 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     path = Path(path).absolute()
     state = jax.device_get(state)
     arrays = _to_arrays(state)
+    # a string or object leaf failed inside orbax's writer threads ("Unsupported data type: str128")
+    bad = [f"{jax.tree_util.keystr(p) or 'the state'} ({a.dtype})"
+           for p, a in jax.tree_util.tree_leaves_with_path(arrays)
+           if not (jnp.issubdtype(a.dtype, jnp.number) or jnp.issubdtype(a.dtype, jnp.bool_))]
+    if bad:
+        raise ValueError(f"a checkpoint holds numeric and boolean arrays (and PRNG keys) only; not "
+                         f"{', '.join(bad[:5])}: pass such values in meta")
     keys = {jax.tree_util.keystr(p): str(jax.random.key_impl(x))
             for p, x in jax.tree_util.tree_leaves_with_path(state) if _is_key(x)}
     record = {**(meta or {}), "format": _FORMAT, "step": int(step), "sha256": _checksum(arrays), "key_impls": keys}
+    # orbax refuses zero-size arrays ("Found empty item" for a state of none at all): listed here, not written
+    record["empty_leaves"] = _empty_leaves(arrays)
+    stored = jax.tree_util.tree_map(lambda a: None if _is_empty(a) else a, arrays)
     try:
         json.dumps(record)  # fail early, before anything is written, if meta is not JSON
     except (TypeError, ValueError) as err:
@@ -139,8 +150,10 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     except OSError as err:
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
     with _manager(path, keep, create=True) as mgr:
-        mgr.save(int(step), args=ocp.args.Composite(state=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(record)),
-                 force=True)
+        items = {"meta": ocp.args.JsonSave(record)}
+        if jax.tree_util.tree_leaves(stored):
+            items["state"] = ocp.args.StandardSave(stored)
+        mgr.save(int(step), args=ocp.args.Composite(**items), force=True)
         mgr.wait_until_finished()
     _write_digest(path / str(int(step)))
     return path
@@ -169,11 +182,22 @@ def exists(path: str | Path) -> bool:
     return bool(steps(path))
 
 
+def _is_empty(x) -> bool:
+    return 0 in tuple(x.shape)
+
+
+def _empty_leaves(tree: PyTree) -> dict[str, list]:
+    """The zero-size leaves of ``tree`` (arrays or shape structs): ``{path: [dtype, shape]}``."""
+    return {jax.tree_util.keystr(p): [str(np.dtype(x.dtype)), list(x.shape)]
+            for p, x in jax.tree_util.tree_leaves_with_path(tree) if _is_empty(x)}
+
+
 def _template(like: PyTree) -> PyTree:
     def one(x):
         if _is_key(x):
             return jax.eval_shape(jax.random.key_data, x)
-        return jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype))
+        # a Python or NumPy scalar leaf (saved as np.asarray of it) has no .dtype of its own
+        return jax.ShapeDtypeStruct(np.shape(x), np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype)
 
     return jax.tree_util.tree_map(one, like)
 
@@ -262,18 +286,33 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
                 from None
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             raise CheckpointError(f"{path} step {step}: not a cbo_jax checkpoint of format {_FORMAT}")
+        # zero-size leaves are not written (orbax refuses them): the metadata lists them
+        got_empty, want_empty = meta.get("empty_leaves", {}), _empty_leaves(template)
+        if got_empty != want_empty:
+            diff = sorted(k for k in set(got_empty) | set(want_empty) if got_empty.get(k) != want_empty.get(k))
+            raise CheckpointError(f"{path} step {step} holds another state structure (zero-size leaves differ: "
+                                  f"{diff[:5]}; in the checkpoint: {got_empty}, in this run: {want_empty})")
+        stored = jax.tree_util.tree_map(lambda t: None if _is_empty(t) else t, template)
         try:
-            saved = mgr.item_metadata(step)["state"]
+            items = mgr.item_metadata(step)
+            saved = items["state"] if "state" in items.keys() else None  # a step of zero-size leaves only has none
+            # orbax wraps the tree in a TreeMetadata; a bare-array state's leaf was then named "tree"
+            saved = saved if isinstance(saved, (dict, list, tuple)) else getattr(saved, "tree", saved)
         except Exception as err:  # noqa: BLE001
             raise CheckpointError(f"{path} step {step} is corrupt: its array metadata is unreadable "
                                   f"({type(err).__name__}){others}") from None
-        _check_layout(path, step, saved, template)
-        try:
-            raw = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(template)))["state"]
-        except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"{path} step {step} is corrupt: reading it failed ({type(err).__name__}){others}") \
-                from None
-    raw = jax.tree_util.tree_map(np.asarray, raw)
+        _check_layout(path, step, {} if saved is None else saved, stored)
+        read = []
+        if jax.tree_util.tree_leaves(stored):
+            try:
+                read = mgr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(stored)))["state"]
+            except Exception as err:  # noqa: BLE001
+                raise CheckpointError(f"{path} step {step} is corrupt: reading it failed ({type(err).__name__})"
+                                      f"{others}") from None
+    flat, treedef = jax.tree_util.tree_flatten(template)
+    it = iter(jax.tree_util.tree_leaves(read))  # the written leaves, in the template's order
+    raw = jax.tree_util.tree_unflatten(treedef, [np.zeros(t.shape, t.dtype) if _is_empty(t) else np.asarray(next(it))
+                                                 for t in flat])
     if _checksum(raw) != meta.get("sha256"):
         raise CheckpointError(f"{path} step {step} is corrupt: its arrays do not match the checksum written with "
                               f"them{others}")
@@ -286,7 +325,9 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
             if str(key.dtype) != str(x.dtype):
                 raise CheckpointError(f"{path} step {step}: {name} is a {key.dtype} key, this run uses {x.dtype}")
             return key
-        return jnp.asarray(r)
+        # without jax_enable_x64, jnp.asarray casts int64/float64 to 32 bits (2**40 came back as 0):
+        # a leaf JAX cannot hold as it was saved comes back as the NumPy array that was read
+        return jnp.asarray(r) if jax.dtypes.canonicalize_dtype(r.dtype) == r.dtype else r
 
     state = jax.tree_util.tree_map_with_path(back, raw, like)
-    return state, {k: v for k, v in meta.items() if k not in ("sha256", "key_impls")}
+    return state, {k: v for k, v in meta.items() if k not in ("sha256", "key_impls", "empty_leaves")}

@@ -39,11 +39,15 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, ti
     most ``timeout`` seconds for all ``num_processes`` processes (saying so on standard
     error), then raises ``ValueError`` naming the coordinator.
     """
-    if num_processes < 1 or not 0 <= process_id < num_processes:
+    counts = (num_processes, process_id)
+    if (not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in counts)
+            or num_processes < 1 or not 0 <= process_id < num_processes):
         raise ValueError(f"need num_processes >= 1 and 0 <= process_id < num_processes, got "
-                         f"{num_processes} and {process_id}")
-    if ":" not in coordinator_address:
-        raise ValueError(f"coordinator address must be HOST:PORT, got {coordinator_address!r}")
+                         f"{num_processes!r} and {process_id!r}")
+    # ":1234" waited out the whole timeout and "host:12o4" failed in gRPC ("Failed to start RPC server")
+    host, _, port = coordinator_address.rpartition(":") if isinstance(coordinator_address, str) else ("", "", "")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"coordinator address must be HOST:PORT (a port in 1..65535), got {coordinator_address!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     platforms = os.environ.get("JAX_PLATFORMS", "")

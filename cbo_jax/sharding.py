@@ -65,7 +65,8 @@ def pad_rows(tree: PyTree, n_total: int, *, axis: int = 0, fill=np.nan) -> PyTre
             return leaf
         shape = list(leaf.shape)
         shape[axis] = extra
-        value = fill if np.issubdtype(leaf.dtype, np.floating) else 0
+        # jnp.issubdtype: NumPy does not count bfloat16 as floating, and padded it with 0 (active agents)
+        value = fill if jnp.issubdtype(leaf.dtype, jnp.inexact) else 0
         return np.concatenate([leaf, np.full(shape, value, leaf.dtype)], axis=axis)
 
     return jax.tree_util.tree_map(pad, tree)
@@ -152,7 +153,14 @@ def prepare_population(x0: PyTree, mesh: Mesh, *, axis: int = 0, forbid_padding:
     from cbo_jax.dynamics.clustered import Particles
 
     positions = x0.x if isinstance(x0, Particles) else x0
-    n = int(np.shape(jax.tree_util.tree_leaves(positions)[0])[axis])
+    leaves = jax.tree_util.tree_leaves(positions)
+    if not leaves or any(np.ndim(leaf) <= axis for leaf in leaves):  # was IndexError: tuple index out of range
+        raise ValueError(f"a population needs an agent axis {axis}: every leaf must have at least {axis + 1} "
+                         f"dimension(s), got shapes {[np.shape(leaf) for leaf in leaves]}")
+    n = int(np.shape(leaves[0])[axis])
+    if any(np.shape(leaf)[axis] != n for leaf in leaves):  # was padded leaf by leaf, rows out of step
+        raise ValueError(f"every leaf of a population must hold the same number of agents along axis {axis}, got "
+                         f"shapes {[np.shape(leaf) for leaf in leaves]}")
     n_total = padded_size(n, mesh)
     if n_total != n and forbid_padding:
         raise ValueError(f"N={n} is not a multiple of the {mesh.size} devices and padding is unsafe here: "

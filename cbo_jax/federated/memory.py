@@ -31,8 +31,13 @@ def planned_round_bytes(algorithm: Algorithm, data: AgentData, key: jax.Array | 
     ``size``: plan the round padded to this many agents (a sharded run's
     ``padded_size(N, mesh)``).
     """
+    n = data.num_agents
+    # size=0 was taken as "no padding" and a size below N cut the state and data to that many
+    # agents: a plan for fewer agents than the run has (an underestimate)
+    if size is not None and (not _checks.is_integer(size) or size < n):
+        raise ValueError(f"size must be an integer >= N={n} (the padded number of agents), got {size!r}")
     key = jax.random.key(0) if key is None else key
-    lay = layout(data.num_agents)._replace(size=size or data.num_agents)
+    lay = layout(n)._replace(size=n if size is None else int(size))
     state = jax.eval_shape(lambda k: lay.pad_state(algorithm.init(k)), key)
     shapes = jax.eval_shape(lambda d: lay.pad_data(d), data)
     ma = jax.jit(algorithm.round).lower(state, shapes).compile().memory_analysis()
