@@ -59,12 +59,14 @@ class Constraint:
 
 def sphere(r: float = 1.0) -> Constraint:
     """``g(x) = |x|² - r²`` (CBXpy's ``sphereConstraint``); ``∇g = 2x``, Hessian ``2I``."""
+    r = _checks.finite_number("sphere r", r)  # a NaN radius made every constraint value NaN, a string failed traced
     return Constraint(lambda x: jnp.sum(x * x) - r ** 2, grad=lambda x: 2 * x, hess_scale=2.0, name="sphere")
 
 
 def plane(a, b: float = 1.0) -> Constraint:
     """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``."""
     a, norm = _checks.normal_vector("plane", a)
+    b = _checks.finite_number("plane b", b)
     return Constraint(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm,
                       grad=lambda x: jnp.broadcast_to(jnp.asarray(a / norm, x.dtype), x.shape), hess_scale=0.0,
                       name="plane")
@@ -76,6 +78,9 @@ def quadric(A, b=None, c: float = 0.0) -> Constraint:
     b = np.zeros(A.shape[0]) if b is None else np.asarray(b, np.float64)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
         raise ValueError(f"quadric: A must be a square (d, d) matrix, got shape {A.shape}")
+    c = _checks.finite_number("quadric c", c)
+    if not (np.all(np.isfinite(A)) and np.all(np.isfinite(b))):
+        raise ValueError("quadric: A and b must be finite")
     if b.shape != (A.shape[0],):
         raise ValueError(f"quadric: b must have shape ({A.shape[0]},) like A's rows, got {b.shape}")
     return Constraint(lambda x: x @ (x @ jnp.asarray(A, x.dtype)) + jnp.sum(jnp.asarray(b, x.dtype) * x) + c,
@@ -126,7 +131,14 @@ def as_constraints(constraints) -> tuple:
             name = c.get("name")
             if name not in _NAMED:
                 raise ValueError(f"unknown constraint {name!r}; choose from {sorted(_NAMED)} or pass a function")
-            c = _NAMED[name](**{k: v for k, v in c.items() if k != "name"})
+            kwargs = {k: v for k, v in c.items() if k != "name"}
+            try:
+                c = _NAMED[name](**kwargs)
+            except TypeError as err:  # an unknown or missing keyword: a ValueError naming the constraint
+                import inspect
+
+                raise ValueError(f"constraint {name!r} takes {list(inspect.signature(_NAMED[name]).parameters)}, got "
+                                 f"{sorted(kwargs)} ({err})") from None
         if not callable(c):
             raise ValueError(f"a constraint must be a function g(x) -> scalar of one particle, got {c!r}")
         out.append(c if isinstance(c, Constraint) else Constraint(c, name=getattr(c, "__name__", "g")))
@@ -259,13 +271,23 @@ def get_surface(spec) -> Surface:
     if isinstance(spec, dict):
         name = spec.get("name")
         kw = {k: v for k, v in spec.items() if k != "name"}
+        takes = {"sphere": (), "plane": ("a", "b"), "Stiefel": ("nk",)}
+        if name not in takes:
+            raise ValueError(f"unknown surface {name!r}; choose from ['sphere', 'plane', 'Stiefel'] or pass a function")
+        extra = sorted(set(kw) - set(takes[name]))
+        if extra:  # {"name": "sphere", "r": 2} was the unit sphere, the radius silently dropped
+            hint = " (it is the unit sphere; pass a signed distance function for another one)" if name == "sphere" else ""
+            raise ValueError(f"surface {name!r} takes {list(takes[name]) or 'no parameters'}, got {extra}{hint}")
         if name == "sphere":
             return sphere_surface()
         if name == "plane":
+            if "a" not in kw:
+                raise ValueError("surface 'plane' needs its normal a (and b, default 1)")
             return plane_surface(**kw)
-        if name == "Stiefel":
-            return stiefel_surface(*kw.get("nk", (1, 1)))
-        raise ValueError(f"unknown surface {name!r}; choose from ['sphere', 'plane', 'Stiefel'] or pass a function")
+        nk = kw.get("nk", (1, 1))
+        if np.ndim(nk) != 1 or len(nk) != 2:
+            raise ValueError(f"surface 'Stiefel': nk must be a pair (n, k), got {nk!r}")
+        return stiefel_surface(*nk)
     if callable(spec):
         return surface(spec)
     raise ValueError(f"surface must be None, a dict, a signed distance function or a Surface; got {spec!r}")

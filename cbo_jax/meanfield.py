@@ -73,6 +73,7 @@ def class_variance(x: PyTree, label: jax.Array, centers: PyTree, include: jax.Ar
     counts in no class. Excluded particles never enter a class's value (a NaN position
     of an excluded particle leaves the other classes finite).
     """
+    _check_class_shapes(x, label, centers, include)
     k = jax.tree_util.tree_leaves(centers)[0].shape[0]
     if not isinstance(label, jax.core.Tracer):
         lab = np.asarray(label)
@@ -91,6 +92,29 @@ def class_variance(x: PyTree, label: jax.Array, centers: PyTree, include: jax.Ar
     return jnp.where(count > 0, (onehot @ sq) / jnp.maximum(count, 1), jnp.nan)
 
 
+def _check_class_shapes(x, label, centers, include) -> None:
+    """Shapes only (static, so also under ``jit``): mismatches were TypeErrors from jnp's broadcasting."""
+    leaves = jax.tree_util.tree_leaves(x)
+    c_leaves = jax.tree_util.tree_leaves(centers)
+    if not leaves or not c_leaves or any(np.ndim(v) < 1 for v in leaves + c_leaves):
+        raise ValueError("class_variance: x and centers need a leading axis (N particles, K centres)")
+    n, k = np.shape(leaves[0])[0], np.shape(c_leaves[0])[0]
+    if np.shape(label) != (n,):
+        raise ValueError(f"class_variance: label must have shape ({n},), one class per particle, got "
+                         f"{np.shape(label)}")
+    if not jnp.issubdtype(jnp.result_type(label), jnp.integer):
+        raise ValueError(f"class_variance: label must hold integers, got dtype {jnp.result_type(label)}")
+    if include is not None and np.shape(include) != (n,):
+        raise ValueError(f"class_variance: include must have shape ({n},), one flag per particle, got "
+                         f"{np.shape(include)}")
+    structure_x, structure_c = jax.tree_util.tree_structure(x), jax.tree_util.tree_structure(centers)
+    same = bool(structure_x == structure_c) and all(  # type: ignore[operator]
+        np.shape(c) == (k,) + np.shape(v)[1:] for v, c in zip(leaves, c_leaves))
+    if not same:
+        raise ValueError(f"class_variance: centers must be K points shaped like one particle, leaves "
+                         f"{[(k,) + np.shape(v)[1:] for v in leaves]}; got {[np.shape(c) for c in c_leaves]}")
+
+
 def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: float, noise: str = "isotropic"):
     """Decay exponent of ``V(ρ^k_t)`` predicted by FedCBO Theorem 2.3 (with ``τ → 0``).
 
@@ -102,7 +126,9 @@ def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: fl
     """
     _checks.positive_int("d", d)
     _checks.one_of("noise", noise, ("isotropic", "anisotropic"))  # a typo was taken as anisotropic
-    lip = float(lipschitz)
+    # float() refused an array of constants ("works elementwise"); a scalar stays a float
+    lip_arr = np.asarray(lipschitz, np.float64)
+    lip: float | np.ndarray = float(lip_arr) if lip_arr.ndim == 0 else lip_arr
     c1 = d if noise == "isotropic" else 1
     return 2 * lambda1 - 2 * lambda2 * lip - c1 * np.square(sigma1) - d * np.square(sigma2) * lip**2
 

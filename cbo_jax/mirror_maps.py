@@ -104,14 +104,22 @@ def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
 
 
 def ProjectionSphere(r: float = 1.0) -> MirrorMap:
-    """Projection onto the sphere ``|x| = r`` (``r > 0``)."""
+    """Projection onto the sphere ``|x| = r`` (``r > 0``); ``y = 0``, where every point of the sphere is
+    nearest, goes to ``r e_1`` (CBXpy's ``r y / |y|`` is NaN there, and the NaN stayed in the run)."""
     _checks.positive("ProjectionSphere r", r)
-    return MirrorMap("ProjectionSphere", _identity, lambda y: r * y / jnp.linalg.norm(y, axis=-1, keepdims=True))
+
+    def conj(y):
+        ny = jnp.linalg.norm(y, axis=-1, keepdims=True)
+        e1 = (jnp.arange(y.shape[-1]) == 0).astype(y.dtype)
+        return jnp.where(ny > 0, r * y / jnp.where(ny > 0, ny, 1), r * e1)
+
+    return MirrorMap("ProjectionSphere", _identity, conj)
 
 
 def ProjectionSquare(r: float = 1.0) -> MirrorMap:
     """CBXpy's ``ProjectionSquare``: clip to ``[-r, r]``, then set the coordinate of largest
-    modulus to its sign (``±1``, as CBXpy does, whatever ``r``)."""
+    modulus to its sign (``±1``, as CBXpy does, whatever ``r``). ``r > 0``."""
+    _checks.positive("ProjectionSquare r", r)  # r <= 0 clipped every coordinate to -r silently
 
     def conj(y):
         c = jnp.clip(y, -r, r)
@@ -125,8 +133,13 @@ def ProjectionSquare(r: float = 1.0) -> MirrorMap:
 def ProjectionStiefel(nk=None) -> MirrorMap:
     """Projection onto the Stiefel manifold ``{X ∈ R^{n×k}: XᵀX = I}`` (particles of ``d = n k``)."""
     nk = (1, 1) if nk is None else tuple(nk)
+    if len(nk) != 2 or not all(_checks.is_integer(v) and v >= 1 for v in nk):
+        raise ValueError(f"ProjectionStiefel: nk must be two integers (n, k) >= 1, got {nk!r}")
 
     def conj(y):
+        if y.shape[-1] != nk[0] * nk[1]:  # was a reshape TypeError from deep inside jnp
+            raise ValueError(f"ProjectionStiefel with nk = {nk} needs particles of dimension n k = {nk[0] * nk[1]}, "
+                             f"got {y.shape[-1]}")
         u, _, vh = jnp.linalg.svd(y.reshape(y.shape[:-1] + nk), full_matrices=False)
         return (u @ vh).reshape(y.shape)
 
@@ -148,7 +161,12 @@ def NonsmoothBarrier() -> MirrorMap:
 def weighted_L2(A=None) -> MirrorMap:
     """``φ(x) = xᵀ A x / 2``: ``∇φ(x) = Ā x``, ``∇φ*(y) = Ā⁻¹ y``, ``Ā = (A + Aᵀ)/2``."""
     A = np.eye(1) if A is None else np.asarray(A, np.float64)
+    if A.ndim != 2 or A.shape[0] != A.shape[1] or not np.all(np.isfinite(A)):
+        raise ValueError(f"weighted_L2: A must be a finite square (d, d) matrix, got shape {A.shape}")
     sym = 0.5 * (A + A.T)
+    if np.min(np.linalg.eigvalsh(sym)) <= 0:  # φ is then not strictly convex: ∇φ has no inverse
+        raise ValueError("weighted_L2: the symmetric part (A + Aᵀ)/2 must be positive definite, so that φ(x) = "
+                         "xᵀAx/2 is strictly convex and ∇φ* = Ā⁻¹ exists")
     inv = np.linalg.inv(sym)
     return MirrorMap("weighted_L2", lambda x: x @ jnp.asarray(sym, x.dtype).T,
                      lambda y: y @ jnp.asarray(inv, y.dtype).T)
@@ -191,7 +209,14 @@ def get_mirror_map(spec) -> MirrorMap:
         if name not in MIRROR_MAPS:
             raise ValueError(f"unknown mirror map {name!r}; choose from {sorted(MIRROR_MAPS)} or pass "
                              "cbo_jax.mirror_maps.mirror_map(grad, grad_conj)")
-        return MIRROR_MAPS[name](**{k: v for k, v in spec.items() if k != "name"})
+        kwargs = {k: v for k, v in spec.items() if k != "name"}
+        try:
+            return MIRROR_MAPS[name](**kwargs)
+        except TypeError as err:  # an unknown keyword: name the map and its keywords, as a ValueError
+            import inspect
+
+            raise ValueError(f"mirror map {name!r} takes {list(inspect.signature(MIRROR_MAPS[name]).parameters)}, "
+                             f"got {sorted(kwargs)} ({err})") from None
     if isinstance(spec, MirrorMap):
         return spec
     if callable(getattr(spec, "grad", None)) and callable(getattr(spec, "grad_conj", None)):

@@ -98,6 +98,15 @@ def cos_2pi(z):
     return jnp.where(flip, -acc, acc)
 
 
+def _norm(sq):
+    """``sqrt(sq)`` whose derivative at ``sq = 0`` is finite (``jnp.sqrt``'s is infinite, and the chain
+    rule's ``inf * 0`` made ``jax.grad`` NaN at the origin). Where ``sq = 0`` the derivative taken
+    through it is 0: exact for functions that are smooth there (drop wave), and the subgradient
+    ``0`` of the cone-shaped minima (Ackley, accelerated sinus)."""
+    pos = sq > 0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Objective:
     """Base class: ``obj(x)`` evaluates ``f(x - shift)`` over the last axis.
@@ -135,10 +144,13 @@ class Objective:
         x = jnp.asarray(x)
         if not jnp.issubdtype(x.dtype, jnp.inexact):  # integer particles: a fractional shift must not truncate
             x = x.astype(jnp.result_type(float))
+        if x.ndim == 0 or x.shape[-1] == 0:  # a scalar was numpy's "axis -1 is out of bounds", d = 0 a silent 0
+            raise ValueError(f"{type(self).__name__} takes particles of shape (..., d) with d >= 1, got shape "
+                             f"{x.shape}")
         if self.dim is not None and x.shape[-1] != self.dim:
             raise ValueError(f"{type(self).__name__} is a function of R^{self.dim}; got particles of dimension "
                              f"{x.shape[-1]}")
-        self._check_shift(x.shape[-1] if x.ndim else 1)
+        self._check_shift(x.shape[-1])
         return self._f(x - jnp.asarray(self.shift, x.dtype))
 
     def _check_dim(self, d: int) -> None:
@@ -191,7 +203,7 @@ class Ackley(Objective):
     name = "ackley"
 
     def _f(self, z):
-        r = jnp.sqrt(jnp.mean(z * z, axis=-1))
+        r = _norm(jnp.mean(z * z, axis=-1))
         return -20.0 * jnp.exp(-0.2 * r) - jnp.exp(jnp.mean(cos_2pi(z), axis=-1)) + 20.0 + math.e
 
 
@@ -282,10 +294,12 @@ class ThreeHumpCamel(_Planar):
 
 
 class McCormick(_Planar):
-    """McCormick: ``sin(x + y) + (x - y)² - 1.5x + 2.5y + 1``; min ``-1.9132229549810362``."""
+    """McCormick: ``sin(x + y) + (x - y)² - 1.5x + 2.5y + 1``; min ``-1.9132229549810362`` on ``[-1.5, 4] × [-3, 4]``
+    (unbounded below outside: ``f(t, t) = sin 2t + t + 1``)."""
 
     name = "mccormick"
     min_value = -1.9132229549810362
+    domain = ((-1.5, -3.0), (4.0, 4.0))
 
     def _f(self, z):
         x, y = z[..., 0], z[..., 1]
@@ -324,18 +338,25 @@ class Bukin6(_Planar):
 
 
 class CrossInTray(_Planar):
-    """Cross-in-tray: ``-1e-4 (|sin x sin y e^{|100 - r/π|}| + 1)^{0.1}``; min ``-2.062611870822738`` at four points."""
+    """Cross-in-tray: ``-1e-4 (|sin x sin y e^{|100 - r/π|}| + 1)^{0.1}``; min ``-2.062611870822738`` at four points
+    (on ``[-10, 10]²``; unbounded below outside, where ``e^{r/π - 100}`` grows past ``e^{100}`` for ``r > 200π``)."""
 
     name = "cross-in-tray"
     min_value = -2.062611870822738
+    domain = (-10.0, 10.0)
     _X = 1.3494066171539107
 
     def _f(self, z):
         # (|s| e^a + 1)^{0.1} = exp(0.1 logaddexp(log|s| + a, 0)): e^a reaches e^100, past float32's range.
+        # Where s = 0 (the axes, a ridge |s| of local maxima) the value is -1e-4 and the gradient is taken as 0,
+        # a subgradient of the ridge: log|s|'s infinite derivative made it NaN on both axes.
         x, y = z[..., 0], z[..., 1]
-        r = jnp.sqrt(x * x + y * y)
+        r = _norm(x * x + y * y)
         a = jnp.abs(100 - r / jnp.pi)
-        return -0.0001 * jnp.exp(0.1 * jnp.logaddexp(jnp.log(jnp.abs(jnp.sin(x) * jnp.sin(y))) + a, 0.0))
+        s = jnp.abs(jnp.sin(x) * jnp.sin(y))
+        pos = s > 0
+        inner = jnp.where(pos, jnp.logaddexp(jnp.log(jnp.where(pos, s, 1.0)) + a, 0.0), 0.0)
+        return -0.0001 * jnp.exp(0.1 * inner)
 
     def _argmins(self, d):
         a = self._X
@@ -350,7 +371,7 @@ class DropWave(_Planar):
 
     def _f(self, z):
         r2 = jnp.sum(z * z, axis=-1)
-        return -(1 + jnp.cos(12 * jnp.sqrt(r2))) * jnp.exp(-0.5 * r2 / (1 + 0.001 * r2))
+        return -(1 + jnp.cos(12 * _norm(r2))) * jnp.exp(-0.5 * r2 / (1 + 0.001 * r2))
 
 
 class HolderTable(_Planar):
@@ -363,7 +384,7 @@ class HolderTable(_Planar):
 
     def _f(self, z):
         x, y = z[..., 0], z[..., 1]
-        return -jnp.abs(jnp.sin(x) * jnp.cos(y) * jnp.exp(jnp.abs(1 - jnp.sqrt(x * x + y * y) / jnp.pi)))
+        return -jnp.abs(jnp.sin(x) * jnp.cos(y) * jnp.exp(jnp.abs(1 - _norm(x * x + y * y) / jnp.pi)))
 
     def _argmins(self, d):
         a, b = self._XY
@@ -524,12 +545,13 @@ class AcceleratedSinus(Objective):
     a: float = 1.0
 
     def _f(self, z):
-        r = jnp.sqrt(jnp.sum(z * z, axis=-1))
+        r = _norm(jnp.sum(z * z, axis=-1))
         return jnp.sin(self.a * r / (1 + r * r)) + 1
 
 
 class NdSinus(Objective):
-    """``(sin(|0.3x|²/d) + 1)(u_1⁴ - u_1² + 1)``, ``u = 0.3x``: min 0 on the sphere ``|0.3x|² = 3πd/2``."""
+    """``(sin(|0.3x|²/d) + 1)(u_1⁴ - u_1² + 1)``, ``u = 0.3x``: min 0 on the spheres ``|0.3x|² = d (3π/2 + 2πk)``,
+    ``k = 0, 1, ...`` (``minimisers(d)``: a point of the innermost one)."""
 
     name = "nd-sinus"
     isolated = False
@@ -540,10 +562,9 @@ class NdSinus(Objective):
         return (jnp.sin(s) + 1) * (u[..., 0] ** 4 - u[..., 0] ** 2 + 1)
 
     def _argmins(self, d):
+        # sin(s) = -1 zeroes f whatever u_1 is (the second factor is >= 3/4): in R^1 too, at u_1 = √(3π/2)
         x = np.zeros(d)
-        x[-1 if d > 1 else 0] = math.sqrt(1.5 * math.pi * d) / 0.3
-        if d == 1:
-            raise ValueError("nd-sinus needs d >= 2 (its minimiser has u_1 = 0)")
+        x[-1] = math.sqrt(1.5 * math.pi * d) / 0.3
         return x[None]
 
 
@@ -587,9 +608,11 @@ class Bimodal(_Planar):
     min_value = -1.7071701960514817e-05
 
     def _f(self, z):
+        # -log(e^{-a} + e^{-b}/2) as a logaddexp: both exponentials underflow a few units from the modes
+        # (|y| > 8 in float32), and -log(0) made the energy +inf where it is about (y + 0.7)²/0.5.
         x, y = z[..., 0], z[..., 1]
-        return -jnp.log(jnp.exp(-((x - 1.0) ** 2 + (y - 1.5) ** 2 / 0.2))
-                        + 0.5 * jnp.exp(-(x + 1.2) ** 2 / 8 - (y + 0.7) ** 2 / 0.5))
+        return -jnp.logaddexp(-((x - 1.0) ** 2 + (y - 1.5) ** 2 / 0.2),
+                              math.log(0.5) - (x + 1.2) ** 2 / 8 - (y + 0.7) ** 2 / 0.5)
 
     def _argmins(self, d):
         return [[0.9999953049354683, 1.4999849758640378]]
@@ -612,22 +635,53 @@ class Unimodal(_Planar):
 @dataclasses.dataclass(frozen=True, eq=False)
 class GaussianMixture(Objective):
     """CBXpy's ``Multimodal``: ``-log Σ_k N(x; μ_k, Σ_k)``; default one standard Gaussian in ``R^2``
-    (min ``log 2π`` at 0). Minimisers are given for well-separated components (their means)."""
+    (min ``log 2π`` at 0). Minimisers are given for well-separated components (their means).
+
+    ``means`` is ``(K, d)``; ``covs`` ``(K, d, d)`` symmetric positive definite matrices, one ``(d, d)``
+    matrix shared by every component, or ``None`` (identities)."""
 
     name = "gaussian-mixture"
     means: Any = ((0.0, 0.0),)
     covs: Any = None
 
+    def __post_init__(self):
+        super().__post_init__()
+        self._parts()  # bad means or covariances are refused here, not deep inside a traced call
+
     def _parts(self):
-        means = np.asarray(self.means, np.float64)
+        try:
+            means = np.asarray(self.means, np.float64)
+        except (TypeError, ValueError):
+            means = np.full((0, 0), np.nan)
+        if means.ndim != 2 or means.size == 0 or not np.all(np.isfinite(means)):
+            raise ValueError(f"GaussianMixture: means must be a (K, d) array of finite numbers (one mean per "
+                             f"component), got {self.means!r}")
         k, d = means.shape
-        covs = np.broadcast_to(np.eye(d), (k, d, d)) if self.covs is None else np.asarray(self.covs, np.float64)
+        if self.covs is None:
+            covs = np.broadcast_to(np.eye(d), (k, d, d))
+        else:
+            try:
+                covs = np.asarray(self.covs, np.float64)
+            except (TypeError, ValueError):
+                covs = np.full((0,), np.nan)
+            if covs.shape == (d, d):  # one covariance shared by every component
+                covs = np.broadcast_to(covs, (k, d, d))
+            if covs.shape != (k, d, d) or not np.all(np.isfinite(covs)):
+                raise ValueError(f"GaussianMixture: covs must be {k} finite ({d}, {d}) covariance matrices (shape "
+                                 f"({k}, {d}, {d}), or one ({d}, {d}) matrix for all), got shape {covs.shape}")
+            sym = np.allclose(covs, np.swapaxes(covs, -1, -2), rtol=1e-10, atol=1e-12)
+            if not sym or np.min(np.linalg.eigvalsh(0.5 * (covs + np.swapaxes(covs, -1, -2)))) <= 0:
+                raise ValueError("GaussianMixture: every covariance must be symmetric positive definite (its density "
+                                 "is otherwise not a Gaussian: the log-determinant and the energies are wrong)")
         prec = np.linalg.inv(covs)
         logdet = np.linalg.slogdet(covs)[1]
         return means, prec, -0.5 * (d * math.log(2 * math.pi) + logdet)
 
     def _f(self, z):
         means, prec, lognorm = self._parts()
+        if z.shape[-1] != means.shape[1]:
+            raise ValueError(f"GaussianMixture: this mixture lives in R^{means.shape[1]}; got particles of dimension "
+                             f"{z.shape[-1]}")
         diff = z[..., None, :] - jnp.asarray(means, z.dtype)
         quad = jnp.einsum("...ka,kab,...kb->...k", diff, jnp.asarray(prec, z.dtype), diff)
         return -jax_logsumexp(jnp.asarray(lognorm, z.dtype) - 0.5 * quad)

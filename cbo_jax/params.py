@@ -143,7 +143,7 @@ def grid(dynamics_or_config, **axes) -> Params:
         if name not in valid:
             raise ValueError(f"grid: unknown parameter {name!r} for a {type(cfg.alpha).__name__} α schedule; "
                              f"valid: {valid}")
-        arr = np.asarray(values, dtype=np.float64)
+        arr = _real_array(f"grid: {name}", values)
         if arr.ndim != 1 or arr.size == 0:
             raise ValueError(f"grid: {name} must be a non-empty 1-D sequence of values, got shape {arr.shape}")
         sizes.append(arr.size)
@@ -171,6 +171,20 @@ def as_params(params, dynamics_or_config) -> Params:
     raise ValueError(f"params must be a cbo_jax.params.Params (see cbo_jax.params.grid), got {type(params).__name__}")
 
 
+def _real_array(what: str, values) -> np.ndarray:
+    """``values`` as float64, refused unless real numbers: a complex value lost its imaginary part
+    (a warning, not an error), a bool or a numeric string was read as a number, None as NaN."""
+    try:
+        raw = np.asarray(values)
+        if raw.dtype.kind in "bcSUMm" or (raw.dtype.kind == "O" and not all(
+                isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+                for v in raw.ravel())):
+            raise TypeError
+        return np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must hold real numbers, got {values!r}") from None
+
+
 def _where(name: str, index, shape) -> str:
     if not shape:
         return f"params.{name}"
@@ -182,10 +196,11 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
     """Check every entry of a (possibly swept) ``params`` on the host; return the grid shape.
 
     Raises ``ValueError`` naming the parameter and the grid index for: a value that is not
-    a real number, NaN or infinity, a value out of range (``λ1, σ1, λ2, σ2 >= 0``,
-    ``dt > 0``, the schedule's rules in ``PARAM_RULES``, ``alpha_min <= alpha_max``,
-    ``alpha0 <= alpha_max`` of a multiplicative schedule), leaves whose axes do not
-    broadcast to one grid, an α-number tuple of another schedule kind, or a sweep that
+    a real number (bools, strings and complex numbers included), NaN or infinity, a value out
+    of range (``λ1, σ1, λ2, σ2 >= 0``, ``dt > 0``, the schedule's rules in ``PARAM_RULES``,
+    ``alpha_min <= alpha_max``, ``alpha0 <= alpha_max`` of a multiplicative schedule), leaves
+    whose axes do not broadcast to one grid or make a grid of no points, an α-number tuple
+    of another schedule kind, or a sweep that
     switches on a term the dynamics were built without.
     """
     cfg = _config_of(dynamics_or_config)
@@ -199,17 +214,17 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
     leaf_names = names(params)
     arrays = []
     for name, leaf in zip(leaf_names, _leaves(params)):
-        try:
-            arr = np.asarray(leaf, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise ValueError(f"params.{name} must hold real numbers, got {leaf!r}") from None
-        arrays.append(arr)
+        arrays.append(_real_array(f"params.{name}", leaf))
     try:
         shape = np.broadcast_shapes(*(a.shape for a in arrays))
     except ValueError:
         swept = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if a.ndim)
         raise ValueError(f"params: the sweep axes do not match ({swept}); give every swept parameter the grid's "
                          "shape, or shapes that broadcast to it (cbo_jax.params.grid builds an outer product)") from None
+    if 0 in shape:  # a grid of no points ran into a bare IndexError inside simulate
+        empty = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if 0 in a.shape)
+        raise ValueError(f"params: the sweep grid {tuple(shape)} has no points ({empty}); every swept parameter "
+                         "needs at least one value")
     expected_extra = _extra_params(cfg)
     if (expected_extra is None) != (params.extra is None) or (
             expected_extra is not None and type(params.extra) is not type(expected_extra)):

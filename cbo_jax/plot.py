@@ -171,10 +171,11 @@ def _grid_values(objective: Callable, bounds: Bounds, resolution: int):
     (x0, x1), (y0, y1) = bounds
     gx, gy = np.meshgrid(np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution))
     pts = jnp.asarray(np.stack([gx.ravel(), gy.ravel()], axis=1), jnp.float32)
-    z = np.asarray(objective(pts), np.float64).reshape(gx.shape)
-    if z.shape != gx.shape:
-        raise ValueError("objective must map an (n, 2) array of points to (n,) values")
-    return gx, gy, z
+    z = np.asarray(objective(pts), np.float64)
+    if z.size != gx.size:  # checked before the reshape, which raised NumPy's "cannot reshape" first
+        raise ValueError(f"objective must map an (n, 2) array of points to (n,) values; it mapped {pts.shape} "
+                         f"points to shape {z.shape}")
+    return gx, gy, z.reshape(gx.shape)
 
 
 def _bounds_of(x, bounds):

@@ -15,10 +15,12 @@ the whole parameter vector of the agent), or anisotropic (Carrillo et al. 2021),
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import custom_batching
 
 from cbo_jax import population as pop
@@ -171,6 +173,9 @@ def euler_maruyama(
     """
     if noise not in NOISE_KINDS:
         raise ValueError(f"unknown noise kind {noise!r}; choose from {NOISE_KINDS}")
+    if isinstance(dt, (int, float, np.integer, np.floating)) and not (math.isfinite(dt) and dt >= 0):
+        # √dt of a negative step was NaN in every particle (traced steps are checked by the configs)
+        raise ValueError(f"dt must be a finite number >= 0, got {dt!r}")
     u = pop.tree_sub(x, m)
     sqdt = jnp.sqrt(jnp.asarray(dt))
     key_c, key_g = jax.random.split(key)
