@@ -13,6 +13,13 @@ not bitwise. They are exact only where :func:`on_pinned_stack` holds: the pinned
 CPU with AVX2 and FMA and without AVX-512, taken to round like the recording host. On that
 Xeon the other exact checks (a batched float64 run against single runs, one CBXpy comparison
 over 100 steps) still held, so they depend on the JAX version alone (:func:`on_pinned_jax`).
+
+Recording host per pin: a pin recorded later on another kind of CPU (federated_v4.npz's runs
+that FedCBO's draw from the participating agents moved, recorded on that Intel Xeon) is exact
+only on its own kind. :func:`host_kind` names a kind (``"amd-avx2"``: :data:`PINNED_HOST_KIND`,
+the kind above; ``"intel-avx512"``: that Xeon), a pin file stores the kind each run was
+recorded on, and ``on_pinned_stack(recorded_on=kind)`` asks for that kind instead of the default
+(a kind is taken, as above, to round like the host that recorded on it).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pathlib import Path
 import jax
 
 PINNED_JAX = "0.10.2"
+PINNED_HOST_KIND = "amd-avx2"  # the host kind of pinned_host(): AMD, AVX2 and FMA, no AVX-512
 
 
 def _cpu_flags(cpuinfo: str) -> tuple[str, set[str]]:
@@ -55,11 +63,34 @@ def pinned_host(cpuinfo: str | None = None, machine: str | None = None) -> bool:
     return vendor == "AuthenticAMD" and {"avx2", "fma"} <= flags and "avx512f" not in flags
 
 
+@functools.cache
+def host_kind(cpuinfo: str | None = None, machine: str | None = None) -> str:
+    """The kind of CPU, as far as XLA:CPU's float rounding goes: ``"<vendor>-<vectors>"``,
+    vendor ``amd``/``intel`` (else the vendor_id, lower case), vectors ``avx512`` (AVX-512F),
+    ``avx2`` (AVX2 and FMA) or ``x86``; another architecture: its machine name. The pins'
+    kind, :data:`PINNED_HOST_KIND`, is exactly :func:`pinned_host`'s."""
+    machine = platform.machine() if machine is None else machine
+    if machine != "x86_64":
+        return machine.lower() or "unknown"
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "x86_64-unknown"
+    vendor, flags = _cpu_flags(cpuinfo)
+    name = {"AuthenticAMD": "amd", "GenuineIntel": "intel"}.get(vendor, vendor.lower() or "unknown")
+    vectors = "avx512" if "avx512f" in flags else "avx2" if {"avx2", "fma"} <= flags else "x86"
+    return f"{name}-{vectors}"
+
+
 def on_pinned_jax() -> bool:
     """True with the JAX the pins were recorded with."""
     return jax.__version__ == PINNED_JAX
 
 
-def on_pinned_stack() -> bool:
-    """True where the pinned federated runs must reproduce exactly: the pinned JAX on the pinned kind of CPU."""
-    return on_pinned_jax() and pinned_host()
+def on_pinned_stack(recorded_on: str | None = None) -> bool:
+    """True where the pinned federated runs must reproduce exactly: the pinned JAX on the pinned kind
+    of CPU, or on ``recorded_on`` (a :func:`host_kind`) for a pin recorded on another kind."""
+    if recorded_on is None or recorded_on == PINNED_HOST_KIND:
+        return on_pinned_jax() and pinned_host()
+    return on_pinned_jax() and host_kind() == recorded_on

@@ -85,11 +85,15 @@ def round_stats(info) -> dict:
 
 
 def selection_rate(idx: jax.Array, cluster: jax.Array, valid: jax.Array | None = None) -> jax.Array:
-    """``SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / |A_n(j)|`` (the filled slots)."""
+    """``SR_n = mean_j #{i in A_n(j) : cluster(i) = cluster(j)} / |A_n(j)|`` (the filled slots),
+    over the agents ``j`` that downloaded anything (FedCBO's non-participants do not)."""
     same = cluster[idx] == cluster[:idx.shape[0], None]
     if valid is None:
         return jnp.mean(same)
-    return jnp.mean(jnp.sum(same & valid, axis=1) / jnp.maximum(jnp.sum(valid, axis=1), 1))
+    per_agent = jnp.sum(same & valid, axis=1) / jnp.maximum(jnp.sum(valid, axis=1), 1)
+    some = jnp.any(valid, axis=1)
+    over_some = jnp.sum(jnp.where(some, per_agent, 0.0)) / jnp.maximum(jnp.sum(some), 1)
+    return jnp.where(jnp.all(some), jnp.mean(per_agent), over_some)  # every agent downloaded: as before, bitwise
 
 
 def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:

@@ -6,8 +6,12 @@ optax's transformations, shared by FedCBO and FedCB²O:
 * ``init(rows, cols) -> P``: the ``(rows, cols)`` likelihood matrix; row ``j`` belongs
   to selecting agent ``j``, column ``i`` to candidate ``i``, and row ``j``'s own column
   is ``j`` (rectangular when only the first agents select, e.g. the benign ones);
-* ``select(key, P, n) -> Selection``: ``(rows, M)`` distinct downloads, never the agent
-  itself, in round ``n``;
+* ``select(key, P, n, candidates=None) -> Selection``: ``(rows, M)`` distinct downloads,
+  never the agent itself, in round ``n``; ``candidates``, a ``(cols,)`` mask, restricts them
+  to the participating agents ``G_n`` (FedCBO Algorithm 2, ``ε-greedySampling(P^j, G_n, M)``):
+  when fewer than ``M`` others are candidates, the slots left over are empty
+  (``Selection.valid``; they hold other distinct agents, never the agent itself). ``None``
+  (full participation) draws exactly as before the mask existed;
 * ``update(P, idx, loss, own_loss, active, valid) -> P``: learn from the downloads' losses
   on the agent's data (rows with ``active`` False, and empty slots, unchanged).
 
@@ -15,7 +19,8 @@ Rules:
 
 * :func:`epsilon_greedy` -- FedCBO Remark 3: ``⌊ε M⌋`` agents uniformly at random (the
   reference code's ``int(ε·M)``), the remaining ``M - ⌊ε M⌋`` the top entries of the agent's row of ``P`` among the
-  others not yet picked; ``ε(n) = max(ε0 - decay·n, ε_min)``. ``P`` starts at ones
+  others not yet picked (both among the ``candidates`` only, when given);
+  ``ε(n) = max(ε0 - decay·n, ε_min)``. ``P`` starts at ones
   (``-inf`` on the own column) and follows eq. (21):
   ``P[j, i] += L_j(θ_j) - L_j(θ_i)`` for the downloaded ``i``.
 * :func:`uniform` -- ``M`` distinct others uniformly at random (ε-greedy with ``ε = 1``;
@@ -24,7 +29,7 @@ Rules:
   never observed, ``M`` of them uniformly (all of them, and no other, when there are at most
   ``M``; the remaining slots stay empty, ``Selection.valid``); once every agent has been
   observed, ``M`` without replacement ∝ ``P``, with ``P ← (1-ζ) P + ζ exp(-κ L)``
-  (NaN = never observed).
+  (NaN = never observed). With ``candidates``, "the others" are the other candidates.
 
 Ties in ``P`` (all of round 0) are broken by a random permutation, so round 0 picks
 uniformly at random, as the reference code does. Random numbers are drawn with the
@@ -44,7 +49,8 @@ import numpy as np
 from cbo_jax import _checks
 
 __all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
-           "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "epsilon_schedule", "init_likelihood", "update_likelihood",
+           "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "filled_slots", "epsilon_schedule",
+           "init_likelihood", "update_likelihood",
            "init_prob_likelihood", "update_prob_likelihood"]
 
 
@@ -62,7 +68,7 @@ class SelectionRule(NamedTuple):
     """A selection rule (module docstring): ``init``, ``select``, ``update`` and ``M``."""
 
     init: Callable[[int, int], jax.Array]
-    select: Callable[[jax.Array, jax.Array, jax.Array], Selection]
+    select: Callable[..., Selection]  # select(key, P, n, candidates=None)
     update: Callable[..., jax.Array]
     M: int
     name: str
@@ -81,13 +87,14 @@ def epsilon_greedy(M: int, eps0: float = 0.5, eps_decay: float = 0.01, eps_min: 
     _checks.non_negative("eps_decay", eps_decay, f32=True)
     _checks.unit_interval("eps_min", eps_min)
 
-    def select(key, P, n):
+    def select(key, P, n, candidates=None):
         eps = epsilon_schedule(n, eps0, eps_decay, eps_min)
-        idx, is_random = draw_epsilon_greedy(key, P, M, eps)
-        return Selection(idx, is_random, jnp.asarray(eps, jnp.float32))
+        idx, is_random = draw_epsilon_greedy(key, P, M, eps, candidates)
+        valid = None if candidates is None else filled_slots(P, M, candidates)
+        return Selection(idx, is_random, jnp.asarray(eps, jnp.float32), valid)
 
     def update(P, idx, loss, own_loss, active=None, valid=None):
-        return update_likelihood(P, idx, loss, own_loss, active)
+        return update_likelihood(P, idx, loss, own_loss, active, valid)
 
     return SelectionRule(_init_ones, select, update, M, "epsilon_greedy")
 
@@ -105,10 +112,10 @@ def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRul
     _checks.non_negative("kappa", kappa, f32=True)
     _checks.fraction("zeta", zeta)
 
-    def select(key, P, n):
-        idx = draw_prob_sampling(key, P, M)
+    def select(key, P, n, candidates=None):
+        idx = draw_prob_sampling(key, P, M, candidates)
         return Selection(idx, jnp.take_along_axis(jnp.isnan(P), idx, axis=1), jnp.zeros((), jnp.float32),
-                         prob_sampling_valid(P, M))
+                         prob_sampling_valid(P, M, candidates))
 
     def update(P, idx, loss, own_loss=None, active=None, valid=None):
         return update_prob_likelihood(P, idx, loss, kappa, zeta, active, valid)
@@ -126,11 +133,35 @@ def _init_ones(rows: int, cols: int) -> jax.Array:
 # --------------------------------------------------------------------------- kernels
 
 
-def _random_order(key: jax.Array, rows: int, cols: int) -> jax.Array:
-    """``(rows, cols)``: row j is a random permutation of the candidates with j itself last."""
+def _random_order(key: jax.Array, rows: int, cols: int, allowed: jax.Array | None = None) -> jax.Array:
+    """``(rows, cols)``: row j is a random permutation of the candidates with j itself last.
+
+    With ``allowed`` (``(rows, cols)``, False on the own column): the allowed agents first in
+    random order, then the others in index order, then j itself (the same permutation as
+    without it when every other agent is allowed)."""
     noise = jax.random.uniform(key, (rows, cols))
-    noise = jnp.where(jnp.eye(rows, cols, dtype=bool), 2.0, noise)
+    if allowed is None:
+        noise = jnp.where(jnp.eye(rows, cols, dtype=bool), 2.0, noise)
+    else:
+        noise = jnp.where(allowed, noise, jnp.where(jnp.eye(rows, cols, dtype=bool), 3.0, 2.0))
     return jnp.argsort(noise, axis=1)
+
+
+def _allowed(rows: int, cols: int, candidates) -> jax.Array:
+    """``(rows, cols)``: candidate ``i`` may be downloaded by row ``j`` (``i`` a candidate, not ``j``)."""
+    candidates = jnp.asarray(candidates, bool)
+    if candidates.shape != (cols,):
+        raise ValueError(f"candidates must be a ({cols},) mask of the agents that may be downloaded, "
+                         f"got shape {candidates.shape}")
+    return candidates[None, :] & ~jnp.eye(rows, cols, dtype=bool)
+
+
+def filled_slots(P: jax.Array, m: int, candidates) -> jax.Array:
+    """``(rows, M)``: the slots an ε-greedy draw among ``candidates`` fills, the first
+    ``min(M, k_j)`` of row ``j`` (``k_j``: the candidates other than ``j``)."""
+    rows, n = P.shape
+    k = jnp.sum(_allowed(rows, n, candidates), axis=1, keepdims=True)
+    return jnp.arange(m)[None, :] < k
 
 
 def draw_uniform(key: jax.Array, num_agents: int, m: int, rows: int | None = None) -> jax.Array:
@@ -144,7 +175,7 @@ def epsilon_schedule(n, eps0: float = 0.5, decay: float = 0.01, eps_min: float =
     return jnp.maximum(eps0 - decay * n, eps_min)
 
 
-def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.Array, jax.Array]:
+def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps, candidates=None) -> tuple[jax.Array, jax.Array]:
     """ε-greedy selection (FedCBO Remark 3) for every row of ``P``.
 
     Args:
@@ -152,13 +183,18 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
       P: ``(rows, N)`` likelihood matrix (own column ignored).
       m: number of downloads ``M`` (static, ``1 <= M <= N - 1``).
       eps: ε for this round (may be traced).
+      candidates: ``(N,)`` mask of the agents that may be downloaded (FedCBO Algorithm 2's
+        ``G_n``; ``None``: all). Row ``j`` draws among the candidates other than ``j``; when
+        there are ``k_j < M`` of them, slots ``k_j, ..., M-1`` are empty
+        (:func:`filled_slots`) and hold other distinct non-candidates.
 
     Returns ``(idx, is_random)``: ``(rows, M)`` indices (the random picks first) and a
     boolean ``(rows, M)`` marking the uniformly random picks.
     """
     rows, n = P.shape
     _check_m(n, m)
-    order = _random_order(key, rows, n)  # random permutation, self last
+    allowed = None if candidates is None else _allowed(rows, n, candidates)
+    order = _random_order(key, rows, n, allowed)  # random permutation, self last
     # ⌊εM⌋ as the reference code's int(ε·M); the 1e-6 absorbs float32's rounding of ε
     # (0.7 is stored as 0.69999999, and ⌊0.69999999 · 10⌋ would be 6, not 7).
     n_rand = jnp.floor(eps * m + 1e-6).astype(jnp.int32)
@@ -169,6 +205,8 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
     # broken by the same random permutation (stable top_k on the permuted row).
     position = jnp.argsort(order, axis=1)  # position of agent i in row j's permutation
     picked = (position < n_rand) | jnp.eye(rows, n, dtype=bool)
+    if allowed is not None:
+        picked = picked | ~allowed  # non-candidates never rank among the greedy picks
     # A candidate whose P is -inf (eq. (21) after a download with an infinite loss) must
     # still rank above the picked agents and self, or top_k would fill the last slots
     # with them (duplicates) when fewer than M - ⌊εM⌋ candidates have a finite P.
@@ -178,6 +216,11 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps) -> tuple[jax.
     greedy = jnp.take_along_axis(order, top_pos, axis=1)
     greedy_shifted = jnp.take_along_axis(greedy, jnp.clip(slot[None, :] - n_rand, 0, m - 1), axis=1)
     idx = jnp.where(is_random, rand_part, greedy_shifted)
+    if allowed is not None:
+        # The first k_j positions of row j's order are its candidates; an empty slot s >= k_j
+        # takes position s (a non-candidate: distinct from the downloads and each other, and
+        # never j, which is last with s <= M - 1 <= N - 2).
+        idx = jnp.where(slot[None, :] < jnp.sum(allowed, axis=1, keepdims=True), idx, order[:, :m])
     return idx.astype(jnp.int32), is_random
 
 
@@ -189,11 +232,15 @@ def init_likelihood(rows: int, cols: int | None = None, dtype=jnp.float32) -> ja
     return jnp.where(jnp.eye(rows, cols, dtype=bool), -jnp.inf, jnp.ones((rows, cols), dtype))
 
 
-def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: jax.Array, active=None) -> jax.Array:
-    """Eq. (21): ``P[j, idx[j, t]] += own_loss[j] - loss[j, t]`` (rows with ``active`` only)."""
+def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: jax.Array, active=None,
+                      valid=None) -> jax.Array:
+    """Eq. (21): ``P[j, idx[j, t]] += own_loss[j] - loss[j, t]`` (rows with ``active`` and
+    slots with ``valid`` only: an empty slot's loss is ``inf`` and must not reach ``P``)."""
     delta = own_loss[:, None] - loss
     if active is not None:
         delta = jnp.where(active[:, None], delta, 0.0)
+    if valid is not None:
+        delta = jnp.where(valid, delta, 0.0)
     rows = jnp.broadcast_to(jnp.arange(P.shape[0])[:, None], idx.shape)
     return P.at[rows, idx].add(delta.astype(P.dtype))
 
@@ -220,7 +267,7 @@ def init_prob_likelihood(num_rows: int, num_agents: int | None = None, dtype=jnp
     return jnp.where(jnp.eye(num_rows, n, dtype=bool), -jnp.inf, jnp.full((num_rows, n), jnp.nan, dtype))
 
 
-def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
+def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int, candidates=None) -> jax.Array:
     """ProbSampling (FedCB²O Algorithm 2): ``(rows, M)`` distinct downloads per row.
 
     While some other agents were never observed (``P`` is NaN), the row picks among
@@ -229,7 +276,9 @@ def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
     proportional to ``P[j, i]`` (successive sampling, done as Gumbel-top-k:
     ``argtop_M(log P + Gumbel)``). Agents with ``P = 0`` are drawn only when nothing
     else is left, and then uniformly at random among themselves. An agent never selects
-    itself and never the same agent twice.
+    itself and never the same agent twice. With ``candidates`` (an ``(N,)`` mask, FedCBO's
+    participating agents ``G_n``), all of this is among the candidates only; the
+    non-candidates come after them (in empty slots, :func:`prob_sampling_valid`).
     """
     rows, n = P.shape
     _check_m(n, m)
@@ -242,21 +291,28 @@ def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int) -> jax.Array:
     # uniformly among themselves (not by index: -1e30 + Gumbel rounds to -1e30 in float32).
     within = jnp.where(positive, jnp.log(jnp.where(positive, P, 1.0)) + g, g)
     tier = jnp.where(own, 0, jnp.where(unexplored, 3, jnp.where(positive, 2, 1)))
+    if candidates is not None:  # non-candidates after every candidate, before self (the same order otherwise)
+        tier = jnp.where(_allowed(rows, n, candidates) | own, 2 * tier, 1)
     # Sort by tier (unexplored first, then P > 0, then P = 0, self last), then by the key, both descending.
     order = jnp.lexsort((-within, -tier), axis=-1)
     return order[:, :m].astype(jnp.int32)
 
 
-def prob_sampling_valid(P: jax.Array, m: int) -> jax.Array:
+def prob_sampling_valid(P: jax.Array, m: int, candidates=None) -> jax.Array:
     """``(rows, M)``: the slots :func:`draw_prob_sampling` fills in the paper's Algorithm 2.
 
     While ``0 < k <= M`` others were never observed, only the first ``k`` slots (those
-    agents) hold a download; otherwise all ``M`` do.
+    agents) hold a download; otherwise all ``M`` do. With ``candidates``, "others" are the
+    other candidates, and at most as many slots as there are of them are filled.
     """
     rows, n = P.shape
-    unexplored = jnp.sum(jnp.isnan(P) & ~jnp.eye(rows, n, dtype=bool), axis=1, keepdims=True)
     slot = jnp.arange(m)[None, :]
-    return (unexplored == 0) | (slot < unexplored)
+    if candidates is None:
+        unexplored = jnp.sum(jnp.isnan(P) & ~jnp.eye(rows, n, dtype=bool), axis=1, keepdims=True)
+        return (unexplored == 0) | (slot < unexplored)
+    allowed = _allowed(rows, n, candidates)
+    unexplored = jnp.sum(jnp.isnan(P) & allowed, axis=1, keepdims=True)
+    return slot < jnp.where(unexplored == 0, jnp.sum(allowed, axis=1, keepdims=True), unexplored)
 
 
 def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa: float, zeta: float,

@@ -7,7 +7,10 @@ splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
 2. LocalUpdate: τ epochs of mini-batch SGD (step ``λ2 γ``) on each agent's data.
 3. LocalAggregation, for every ``j`` in ``G_n`` synchronously (from the models after 2):
 
-   a. ``A_n``: ``M`` other agents by ε-greedy sampling on ``P^j`` (Remark 3; ``⌊εM⌋`` random picks);
+   a. ``A_n ← ε-greedySampling(P^j, G_n, M)`` (Algorithm 2, Remark 3): ``⌊εM⌋`` random picks
+      from ``G_n``, the rest the top-``P^j`` agents of the remaining ones, never ``j`` itself.
+      With fewer than ``M`` other participants the slots left over are empty
+      (``FedCBOInfo.valid``): they weigh nothing in (19) and leave ``P`` unchanged;
    b. ``L_j^i``: loss of each downloaded ``θ_i`` on ``j``'s own training data;
    c. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α L_j^i)``              (19)
    d. ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` [+ Appendix E noise, JMLR eq. (70),
@@ -159,7 +162,7 @@ class FedCBOInfo(NamedTuple):
     eps: jax.Array  # ε of the round
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (N,) no usable download: the agent kept its own model
-    valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling; None: all)
+    valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling, participation < 1; None: all)
 
 
 def loss_energy(model: Model, cfg: FedCBOConfig):
@@ -218,13 +221,19 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
         trained = local_train(model, cfg.local, state.params, state.opt_state, data, k_local)
         params = tree_where_rows(active, trained.params, state.params)
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
-        sel = rule.select(k_sel, state.P, state.round)
+        if cfg.participation < 1:  # downloads from G_n only (the candidate columns are the N real agents)
+            sel = rule.select(k_sel, state.P, state.round, active[:state.P.shape[1]])
+            mask = jnp.broadcast_to(active[:, None], sel.idx.shape)  # a non-participant downloads nothing
+            valid: jax.Array | None = mask if sel.valid is None else mask & sel.valid
+        else:  # every real agent participates: the draw of the paper's experiments, unmasked
+            sel = rule.select(k_sel, state.P, state.round)
+            valid = sel.valid
         if cfg.eval_by == "model":
             agg = consensus_by_model(energy, params, sel.idx, (data.x, data.y, data.counts),
-                                     alpha=cfg.alpha, group=cfg.eval_chunk, valid=sel.valid)
+                                     alpha=cfg.alpha, group=cfg.eval_chunk, valid=valid)
         else:
             agg = consensus_downloads(energy, params, sel.idx, params, (data.x, data.y, data.counts), alpha=cfg.alpha,
-                                      chunk=cfg.eval_chunk, downloads=downloads, valid=sel.valid)
+                                      chunk=cfg.eval_chunk, downloads=downloads, valid=valid)
         diff = pop.tree_sub(params, agg.consensus)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
         if cfg.noise != "none" and cfg.sigma1 > 0:
@@ -232,8 +241,8 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
             scale = cfg.sigma1 * jnp.sqrt(cfg.gamma if cfg.noise_gamma is None else cfg.noise_gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
-        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, active, sel.valid)
-        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, sel.valid)
+        P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, active, valid)
+        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, valid)
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
     return Algorithm("fedcbo", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
