@@ -149,15 +149,17 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
         v = jax.lax.dynamic_slice_in_dim(valid, start, chunk, axis=-1)
         w = jnp.where(v, jnp.exp(gibbs_exponent(a, jnp.where(v, e - e_min, 0.0))), 0.0)
         rows, _ = pop.zero_nonfinite_rows(_rows(population, start, chunk))  # 0 · NaN would be NaN
-        part = jax.tree_util.tree_map(
-            lambda leaf: jnp.tensordot(w.astype(leaf.dtype), leaf, axes=(-1, 0)), rows)
+        part = jax.tree_util.tree_map(  # bfloat16 / float16 rows are summed in float32
+            lambda leaf: jnp.tensordot(w.astype(pop._accumulation_dtype(leaf.dtype)),
+                                       leaf.astype(pop._accumulation_dtype(leaf.dtype)), axes=(-1, 0)), rows)
         return (den + jnp.sum(w, axis=-1), jax.tree_util.tree_map(jnp.add, num, part)), None
 
     zero_num = jax.tree_util.tree_map(
-        lambda leaf: jnp.zeros(lead + leaf.shape[1:], leaf.dtype), population)
+        lambda leaf: jnp.zeros(lead + leaf.shape[1:], pop._accumulation_dtype(leaf.dtype)), population)
     (den, num), _ = jax.lax.scan(body, (jnp.zeros(lead, energy.dtype), zero_num), jnp.arange(num_chunks))
     return jax.tree_util.tree_map(
-        lambda v: v / den.astype(v.dtype).reshape(lead + (1,) * (v.ndim - len(lead))), num)
+        lambda v, leaf: (v / den.astype(v.dtype).reshape(lead + (1,) * (v.ndim - len(lead)))).astype(leaf.dtype),
+        num, population)
 
 
 def subset_consensus(
@@ -201,9 +203,11 @@ def subset_consensus(
         return pop.weighted_mean(population, dense)
     if method == "gather":
         selected = pop.gather(population, idx)  # leaves (J, M, ...)
-        return jax.tree_util.tree_map(
-            lambda leaf: jnp.einsum("jm,jm...->j...", w.astype(leaf.dtype), leaf), selected
-        )
+        def contract(leaf):  # bfloat16 / float16 rows are summed in float32
+            acc = pop._accumulation_dtype(leaf.dtype)
+            return jnp.einsum("jm,jm...->j...", w.astype(acc), leaf.astype(acc)).astype(leaf.dtype)
+
+        return jax.tree_util.tree_map(contract, selected)
     raise ValueError(f"method must be 'dense' or 'gather', got {method!r}")
 
 

@@ -14,8 +14,12 @@ mean per-sample loss over the real samples of a padded batch.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 from typing import Any, Callable, NamedTuple
 
+import flax.errors
 import flax.linen as nn
 import jax
 from jax.typing import ArrayLike
@@ -81,6 +85,10 @@ class Model(NamedTuple):
       name: a short description (written to results).
       num_classes: classes of a classifier; ``None`` for a regression model (no accuracy).
       loss: ``loss(outputs, y) -> (n,)`` per-sample loss (default: cross-entropy).
+      train_apply: ``train_apply(params, x, key) -> outputs``, the forward pass in training
+        mode (dropout on, drawing from ``key``), used by local SGD; ``None`` (default):
+        training uses ``apply``. :func:`from_flax` sets it for a module with a ``train``
+        (``training``, ``is_training``) or ``deterministic`` flag.
     """
 
     init: Callable[[jax.Array], PyTree]
@@ -88,14 +96,67 @@ class Model(NamedTuple):
     name: str
     num_classes: int | None
     loss: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy
+    train_apply: Callable[[PyTree, jax.Array, jax.Array], Any] | None = None
 
     @property
     def is_classifier(self) -> bool:
         return self.num_classes is not None
 
 
+# A flag of ``__call__`` that switches a module between training and evaluation, and its
+# value in training (``deterministic`` is the inverse of ``train``).
+_TRAIN_FLAGS = {"train": True, "training": True, "is_training": True, "deterministic": False}
+
+
+def _call_parameters(module: nn.Module) -> dict[str, inspect.Parameter] | None:
+    try:
+        return dict(inspect.signature(module.__call__).parameters)
+    except (TypeError, ValueError):  # no signature to read (a C callable): nothing detected
+        return None
+
+
+def _module_fields(module: nn.Module) -> set[str]:
+    return {f.name for f in dataclasses.fields(module)} if dataclasses.is_dataclass(module) else set()
+
+
+def _train_flag(module: nn.Module, train_arg: str | None) -> tuple[str | None, bool]:
+    """The name of ``module``'s training flag and whether it is an attribute of the module
+    (``False``: an argument of ``__call__``): ``train_arg`` checked, or the conventional name
+    ``__call__`` takes or the module holds (``"auto"``); ``(None, False)`` when there is none."""
+    params = _call_parameters(module)
+    fields = _module_fields(module)
+    if train_arg == "auto":
+        for where, names in ((False, params or {}), (True, fields)):
+            found = [name for name in _TRAIN_FLAGS if name in names]
+            if len(found) > 1:
+                raise ValueError(f"{type(module).__name__} takes the flags {found}; name the one that switches "
+                                 f"training on with from_flax(..., train_arg=...)")
+            if found:
+                return found[0], where
+        return None, False
+    if train_arg is None:
+        return None, False
+    if not isinstance(train_arg, str):
+        raise ValueError(f"train_arg must be 'auto', None or the name of an argument of the module, got {train_arg!r}")
+    if params is None or train_arg in params:
+        return train_arg, False
+    if train_arg in fields:
+        return train_arg, True
+    if any(q.kind is inspect.Parameter.VAR_KEYWORD for q in params.values()):
+        return train_arg, False
+    raise ValueError(f"train_arg={train_arg!r} is neither an argument of {type(module).__name__}.__call__ "
+                     f"{tuple(params)} nor an attribute of the module")
+
+
+def _output_kind(out) -> str | None:
+    """What a module's (abstract) output is when it is not one array, for a message."""
+    if isinstance(out, jax.ShapeDtypeStruct):
+        return None
+    return f"a {type(out).__name__}" if isinstance(out, (tuple, list, dict)) else f"{type(out).__name__!r}"
+
+
 def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callable = "cross_entropy",
-              num_classes: int | None = None, name: str | None = None) -> Model:
+              num_classes: int | None = None, name: str | None = None, train_arg: str | None = "auto") -> Model:
     """A :class:`Model` from any Flax (linen) module.
 
     Args:
@@ -108,27 +169,77 @@ def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callab
         ignored for regression losses. A custom loss counts as a classifier only if
         ``num_classes`` is given (accuracy is then reported too).
       name: a description for the results (default: the module's class name).
+      train_arg: the flag that switches training on, an argument of ``module.__call__``
+        or an attribute of the module. ``"auto"`` (default) takes ``train``, ``training``,
+        ``is_training`` or ``deterministic`` when ``__call__`` (else the module) has one.
+        Local SGD then runs the module in training mode (``train=True`` /
+        ``deterministic=False``, with a fresh ``"dropout"`` key every mini-batch), and every
+        evaluation (losses, downloads, consensus energies, accuracy) in evaluation mode.
+        ``None`` leaves the flag as it is everywhere. A flag of another name is set to
+        ``True`` for training and ``False`` for evaluation.
 
-    Modules with mutable collections (batch statistics) are not supported: the
-    agents' parameters must be one pytree.
+    Only the ``"params"`` collection is supported: a module with mutable collections
+    (BatchNorm's ``batch_stats``) is refused, as is one that draws random numbers when
+    evaluated, one without parameters, and (with a built-in loss) one whose output is
+    not a single array.
     """
     x = jnp.zeros(example_input, jnp.float32) if isinstance(example_input, tuple) else jnp.asarray(example_input)
     if x.ndim < 1 or x.shape[0] < 1:
         raise ValueError(f"example_input must be a batch (n, ...) with n >= 1, got shape {x.shape}")
-    variables = jax.eval_shape(lambda k: module.init(k, x), jax.random.key(0))
+    mod = type(module).__name__
+    flag, is_field = _train_flag(module, train_arg)
+    eval_kw: dict[str, Any] = {} if flag is None else {flag: not _TRAIN_FLAGS.get(flag, True)}
+    train_kw: dict[str, Any] = {} if flag is None else {flag: _TRAIN_FLAGS.get(flag, True)}
+    train_module = module
+    if is_field:  # a flag held by the module: one clone evaluates, the other trains
+        module, train_module = module.clone(**eval_kw), module.clone(**train_kw)
+        eval_kw, train_kw = {}, {}
+    call_params = _call_parameters(module) or {}
+    missing = [k for k, q in list(call_params.items())[1:] if q.default is inspect.Parameter.empty
+               and q.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) and k not in eval_kw]
+    if missing:
+        raise ValueError(f"{mod}.__call__ needs the arguments {missing} besides the inputs; a model is called as "
+                         f"apply(params, x): give them defaults (a training flag is found by its name: "
+                         f"{sorted(_TRAIN_FLAGS)}, or from_flax(..., train_arg=...))")
+    variables = jax.eval_shape(lambda k: module.init(k, x, **eval_kw), jax.random.key(0))
     extra = sorted(set(variables) - {"params"})
     if extra:
-        raise ValueError(f"{type(module).__name__} has mutable collections {extra}; only modules whose variables are "
-                         f"'params' are supported")
-    out = jax.eval_shape(module.apply, variables, x)
+        hint = (" (BatchNorm's running statistics): they are not supported, since every agent's model is one "
+                "parameter pytree trained by a pure loss; use a normalisation without state, nn.LayerNorm or "
+                "nn.GroupNorm" if "batch_stats" in extra else "")
+        raise ValueError(f"{mod} has mutable collections {extra}{hint}; only modules whose variables are 'params' "
+                         f"are supported")
+    if not jax.tree_util.tree_leaves(variables):
+        raise ValueError(f"{mod} has no parameters: there is nothing for the algorithms to train or average")
+    apply = functools.partial(module.apply, **eval_kw) if eval_kw else module.apply
+    try:
+        out = jax.eval_shape(apply, variables, x)
+    except flax.errors.InvalidRngError as err:
+        how = "" if flag is None else f" with {flag}={not _TRAIN_FLAGS.get(flag, True)}"
+        raise ValueError(f"{mod} draws random numbers when evaluated{how} ({err}); a model's evaluation must be "
+                         f"deterministic: give Dropout deterministic=not train and __call__ a flag train: bool "
+                         f"(local SGD sets train=True and passes a 'dropout' key)") from None
+    train_apply = None
+    if flag is not None:
+        def train_apply(params, xb, key):
+            return train_module.apply(params, xb, rngs={"dropout": key}, **train_kw)
+        try:
+            jax.eval_shape(train_apply, variables, x, jax.random.key(0))
+        except flax.errors.InvalidRngError as err:
+            raise ValueError(f"{mod} with {flag}={_TRAIN_FLAGS.get(flag, True)} draws from an rng stream other than "
+                             f"'dropout' ({err}); local SGD provides only a 'dropout' key") from None
+    kind = _output_kind(out)
     if isinstance(loss, str):
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {sorted(LOSSES)} or a callable, got {loss!r}")
+        if kind is not None:
+            raise ValueError(f"{mod} outputs {kind}, not one array; loss={loss!r} needs one array of outputs: pass a "
+                             f"loss of your own, loss(outputs, y) -> (n,), or make the module return one array")
         if loss == "cross_entropy":
             if out.ndim != 2:
                 hint = (f" for example_input of shape {x.shape} (if that is the stacked (N, n_max, ...) data, give "
                         f"one batch of samples, such as data.x[0, :1])" if x.ndim > 2 and out.ndim > 2 else "")
-                raise ValueError(f"a cross-entropy classifier must output (n, classes) logits; {type(module).__name__} "
+                raise ValueError(f"a cross-entropy classifier must output (n, classes) logits; {mod} "
                                  f"outputs {out.shape}{hint}")
             num_classes = out.shape[-1] if num_classes is None else num_classes
             if num_classes != out.shape[-1]:
@@ -138,10 +249,15 @@ def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callab
         loss_fn = LOSSES[loss]
     elif callable(loss):
         loss_fn = loss
+        if num_classes is not None and (kind is not None or out.shape[1:] != (num_classes,)):
+            # accuracy takes the argmax of the outputs: they must be (n, classes) logits
+            what = kind if kind is not None else f"shape {out.shape}"
+            raise ValueError(f"num_classes={num_classes} makes {mod} a classifier (accuracy is its outputs' argmax), "
+                             f"but it outputs {what}, not (n, {num_classes}) logits; leave num_classes out")
     else:
         raise ValueError(f"loss must be a name or a callable, got {loss!r}")
-    return Model(init=lambda key: module.init(key, x), apply=module.apply, name=name or type(module).__name__,
-                 num_classes=num_classes, loss=loss_fn)
+    return Model(init=lambda key: module.init(key, x, **eval_kw), apply=apply, name=name or mod,
+                 num_classes=num_classes, loss=loss_fn, train_apply=train_apply)
 
 
 def mlp_mnist(hidden: tuple[int, ...] = (200,), num_classes: int = 10, input_shape=(28, 28)) -> Model:
@@ -212,28 +328,54 @@ def cnn_emnist(num_classes: int = 47, input_shape=(28, 28), features: tuple[int,
 
 
 def init_population(model: Model, key: jax.Array, num_agents: int) -> PyTree:
-    """``num_agents`` (an integer ``>= 1``) independently initialised parameter sets, stacked on axis 0."""
+    """``num_agents`` (an integer ``>= 1``) independently initialised parameter sets, stacked on axis 0.
+
+    ``key`` is one PRNG key or an integer seed (``jax.random.key(seed)``)."""
     num_agents = _checks.positive_int("init_population: num_agents", num_agents)
+    key = _checks.as_key("init_population: key", key)
+    if jnp.shape(key) != (() if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else jnp.shape(key)[-1:]):
+        raise ValueError(f"init_population: key must be one PRNG key, got a batch of keys of shape {jnp.shape(key)}; "
+                         f"the agents' keys are split from it")
     return jax.vmap(model.init)(jax.random.split(key, num_agents))
 
 
-def masked_loss(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+def _sample_losses(model: Model, params: PyTree, x, y, key: jax.Array | None = None) -> jax.Array:
+    """The ``(n,)`` per-sample losses of a batch; a ``ValueError`` for a loss of any other shape."""
+    out = model.train_apply(params, x, key) if key is not None and model.train_apply is not None else \
+        model.apply(params, x)
+    per = jnp.asarray(model.loss(out, y))
+    lead = [jnp.shape(leaf)[0] for leaf in jax.tree_util.tree_leaves(x) if jnp.ndim(leaf)]
+    n = lead[0] if lead else None
+    if n is not None and per.shape != (n,):
+        # (n, 1) would broadcast against the (n,) mask to (n, n); a scalar mean counts the padding rows
+        raise ValueError(f"the loss of model {model.name} gives shape {per.shape} for {n} samples, not one loss per "
+                         f"sample ({n},): loss(outputs, y) must return per-sample losses")
+    return per
+
+
+def masked_loss(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: jax.Array | None = None, *,
+                key: jax.Array | None = None) -> jax.Array:
     """Mean per-sample loss over the real samples of a padded batch.
 
     ``mask`` (bool ``(n,)``) marks the real samples; ``None`` means all. Padding rows
     never contribute, even when their loss is not finite; an all-padding batch gives 0.
     The one loss every algorithm uses (local training, download evaluation, IFCA's
-    cluster estimates, FedSGLD's node objective).
+    cluster estimates, FedSGLD's node objective). ``key`` (local SGD's) runs a model
+    with a ``train_apply`` in training mode (dropout); without it the model is evaluated.
+    A low-precision loss (bfloat16, float16) is averaged in float32.
     """
-    per = model.loss(model.apply(params, x), y)
+    per = _sample_losses(model, params, x, y, key)
+    if jnp.issubdtype(per.dtype, jnp.floating) and jnp.finfo(per.dtype).bits < 32:
+        per = per.astype(jnp.float32)
     if mask is None:
         return jnp.mean(per)
     return jnp.sum(jnp.where(mask, per, 0.0)) / jnp.maximum(jnp.sum(mask), 1).astype(per.dtype)
 
 
-def batch_loss(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+def batch_loss(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: jax.Array | None = None, *,
+               key: jax.Array | None = None) -> jax.Array:
     """Alias of :func:`masked_loss` (the mean loss over a batch's real samples)."""
-    return masked_loss(model, params, x, y, mask)
+    return masked_loss(model, params, x, y, mask, key=key)
 
 
 def accuracy(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: jax.Array | None = None) -> jax.Array:

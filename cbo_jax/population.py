@@ -61,8 +61,21 @@ def num_agents(population: PyTree) -> int:
     return sizes.pop()
 
 
+def _accumulation_dtype(dtype) -> Any:
+    """The dtype a weighted sum over agents of ``dtype`` rows is formed in: ``float32`` for a
+    low-precision float (bfloat16, float16: their weights, rounded to 8 or 11 bits, would
+    not sum to one), else ``dtype`` itself."""
+    dtype = jnp.dtype(dtype)
+    if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
+        return jnp.dtype(jnp.float32)
+    return dtype
+
+
 def _contract_rows(w: jax.Array, leaf: jax.Array) -> jax.Array:
     # sum_i w[..., i] * leaf[i, ...]  as a single dot over the agent axis.
+    acc = _accumulation_dtype(leaf.dtype)
+    if acc != leaf.dtype:  # bfloat16 / float16 rows: weights and sums in float32, one rounding at the end
+        return jnp.tensordot(w.astype(acc), leaf.astype(acc), axes=([w.ndim - 1], [0])).astype(leaf.dtype)
     return jnp.tensordot(w.astype(leaf.dtype), leaf, axes=([w.ndim - 1], [0]))
 
 

@@ -15,6 +15,11 @@ optimizer every round (momentum resets); ``reset_optimizer=True`` does the same,
 
 Agent ``j`` shuffles with its own key ``fold_in(key, j)``, so its training does not
 depend on how many agents follow it (padding agents of a sharded run).
+
+A model with a training mode (``Model.train_apply``: a Flax module with a ``train`` or
+``deterministic`` flag, through :func:`cbo_jax.models.from_flax`) trains in that mode,
+with a fresh dropout key for every mini-batch, drawn from a stream of its own (the
+shuffles are those of any other model); every loss outside the SGD steps evaluates it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import optax
 
 from cbo_jax import _checks
 from cbo_jax.config import check_types
-from cbo_jax.models import Model, masked_loss
+from cbo_jax.models import Model, _sample_losses, masked_loss
 
 PyTree = Any
 
@@ -90,10 +95,13 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
     b = cfg.batch_size
     full, rest = divmod(n_max, b)  # ``full`` batches of B rows, then one of ``rest`` rows (no padded rows)
 
+    dropout = model.train_apply is not None  # training mode: a fresh key every mini-batch
+
     def grad_step(carry, batch):
         params, opt_state = carry
-        idx, mask = batch
-        loss, grads = jax.value_and_grad(lambda p: masked_loss(model, p, x[idx], y[idx], mask))(params)
+        idx, mask = batch[:2]
+        bkey = batch[2] if dropout else None
+        loss, grads = jax.value_and_grad(lambda p: masked_loss(model, p, x[idx], y[idx], mask, key=bkey))(params)
         updates, new_opt = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         has_data = jnp.any(mask)
@@ -106,14 +114,16 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
         u = jnp.where(jnp.arange(n_max) < count, jax.random.uniform(key, (n_max,)), 2.0)
         perm = jnp.argsort(u)
         mask = jnp.arange(n_max) < count
+        # dropout keys: one per batch from a stream of their own (the shuffle's draw is unchanged)
+        bkeys = jax.random.split(jax.random.fold_in(key, 1), full + 1) if dropout else None
         losses, has = [], []
         if full:
-            carry, (lf, hf) = jax.lax.scan(grad_step, carry, (perm[: full * b].reshape(full, b),
-                                                               mask[: full * b].reshape(full, b)))
+            xs = (perm[: full * b].reshape(full, b), mask[: full * b].reshape(full, b))
+            carry, (lf, hf) = jax.lax.scan(grad_step, carry, xs + ((bkeys[:full],) if dropout else ()))
             losses.append(lf)
             has.append(hf)
         if rest:
-            carry, (lr, hr) = grad_step(carry, (perm[full * b:], mask[full * b:]))
+            carry, (lr, hr) = grad_step(carry, (perm[full * b:], mask[full * b:]) + ((bkeys[full],) if dropout else ()))
             losses.append(lr[None])
             has.append(hr[None])
         losses, has = jnp.concatenate(losses), jnp.concatenate(has)
@@ -164,12 +174,14 @@ def agent_loss(model: Model, params: PyTree, x, y, count, batch_size: int | None
     """
     if reduction == "mean":
         return masked_loss(model, params, x, y, jnp.arange(x.shape[0]) < count)
-    return reduce_sample_losses(model.loss(model.apply(params, x), y), count, batch_size, reduction)
+    return reduce_sample_losses(_sample_losses(model, params, x, y), count, batch_size, reduction)
 
 
 def reduce_sample_losses(per: jax.Array, count, batch_size: int | None = None, reduction: str = "mean") -> jax.Array:
     """An agent's loss from its per-sample losses ``per`` (``(n_max,)``, the first
     ``count`` real): the reduction of :func:`agent_loss`, computed the same way."""
+    if jnp.issubdtype(per.dtype, jnp.floating) and jnp.finfo(per.dtype).bits < 32:
+        per = per.astype(jnp.float32)  # a bfloat16 / float16 model's losses are summed in float32
     real = jnp.arange(per.shape[0]) < count
     if reduction == "mean":  # the count of ``real``, min(count, n_max), without a second reduction
         return jnp.sum(jnp.where(real, per, 0.0)) / jnp.clip(count, 1, per.shape[0]).astype(per.dtype)
