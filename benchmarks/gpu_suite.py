@@ -8,7 +8,8 @@ rest), and collects the JSON each prints as its last line:
 2. ``clustered_scaling.py``: the clustered system K=4, d=10, N up to 1e7 (NumPy peer
    up to 1e6).
 3. ``fedcbo_round.py``: one FedCBO round at the paper's scale (N=1200, M=200, tau=10).
-4. ``cbo-jax reproduce meanfield-scaling``: N up to 1e6 against an N=1e7 reference.
+4. ``cbo-jax reproduce meanfield-scaling``: N up to 1e6 against an N=1e7 reference (its
+   plot and arrays in ``OUT_meanfield-scaling/`` beside the table).
 
     python benchmarks/gpu_suite.py                      # GPU sizes, writes benchmarks/RESULTS_gpu.md
     python benchmarks/gpu_suite.py --smoke              # tiny sizes: checks the plumbing on a CPU
@@ -45,9 +46,9 @@ SUITES = {
                 "--no-compare", "--repeats", "2"],
                ["benchmarks/fedcbo_round.py", "--quick", "--no-compare"]),
     "meanfield": (["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "1e2,1e3,1e4,1e5,1e6",
-                   "--reference", "1e7", "--no-progress", "--output", "results/gpu-meanfield-scaling", "--overwrite"],
+                   "--reference", "1e7", "--no-progress", "--output", "{MEANFIELD_DIR}", "--overwrite"],
                   ["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "64,256", "--reference", "4096",
-                   "--steps", "10", "--seeds", "2", "--no-progress", "--output", "results/gpu-meanfield-scaling",
+                   "--steps", "10", "--seeds", "2", "--no-progress", "--output", "{MEANFIELD_DIR}",
                    "--overwrite"]),
 }
 
@@ -132,7 +133,9 @@ def main(argv=None) -> int:
             res.setdefault("date", previous.get("date", "unknown"))
             results[name] = res
     for name in names:
-        argv_ = SUITES[name][1 if args.smoke else 0]
+        # the meanfield reproduction's own files (plot, arrays) go beside OUT, never over a results/ directory
+        meanfield_dir = str(args.out.resolve().with_name(args.out.stem + "_meanfield-scaling"))
+        argv_ = [a.replace("{MEANFIELD_DIR}", meanfield_dir) for a in SUITES[name][1 if args.smoke else 0]]
         print(f"[{name}] python {' '.join(argv_)}", file=sys.stderr, flush=True)
         results[name] = {**_run(name, argv_, args.timeout), "device": device, "date": today,
                          "command": f"{command} --only {name}"}

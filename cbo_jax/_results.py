@@ -101,9 +101,10 @@ class ResultsDir:
             if not self.overwrite:
                 self.__exit__()
                 names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found[:6])
-                resume = "resume them (--resume), " if self.resumable else ""
+                # both spellings: the command line's flags and the Python functions' arguments
+                resume = "resume them (--resume; resume=True), " if self.resumable else ""
                 raise ValueError(f"{self.path} already holds results ({names}); {resume}choose another output "
-                                 f"directory, or overwrite them (--overwrite)")
+                                 f"directory, or overwrite them (--overwrite; overwrite=True)")
             for p in found:
                 _remove(p)
         return self

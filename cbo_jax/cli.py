@@ -385,7 +385,15 @@ def _cmd_reproduce(args) -> int:
     # the whole directory is this reproduction's
     with ResultsDir(out_dir, resume=resume, overwrite=args.overwrite, owned=None, resumable=exp.resumable):
         options = _check_options(out_dir, args, resume) if exp.resumable else None
-        result = exp.run(args)
+        try:
+            result = exp.run(args)
+        except BaseException:
+            # Stopped before any run wrote a thing (bad data, a typo in --data-dir): the record
+            # alone would make the corrected command a "resume" of nothing, refused.
+            rest = [p for p in out_dir.iterdir() if p.name not in ("options.json", ".lock")]
+            if exp.resumable and not resume and not rest:
+                (out_dir / "options.json").unlink(missing_ok=True)
+            raise
         if options is not None:  # after the runs: a resume of a directory without the record wrote none before
             options()
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))

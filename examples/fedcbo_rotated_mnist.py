@@ -2,6 +2,8 @@
 
 Run:  python examples/fedcbo_rotated_mnist.py          (about a minute on 2 CPU cores)
 Set CBO_JAX_DATA_DIR to a directory with the MNIST IDX files to use the full data set.
+It writes results/example-fedcbo/ (under the current directory); a second run replaces
+that run's files there (``overwrite=True``).
 """
 
 import jax
@@ -28,5 +30,5 @@ algorithm = fl.fedcbo(model, config, data.num_agents)   # a pure (init, round) p
 result = fl.run(algorithm, data, rounds=15, key=jax.random.key(0), every=5,
                 round_metrics=[fl.metrics.round_stats, fl.metrics.selection(data.cluster)],
                 metrics=[fl.metrics.test_accuracy(model, data, test_size=1000)],
-                out="results/example-fedcbo")        # metrics.jsonl, summary.json, config.json, metrics.png
+                out="results/example-fedcbo", overwrite=True)  # metrics.jsonl, summary.json, config.json, metrics.png
 print(result.summary)

@@ -9,6 +9,9 @@ the average task; FedCBO finds its peers by their losses and learns each task.
     python examples/federated_custom_model.py            # about a minute on 2 CPU cores
     python examples/federated_custom_model.py --quick    # a few seconds of training (CI)
 
+Both write results/federated_custom_model/{fedcbo,fedavg}/ (``--output``); a second run
+replaces the runs' files there.
+
 The last line printed is one JSON object: ``fedcbo_final``, ``fedavg_final`` (the mean
 test MSE over agents, each agent on its own test set), ``metric`` and ``higher_is_better``.
 """
@@ -83,7 +86,7 @@ def main() -> None:
     final = {}
     for name, algorithm in algorithms.items():
         res = fl.run(algorithm, data, rounds, jax.random.key(args.seed), metrics=metrics, round_metrics=round_metrics,
-                     every=max(1, rounds // 4), out=f"{args.output}/{name}", progress=False)
+                     every=max(1, rounds // 4), out=f"{args.output}/{name}", overwrite=True, progress=False)
         final[name] = res.summary["final_test_loss"]
         extra = f", SR {res.summary['final_sr']:.2f}" if "final_sr" in res.summary else ""
         print(f"{name}: test MSE {final[name]:.4f} after {rounds} rounds{extra}")

@@ -99,16 +99,18 @@ def test_a_corrupt_latest_checkpoint_names_the_step_to_fall_back_to(finished, tm
     out = _copy(finished, tmp_path / "run")
     meta = out / "checkpoint" / "2" / "meta" / "metadata"
     meta.write_bytes(meta.read_bytes()[:-3])
-    assert _run(out, "--resume", "--rounds", "2", "--test-size", "50") == 2
+    # a resume that needs the checkpoint (a finished run is read back without one): one round more
+    more = ("--resume", "--extend", "--rounds", "3", "--test-size", "50")
+    assert _run(out, *more) == 2
     err = capsys.readouterr().err
     step = out.absolute() / "checkpoint" / "2"
     assert "step 2 is corrupt" in err and f"earlier steps: [1] (delete {step} to use step 1)" in err
-    shutil.rmtree(step)  # what the message says: the run resumes from step 1 and ends as it did
+    shutil.rmtree(step)  # what the message says: the run resumes from step 1 and redoes round 2 as it was
     rows = (finished / "metrics.jsonl").read_text().splitlines()
-    assert _run(out, "--resume", "--rounds", "2", "--test-size", "50") == 0
+    assert _run(out, *more) == 0
     strip = [{k: v for k, v in json.loads(r).items() if k != "elapsed_s"} for r in rows]
     assert [{k: v for k, v in json.loads(r).items() if k != "elapsed_s"}
-            for r in (out / "metrics.jsonl").read_text().splitlines()] == strip
+            for r in (out / "metrics.jsonl").read_text().splitlines()][:2] == strip
     capsys.readouterr()
 
 
@@ -119,7 +121,7 @@ def test_a_checkpoint_path_that_is_a_file_is_not_an_absent_checkpoint(finished, 
     shutil.rmtree(out / "checkpoint")
     (out / "checkpoint").write_text("not a checkpoint")
     rows = (out / "metrics.jsonl").read_text()
-    assert _run(out, "--resume", "--rounds", "2", "--test-size", "50", "--checkpoint-every", "1") == 2
+    assert _run(out, "--resume", "--extend", "--rounds", "3", "--test-size", "50", "--checkpoint-every", "1") == 2
     assert f"{(out / 'checkpoint').absolute()} is a file, not a checkpoint directory" in capsys.readouterr().err
     assert (out / "metrics.jsonl").read_text() == rows
 
@@ -299,9 +301,13 @@ def test_a_resume_without_checkpoints_says_it_starts_again(finished, tmp_path, c
     shutil.rmtree(out / "checkpoint")
     rows = (out / "metrics.jsonl").read_text().splitlines()
     with pytest.warns(UserWarning, match=r"holds 2 rows but no checkpoint .* starts again from round 0"):
-        assert _run(out, "--resume", "--rounds", "2", "--test-size", "50") == 0
+        assert _run(out, "--resume", "--extend", "--rounds", "3", "--test-size", "50") == 0
     strip = lambda lines: [{k: v for k, v in json.loads(r).items() if k != "elapsed_s"} for r in lines]  # noqa: E731
-    assert strip((out / "metrics.jsonl").read_text().splitlines()) == strip(rows)
+    again = strip((out / "metrics.jsonl").read_text().splitlines())
+    assert [r["round"] for r in again] == [1, 2, 3]
+    # rounds 1-2 of the 3-round run: the same training; the 2-round run also evaluated at round 2 (its last)
+    assert [{k: v for k, v in r.items() if not k.startswith("test_")} for r in again[:2]] == [
+        {k: v for k, v in r.items() if not k.startswith("test_")} for r in strip(rows)]
     capsys.readouterr()
 
 
@@ -312,6 +318,6 @@ def test_a_dangling_checkpoint_link_is_not_an_absent_checkpoint(finished, tmp_pa
     shutil.rmtree(out / "checkpoint")
     (out / "checkpoint").symlink_to(tmp_path / "unmounted" / "ckpt", target_is_directory=True)
     rows = (out / "metrics.jsonl").read_text()
-    assert _run(out, "--resume", "--rounds", "2", "--test-size", "50") == 2
+    assert _run(out, "--resume", "--extend", "--rounds", "3", "--test-size", "50") == 2
     assert "which does not exist (a disk not mounted?)" in capsys.readouterr().err
     assert (out / "metrics.jsonl").read_text() == rows

@@ -140,7 +140,7 @@ def test_reproduce_resume_and_checkpoint_every_reach_the_reproduction(tmp_path, 
     assert seen == {"resume": False, "checkpoint_every": 5}
     # a second reproduction into it: refused, suggesting --resume; with --resume it goes on
     assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out)]) == 2
-    assert "resume them (--resume)" in capsys.readouterr().err
+    assert "resume them (--resume; resume=True)" in capsys.readouterr().err
     assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out), "--resume"]) == 0
     assert seen["resume"] is True
     assert json.loads((out / "summary.json").read_text())["resumed"] is True
@@ -200,3 +200,31 @@ def test_sigterm_stops_the_command_like_ctrl_c(monkeypatch, capsys):
     assert capsys.readouterr().err.strip().splitlines() == [
         "cbo-jax: terminated (SIGTERM) (a run with --checkpoint-every resumes with --resume)"]
     assert signal.getsignal(signal.SIGTERM) is before  # restored after the command
+
+
+def test_a_finished_run_with_checkpoints_is_read_back_whatever_its_checkpointing(tmp_path, monkeypatch):
+    """It was restored from its last checkpoint and its summary rewritten with the seconds of
+    the resume; and a resume that adds or changes --checkpoint-every ran a finished run again."""
+    out = tmp_path / "run"
+    first = fx.run_experiment(fx.replace(_cfg(), **{"run.checkpoint_every": 1}), out, progress=False)
+    summary = (out / "summary.json").read_text()
+    monkeypatch.setattr(fx, "run", lambda *a, **k: pytest.fail("a finished run ran again"))
+    for every in (1, 2, None):
+        back = fx.run_experiment(fx.replace(_cfg(), **{"run.checkpoint_every": every}), out, progress=False,
+                                 resume=True)
+        assert back.history == json.loads(json.dumps(first.history))
+    assert (out / "summary.json").read_text() == summary
+
+
+def test_a_reproduction_that_fails_before_any_run_leaves_no_record(tmp_path, monkeypatch, capsys):
+    """Its options.json alone made the corrected command a refused "resume" of nothing."""
+    def bad_data(args):
+        raise ValueError("no MNIST in --data-dir")
+
+    monkeypatch.setattr(fedcbo_table1, "TABLE1", dataclasses.replace(fedcbo_table1.TABLE1, run=bad_data))
+    out = tmp_path / "t1"
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out), "--data-dir", "/nowhere"]) == 2
+    assert "no MNIST" in capsys.readouterr().err and not (out / "options.json").exists()
+    monkeypatch.setattr(fedcbo_table1, "TABLE1", dataclasses.replace(
+        fedcbo_table1.TABLE1, run=lambda args: {"experiment": "fedcbo-table1"}))
+    assert cli.main(["reproduce", "fedcbo-table1", "--output", str(out)]) == 0

@@ -51,7 +51,6 @@ import jax
 import numpy as np
 
 from cbo_jax import _checks, models, sharding
-from cbo_jax import checkpoint as ckpt
 from cbo_jax.experiments import Experiment, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
@@ -195,7 +194,7 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
             data, key, every = data_fn(ds), _checks.as_key("seed", seed), scale.eval_every or scale.rounds
             resume = bool(getattr(args, "resume", False)) and out is not None
             res = None
-            if resume and not ckpt.exists(out / "checkpoint"):  # finished without a checkpoint: read back
+            if resume:  # a finished run is read back
                 res = finished(out, algorithm, data, scale.rounds, key, every=every, config=dataclasses.asdict(scale))
                 if res is not None:
                     print(f"{out}: finished earlier, its results read back", flush=True)

@@ -24,7 +24,6 @@ from typing import Any
 import jax
 
 from cbo_jax import _checks, models
-from cbo_jax import checkpoint as ckpt
 from cbo_jax import config as cfgs
 from cbo_jax.federated import data as fdata
 from cbo_jax.federated import metrics as fm
@@ -239,9 +238,9 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     """Run one configured experiment; write its results directory when ``out_dir`` is given.
 
     ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`; a resume
-    of a finished run that saved no checkpoint reads its results back
-    (:func:`cbo_jax.federated.runner.finished`: the result's ``state`` is then ``None``)
-    instead of running it again from round 0.
+    of a finished run reads its results back (:func:`cbo_jax.federated.runner.finished`:
+    the result's ``state`` is then ``None``; :func:`cbo_jax.checkpoint.restore` reads a
+    checkpointed one's) instead of running it again.
     ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`).
     ``data``, when given, is the data ``cfg.data`` describes (loaded with :func:`load_data`).
     """
@@ -264,10 +263,11 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     data.check(model)
     chunk = getattr(cfg.config, "eval_chunk", 8)
     key = _checks.as_key("seed", cfg.run.seed)
-    if resume and out_dir is not None and not ckpt.exists(Path(out_dir) / "checkpoint"):
-        # A finished run that saved no checkpoint: its results are read back, not computed again.
+    if resume and out_dir is not None:
+        # A finished run: its results are read back, not computed again (with a checkpoint it
+        # was restored and its summary rewritten with the seconds of the resume).
         done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
-                        config=cfgs.to_dict(cfg))
+                        config=_as_recorded(cfg, Path(out_dir)))
         if done is not None:
             print(f"{out_dir}: finished earlier, its results read back", flush=True)
             return done
@@ -284,6 +284,21 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
 # memory budget (the eval_chunk it picks is in the fingerprint).
 _RESUME_MAY_CHANGE = {("data", "source"), ("data", "data_dir"), ("run", "checkpoint_every"), ("run", "tensorboard"),
                       ("run", "memory_budget_gb"), ("config", "eval_chunk")}
+
+
+def _as_recorded(cfg, out: Path) -> dict:
+    """``cfg`` as ``out/config.json`` records it, with the options a resume may change
+    (:data:`_RESUME_MAY_CHANGE`) taken from the record: a finished run read back on a
+    resume that adds ``--checkpoint-every`` is the same run."""
+    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=str))
+    try:
+        recorded = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return now
+    for section, field in _RESUME_MAY_CHANGE:
+        if isinstance(recorded.get(section), dict) and field in recorded[section] and isinstance(now.get(section), dict):
+            now[section][field] = recorded[section][field]
+    return now
 
 
 def _flag(path: tuple[str, ...]) -> str:
