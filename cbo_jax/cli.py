@@ -331,8 +331,10 @@ def _add_reproduce(sub) -> None:
 
 # Options of a reproduction that change how it runs, not what it computes: a resume may change them.
 # --seeds may grow (or shrink): each seed's runs have their own directories, read back when they exist.
-_HOW = {"coordinator", "num_processes", "process_id", "startup_timeout", "command", "list", "results_root", "name",
-        "func", "output", "overwrite", "resume", "checkpoint_every", "no_progress", "shard", "seeds"}
+# Where the data is read from may change (another machine): each run's fingerprint holds the data's hash.
+_HOW = {"coordinator", "num_processes", "process_id", "startup_timeout", "command", "list", "results_root",
+        "func", "output", "overwrite", "resume", "checkpoint_every", "no_progress", "shard", "seeds", "source",
+        "data_dir"}
 
 
 def _check_options(out_dir: Path, args, resume: bool):
@@ -355,6 +357,9 @@ def _check_options(out_dir: Path, args, resume: bool):
         except (OSError, ValueError):  # none (or cut short): the runs' checks decide, the record follows them
             return write
         if isinstance(saved, dict):
+            if saved.get("name") != now.get("name"):  # fedcbo-table1 and fedcbo-noise take the same options
+                raise ValueError(f"cannot resume {out_dir}: it holds the reproduction {saved.get('name')!r} "
+                                 f"({path}), not {now.get('name')!r}")
             diffs = [f"--{k.replace('_', '-')}: {saved[k]!r} in {path}, {now.get(k)!r} now"
                      for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
             if diffs:
@@ -496,8 +501,8 @@ def _sigterm_as_interrupt():
     before = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    finally:  # None: the handler before was set from C, not restorable; the default then
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
 
 
 def main(argv: list[str] | None = None) -> int:

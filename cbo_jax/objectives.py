@@ -100,9 +100,10 @@ def cos_2pi(z):
 
 def _norm(sq):
     """``sqrt(sq)`` whose derivative at ``sq = 0`` is finite (``jnp.sqrt``'s is infinite, and the chain
-    rule's ``inf * 0`` made ``jax.grad`` NaN at the origin). Where ``sq = 0`` the derivative taken
-    through it is 0: exact for functions that are smooth there (drop wave), and the subgradient
-    ``0`` of the cone-shaped minima (Ackley, accelerated sinus)."""
+    rule's ``inf * 0`` made ``jax.grad`` NaN at the origin). Where ``sq = 0`` the first derivative taken
+    through it is 0: the gradient of functions that are smooth there (drop wave), and the subgradient
+    ``0`` of the cone-shaped minima (Ackley, accelerated sinus). Higher derivatives at that point
+    are not those of the function."""
     pos = sq > 0
     return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
 

@@ -266,3 +266,21 @@ def test_init_population_takes_a_seed_and_names_a_batch_of_keys():
     np.testing.assert_array_equal(a["params"]["kernel"], b["params"]["kernel"])
     with pytest.raises(ValueError, match=r"one PRNG key, got a batch of keys of shape \(2,\)"):
         models.init_population(model, jax.random.split(jax.random.key(0), 2), 2)
+
+
+def test_fedcbo_download_consensus_of_bfloat16_rows_sums_in_float32():
+    """The default ``eval_by="agent"`` path cast the weights to bfloat16 (1/3 -> 0.33398):
+    rows 1, 2, 4 with equal energies gave 2.34375, not 2.328125 (the bfloat16 nearest 7/3)."""
+    from cbo_jax.federated.aggregation import Energy, consensus_downloads
+
+    params = {"w": jnp.asarray([[1.0], [2.0], [4.0], [0.0]], jnp.bfloat16)}
+    own = {"w": jnp.asarray([[0.0]], jnp.bfloat16)}
+
+    def energy(down, theta, x):
+        loss = jnp.zeros(down["w"].shape[0], jnp.float32)
+        return Energy(loss, loss, jnp.float32(0.0), jnp.float32(0.0))
+
+    res = jax.jit(lambda p, o: consensus_downloads(energy, p, jnp.asarray([[0, 1, 2]]), o, (jnp.zeros((1, 1)),),
+                                                   alpha=1.0, chunk=1))(params, own)
+    assert res.consensus["w"].dtype == jnp.bfloat16
+    assert float(res.consensus["w"][0, 0]) == float(jnp.asarray(7 / 3, jnp.bfloat16)) == 2.328125

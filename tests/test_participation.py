@@ -61,8 +61,9 @@ def _check_downloads(info, m, exact=True):
         assert len(set(got.tolist())) == got.size  # no duplicates
 
 
-@pytest.mark.parametrize("sel,eps", [("epsilon_greedy", 0.5), ("epsilon_greedy", 0.0), ("uniform", 1.0),
-                                     ("prob_sampling", 0.0)])
+@pytest.mark.parametrize("sel,eps", [("epsilon_greedy", 0.5),
+                                     pytest.param("epsilon_greedy", 0.0, marks=pytest.mark.slow),
+                                     pytest.param("uniform", 1.0, marks=pytest.mark.slow), ("prob_sampling", 0.0)])
 def test_downloads_of_a_participant_are_participants(sel, eps):
     n, m = 13, 3
     cfg = FedCBOConfig(M=m, selection=sel, eps0=eps, eps_min=eps, eps_decay=0.0, participation=0.6, alpha=5.0,
@@ -178,8 +179,10 @@ def _losses(params, data, j, i):
     return float(np.mean((x @ w + b - y) ** 2))
 
 
-@pytest.mark.parametrize("sel,eval_by", [("epsilon_greedy", "agent"), ("epsilon_greedy", "model"),
-                                         ("uniform", "agent"), ("prob_sampling", "agent")])
+@pytest.mark.parametrize("sel,eval_by", [("epsilon_greedy", "agent"),
+                                         pytest.param("epsilon_greedy", "model", marks=pytest.mark.slow),
+                                         pytest.param("uniform", "agent", marks=pytest.mark.slow),
+                                         ("prob_sampling", "agent")])
 def test_fewer_participants_than_m(sel, eval_by):
     """|G_n| = 3 of 6 agents, M = 4: each participant downloads the 2 other participants,
     the 2 remaining slots are empty; the consensus point is eq. (19) over the 2 downloads

@@ -102,6 +102,7 @@ def _args(out, resume=False):
     return argparse.Namespace(output=out, no_progress=True, resume=resume, checkpoint_every=None)
 
 
+@pytest.mark.slow
 def test_a_sweep_stopped_part_way_resumes_reading_back_the_finished_runs(tmp_path, monkeypatch):
     """The reproductions' sweep over methods and seeds: a Ctrl-C in the second run, then
     --resume: the first run is read back, the second runs, the results are the uninterrupted ones."""
@@ -163,8 +164,12 @@ def test_reproduce_resume_refuses_other_options_by_the_reproductions_flags(tmp_p
     assert "it was started with other options" in err
     assert f"--preset: 'paper' in {out / 'options.json'}, 'reference-script' now" in err
     assert "--scale: 'small'" in err and "--rounds" not in err
-    # how it runs may change, and --seeds (each seed's runs are read back or run)
-    assert cli.main([*base, "--resume", "--seeds", "5", "--checkpoint-every", "1", "--no-progress"]) == 0
+    # how it runs may change, --seeds (each seed's runs are read back or run) and where the data is read
+    assert cli.main([*base, "--resume", "--seeds", "5", "--checkpoint-every", "1", "--no-progress",
+                     "--data-dir", str(tmp_path)]) == 0
+    # fedcbo-noise takes the same options: its resume in table 1's directory is refused
+    assert cli.main(["reproduce", "fedcbo-noise", "--output", str(out), "--rounds", "2", "--resume"]) == 2
+    assert "it holds the reproduction 'fedcbo-table1'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["fedcbo-noise", "fedcb2o-attack", "fedcb2o-tg"])
@@ -193,6 +198,10 @@ def test_sigterm_stops_the_command_like_ctrl_c(monkeypatch, capsys):
             closed.append(True)
         return 0
 
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # no handler there: the signal would kill us
+        pytest.skip("signal handlers are set on the main thread only")
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(cli, "_cmd_run", terminated)
     assert cli.main(["run", "fedcbo", "--no-progress"]) == 143

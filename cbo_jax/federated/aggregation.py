@@ -168,9 +168,16 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
         return _weigh(e, finite & ok, alpha, include_self, self_largest)
 
     def contract(down, w, w_self, theta_j):
-        """The consensus point m_j = Σ_i w_i θ_i + w_self θ_j (non-finite rows are zero)."""
-        return jax.tree_util.tree_map(
-            lambda d, t: jnp.tensordot(w.astype(d.dtype), d, axes=(0, 0)) + _own_term(w_self, t), down, theta_j)
+        """The consensus point m_j = Σ_i w_i θ_i + w_self θ_j (non-finite rows are zero);
+        low-precision rows (bfloat16, float16) are summed in float32 and rounded once."""
+        def leaf(d, t):
+            acc = pop._accumulation_dtype(d.dtype)
+            if acc == d.dtype:
+                return jnp.tensordot(w.astype(d.dtype), d, axes=(0, 0)) + _own_term(w_self, t)
+            m = jnp.tensordot(w.astype(acc), d.astype(acc), axes=(0, 0)) + _own_term(w_self, t.astype(acc))
+            return m.astype(d.dtype)
+
+        return jax.tree_util.tree_map(leaf, down, theta_j)
 
     def one_agent(down, finite, theta_j, *data_j):
         res = weigh(down, finite, theta_j, *data_j)

@@ -228,7 +228,8 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     hash of the data), its ``summary.json`` (written last) names ``rounds`` and that
     fingerprint, ``metrics.jsonl`` holds rounds ``1..rounds`` in order, and its
     ``config.json`` records ``config`` (default: what :func:`run` records without one).
-    Only a checkpoint holds a state, so the result's ``state`` is ``None``.
+    Only a checkpoint holds a state, so the result's ``state`` is ``None``; the rows and the
+    summary are what the files hold, non-finite numbers as ``None`` (JSON's ``null``).
     """
     out = Path(out)
     _checks.positive_int("rounds", rounds)
