@@ -141,6 +141,9 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     # orbax refuses zero-size arrays ("Found empty item" for a state of none at all): listed here, not written
     record["empty_leaves"] = _empty_leaves(arrays)
     stored = jax.tree_util.tree_map(lambda a: None if _is_empty(a) else a, arrays)
+    if _one_array(arrays):  # orbax 0.11 fails on a bare array ("truth value of an array"): written as [array]
+        record["one_array"] = True
+        stored = stored if stored is None else [stored]
     try:
         json.dumps(record)  # fail early, before anything is written, if meta is not JSON
     except (TypeError, ValueError) as err:
@@ -180,6 +183,11 @@ def steps(path: str | Path) -> list[int]:
 
 def exists(path: str | Path) -> bool:
     return bool(steps(path))
+
+
+def _one_array(tree: PyTree) -> bool:
+    """``tree`` is a single array (or shape struct), not a container of them."""
+    return jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(tree)) and tree is not None
 
 
 def _is_empty(x) -> bool:
@@ -301,6 +309,12 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
         except Exception as err:  # noqa: BLE001
             raise CheckpointError(f"{path} step {step} is corrupt: its array metadata is unreadable "
                                   f"({type(err).__name__}){others}") from None
+        one, bare = bool(meta.get("one_array")), _one_array(template)
+        if one != bare and (one or isinstance(saved, (dict, list, tuple))):  # (earlier, one array was written bare)
+            raise CheckpointError(f"{path} step {step} holds another state structure (in the checkpoint: "
+                                  f"{'one array' if one else 'a tree'}; in this run: {'one array' if bare else 'a tree'})")
+        if one and stored is not None:
+            stored = [stored]  # written as a list of the one array (save)
         _check_layout(path, step, {} if saved is None else saved, stored)
         read = []
         if jax.tree_util.tree_leaves(stored):
@@ -330,4 +344,4 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
         return jnp.asarray(r) if jax.dtypes.canonicalize_dtype(r.dtype) == r.dtype else r
 
     state = jax.tree_util.tree_map_with_path(back, raw, like)
-    return state, {k: v for k, v in meta.items() if k not in ("sha256", "key_impls", "empty_leaves")}
+    return state, {k: v for k, v in meta.items() if k not in ("sha256", "key_impls", "empty_leaves", "one_array")}

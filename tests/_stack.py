@@ -30,6 +30,11 @@ from pathlib import Path
 
 import jax
 
+if hasattr(jax, "enable_x64"):  # the context manager ``with enable_x64(True): ...`` on every supported JAX
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8 (CI's oldest-versions step runs 0.7.0)
+    from jax.experimental import enable_x64  # noqa: F401
+
 PINNED_JAX = "0.10.2"
 PINNED_HOST_KIND = "amd-avx2"  # the host kind of pinned_host(): AMD, AVX2 and FMA, no AVX-512
 

@@ -13,11 +13,7 @@ import pytest
 
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # older jax
-    from jax.experimental import enable_x64
-
+from _stack import enable_x64
 
 
 def energy_fn(models, theta, e, own_e):

@@ -9,8 +9,6 @@ dynamic runs by default; the whole table with ``pytest -m slow``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,12 +17,8 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
-from _stack import on_pinned_jax
+from _stack import enable_x64, on_pinned_jax
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
 
 cbx = pytest.importorskip("cbx")
 from cbo_jax import _cbx_compare as C  # noqa: E402

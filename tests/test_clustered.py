@@ -9,10 +9,7 @@ import cbo_jax as cj
 from cbo_jax import objectives
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, cb2o, clustered, particles
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
+from _stack import enable_x64
 
 
 def _np_consensus(x, energy, alpha, mask=None):

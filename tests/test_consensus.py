@@ -8,10 +8,7 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import consensus
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
+from _stack import enable_x64
 
 
 def np_consensus(x, e, alpha):

@@ -10,13 +10,9 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 
-from _stack import on_pinned_jax
+from _stack import enable_x64, on_pinned_jax
 
 # jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
 
 RASTRIGIN_CFG = cj.CBOConfig(
     lambda1=1.0, sigma1=10.1, dt=0.01, noise="anisotropic", alpha=schedules.Multiplicative(30.0, 1.05, 1e5)

@@ -97,7 +97,8 @@ def test_zero_steps_gives_the_history_keys_with_no_rows():
 
 
 def test_a_dtype_keyword_overrides_the_config_for_the_default_population():
-    enable_x64 = jax.enable_x64 if hasattr(jax, "enable_x64") else __import__("jax.experimental").experimental.enable_x64
+    from _stack import enable_x64
+
     with enable_x64(True):
         a = cj.minimize(objectives.Sphere(), dim=2, num_steps=0, config=cj.CBOConfig(), dtype="float64").state.x
         b = cj.minimize(objectives.Sphere(), dim=2, num_steps=0, dtype="float64").state.x

@@ -8,11 +8,7 @@ import cbo_jax as cj
 from cbo_jax import meanfield, objectives
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
 
-# jax.enable_x64 is a context manager from JAX 0.8 on; older JAX has it in jax.experimental.
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
+from _stack import enable_x64
 
 
 def _w1_cdf(a, b):

@@ -15,10 +15,7 @@ from cbo_jax import objectives
 from cbo_jax import params as P
 from cbo_jax import sde
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
+from _stack import enable_x64
 
 
 # ------------------------------------------------------------------------------ objectives

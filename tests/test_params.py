@@ -10,10 +10,8 @@ from cbo_jax import objectives, schedules
 from cbo_jax import params as P
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, Particles, cb2o, clustered, particles
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # pragma: no cover - JAX < 0.8
-    from jax.experimental import enable_x64
+from _stack import enable_x64
+
 
 STEPS, SEEDS = 12, 2
 # Two grid points, σ1, α and dt all changing (a zipped sweep: leaves of shape (2,)); the
@@ -56,7 +54,6 @@ def _systems():
 
 def _run_of(x0, r):
     return jax.tree_util.tree_map(lambda v: np.asarray(v)[r], x0)
-
 
 
 @pytest.mark.parametrize("name,build,x0", _systems(), ids=lambda v: v if isinstance(v, str) else "")

@@ -17,10 +17,7 @@ import pytest
 import cbo_jax as cj
 from cbo_jax.writer import read_jsonl
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # older JAX
-    from jax.experimental import enable_x64
+from _stack import enable_x64
 
 
 def _x0(runs=2, n=10, d=2, seed=0):

@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from _stack import enable_x64
+
 from cbo_jax import checkpoint, sharding
 
 
@@ -37,8 +39,20 @@ def test_checkpoint_of_a_bare_array(tmp_path):
     structure (in the checkpoint only: ['tree'] ...)"."""
     x = jnp.arange(6.0).reshape(2, 3)
     checkpoint.save(tmp_path / "c", x, step=0)
-    got, _ = checkpoint.restore(tmp_path / "c", jax.eval_shape(lambda: x))
+    got, meta = checkpoint.restore(tmp_path / "c", jax.eval_shape(lambda: x))
     np.testing.assert_array_equal(np.asarray(got), np.asarray(x))
+    assert "one_array" not in meta
+    # one array against a list of one (and back) is another structure, not a corrupt checkpoint
+    with pytest.raises(checkpoint.CheckpointError, match="another state structure .in the checkpoint: one array"):
+        checkpoint.restore(tmp_path / "c", [x])
+    checkpoint.save(tmp_path / "l", [x], step=0)
+    with pytest.raises(checkpoint.CheckpointError, match="another state structure .in the checkpoint: a tree"):
+        checkpoint.restore(tmp_path / "l", x)
+    got, _ = checkpoint.restore(tmp_path / "l", [x])
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(x))
+    checkpoint.save(tmp_path / "e", jnp.zeros((0, 3)), step=0)  # one array of zero size: nothing written
+    got, _ = checkpoint.restore(tmp_path / "e", jnp.zeros((0, 3)))
+    assert got.shape == (0, 3)
 
 
 def test_checkpoint_keeps_64_bit_numpy_leaves():
@@ -47,7 +61,7 @@ def test_checkpoint_keeps_64_bit_numpy_leaves():
     import tempfile
 
     state = {"count": np.array([2**40 + 1, 3], np.int64), "t": np.float64(0.1), "x": jnp.ones(2)}
-    with tempfile.TemporaryDirectory() as d, jax.enable_x64(False):
+    with tempfile.TemporaryDirectory() as d, enable_x64(False):
         checkpoint.save(f"{d}/c", state, step=0)
         got, _ = checkpoint.restore(f"{d}/c", state)
     assert got["count"].dtype == np.int64 and got["t"].dtype == np.float64

@@ -15,10 +15,8 @@ import pytest
 
 from cbo_jax import sde
 
-if hasattr(jax, "enable_x64"):
-    enable_x64 = jax.enable_x64
-else:  # older JAX
-    from jax.experimental import enable_x64
+from _stack import enable_x64
+
 
 N_SAMPLES = 200_000
 K_SE = 6.0
