@@ -20,7 +20,7 @@ the ratio is meaningful across runs.
 
     python benchmarks/clustered_scaling.py                  # N = 1e3 .. 1e6 (CPU)
     python benchmarks/clustered_scaling.py --sizes 1e3,1e4  # quick
-    python benchmarks/clustered_scaling.py --sizes 1e5,1e6,1e7 --no-numpy   # GPU
+    python benchmarks/clustered_scaling.py --sizes 1e5,1e6,1e7 --numpy-max-n 1e6   # GPU
 
 Last line: one JSON object with "particle_steps_per_s" at the largest N.
 """
@@ -45,6 +45,7 @@ from cbo_jax.provenance import describe, environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
+import _progress  # noqa: E402
 
 K, D = 4, 10
 SIGMA, LAMBDA, DT, ALPHA0, FACTOR, ALPHA_MAX = 10.1, 1.0, 0.01, 30.0, 1.05, 1e5
@@ -113,8 +114,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1e3,1e4,1e5,1e6", help="comma-separated N (default 1e3,1e4,1e5,1e6)")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per N (default 3, best kept)")
     ap.add_argument("--no-numpy", action="store_true", help="skip the NumPy peer")
+    ap.add_argument("--numpy-max-n", type=float, default=None, metavar="N",
+                    help="time the NumPy peer only at sizes <= N (default: every size)")
     ap.add_argument("--json", metavar="PATH", help="also write the results to PATH")
     _malloc.add_argument(ap, peer="the NumPy peer")
+    _progress.add_argument(ap)
     args = ap.parse_args(argv)
     malloc = _malloc.apply(args.malloc)
     sizes = [int(float(s)) for s in args.sizes.split(",")]
@@ -128,7 +132,7 @@ def main(argv=None) -> int:
         steps = steps_for(n)
         row = {"N": n, "steps": steps, "cbo_jax": time_cbo_jax(dyn, x0, steps, args.repeats)}
         msg = f"N={n:>9,d}: cbo_jax {row['cbo_jax']['particle_steps_per_s'] / 1e6:8.3f} M particle-steps/s"
-        if not args.no_numpy:
+        if not args.no_numpy and (args.numpy_max_n is None or n <= args.numpy_max_n):
             np_steps = max(5, steps // 4)
             row["numpy"] = time_numpy(centers, x0, np_steps, max(1, args.repeats - 1))
             row["speedup_vs_numpy"] = row["cbo_jax"]["particle_steps_per_s"] / row["numpy"]["particle_steps_per_s"]
@@ -136,6 +140,7 @@ def main(argv=None) -> int:
                     f" | {row['speedup_vs_numpy']:.2f}x")
         print(msg, file=sys.stderr, flush=True)
         rows.append(row)
+        _progress.append(args.progress, row)
 
     print(f"\nclustered system K={K}, d={D}, {jax.devices()[0].device_kind} ({jax.default_backend()}), float32")
     print("| N | steps | cbo_jax (M particle-steps/s) | NumPy float32 (M/s) | speedup |")
