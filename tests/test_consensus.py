@@ -8,7 +8,11 @@ import pytest
 import cbo_jax as cj
 from cbo_jax import consensus
 
-from _stack import enable_x64
+# Not from _stack: this module runs against the installed wheel without the test helpers (.ci/wheel_check.sh).
+if hasattr(jax, "enable_x64"):
+    enable_x64 = jax.enable_x64
+else:  # pragma: no cover - JAX < 0.8
+    from jax.experimental import enable_x64
 
 
 def np_consensus(x, e, alpha):
