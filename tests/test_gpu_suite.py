@@ -201,7 +201,7 @@ def test_gpu_sizes_time_the_numpy_peers_only_where_they_finish_in_seconds():
     assert float(opt(cbo, "--cbxpy-max-n")) <= 1e5 < max(float(v) for v in opt(cbo, "--sizes").split(","))
     assert float(opt(clustered, "--numpy-max-n")) <= 1e6 < max(float(v) for v in opt(clustered, "--sizes").split(","))
     # the FedCBO part times the round's own variants, not the CPU sweep (chunks, groups, one agent at a time)
-    assert opt(fed, "--sweep-chunks") == "4" and opt(fed, "--groups") == "4" and opt(fed, "--agent-chunks") == ""
+    assert opt(fed, "--sweep-chunks") == "4,64" and opt(fed, "--groups") == "4" and opt(fed, "--agent-chunks") == ""
     assert "--no-compare" in fed
 
 
@@ -219,3 +219,18 @@ def test_cbxpy_column_only_up_to_its_size_cap(tmp_path):
     assert "cbxpy_float64" in rows[0] and "cbxpy_float64" not in rows[1]
     written = [json.loads(line) for line in progress.read_text().splitlines()]
     assert [r["N"] for r in written] == [300, 600] and written[0]["steps"] == 20
+
+
+def test_fedcbo_row_names_the_headline_aggregation_and_a_faster_chunk(tmp_path):
+    """On a GPU the default chunk (4) may leave the card idle: the row says which one was faster."""
+    suite = _module("gpu_suite")
+    result = {"settings": {"N": 1200, "M": 200, "tau": 10, "eval_by": "agent", "eval_chunk": 4, "groups": [4]},
+              "seconds_local": 0.5, "seconds_aggregation": 1.2, "test_eval_seconds": 0.3, "other_seconds": 0.01,
+              "fraction_of_matmul_peak": 0.3, "round_fraction_of_matmul_peak": 0.35,
+              "local_fraction_of_matmul_peak": 0.4, "matmul_peak_gflops": 4.0e5,
+              "best_aggregation": {"variant": "aggregate", "eval_chunk": 64, "seconds": 0.4,
+                                   "fraction_of_matmul_peak": 0.9}}
+    row = suite._rows("fedcbo", {"ok": True, "result": result})[0]
+    assert "(eval_by agent, chunk 4); fastest aggregation aggregate@64: 0.4 s, 0.90" in row
+    result["best_aggregation"]["eval_chunk"] = 4  # the headline is the fastest: nothing more said
+    assert "fastest" not in suite._rows("fedcbo", {"ok": True, "result": result})[0]
