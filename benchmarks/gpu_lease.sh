@@ -49,7 +49,7 @@ run)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu \
       --format=csv 2>&1 || echo "nvidia-smi: not available"
     "$PY" -c 'import sys, jax, jaxlib; print("python", sys.version.split()[0], "| jax", jax.__version__, "| jaxlib", jaxlib.__version__); print(jax.devices())' 2>&1
-    "$PY" -c 'import cbx; print("cbx", cbx.__version__)' 2>&1 | tail -n 1
+    "$PY" -c 'import importlib.metadata as m, cbx; print("cbx", m.version("cbx"))' 2>&1 | tail -n 1
     echo "CBO_JAX_DATA_DIR=${CBO_JAX_DATA_DIR:-<unset>} budget=${budget}s"
   } | tee "$out/device.txt"
   "$PY" benchmarks/gpu_suite.py --budget "$budget" --out "$out/RESULTS_gpu.md" --work "$work" 2> >(tee "$out/suite.log" >&2)

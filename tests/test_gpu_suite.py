@@ -234,3 +234,22 @@ def test_fedcbo_row_names_the_headline_aggregation_and_a_faster_chunk(tmp_path):
     assert "(eval_by agent, chunk 4); fastest aggregation aggregate@64: 0.4 s, 0.90" in row
     result["best_aggregation"]["eval_chunk"] = 4  # the headline is the fastest: nothing more said
     assert "fastest" not in suite._rows("fedcbo", {"ok": True, "result": result})[0]
+
+
+@pytest.mark.slow
+def test_lease_wrapper_writes_its_files_to_out(tmp_path):
+    """benchmarks/gpu_lease.sh run: what a lent machine sends back, checked here at a budget too small
+    for any part (each is then reported as not run), so it costs seconds, not device minutes."""
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), "run", "10"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    names = {p.name for p in out.iterdir()}
+    assert {"RESULTS_gpu.md", "RESULTS_gpu.json", "suite.log", "device.txt"} <= names and len(names) <= 8
+    assert all(p.is_file() for p in out.iterdir())  # nothing in folders: a lent machine returns files at $OUT
+    text = (out / "RESULTS_gpu.md").read_text()
+    assert "| cbo | not run: the budget was spent" in text and "--budget 10" in text
+    device = (out / "device.txt").read_text()
+    assert "| jax " in device and "budget=10s" in device and "Error" not in device
+    assert "gpu_lease: suite exit status 0" in proc.stdout
