@@ -23,7 +23,7 @@ rest), and collects the JSON each prints as its last line:
     python benchmarks/gpu_suite.py --only fedcbo --merge    # add to the results already written
 
 ``--budget SECONDS`` shares one wall-clock budget among the parts in the order above: each
-part may use its share of what is left (``SHARES``), and time a part does not use passes to
+part may use its share of what is left (``share`` in ``SUITES``), and time a part does not use passes to
 the parts after it (a part left less than ``MIN_PART_SECONDS`` is not started: its row says
 so). The table and its JSON are rewritten after every part, so a run stopped
 between parts keeps the parts it finished, and the throughput parts write each finished
@@ -266,8 +266,8 @@ def main(argv=None) -> int:
                          "OUT_meanfield-scaling/ and OUT_fedcbo-table1/)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per part at most")
     ap.add_argument("--budget", type=float, default=None,
-                    help="seconds for all the parts together: each part gets its share of what is left (SHARES), "
-                         "time a part leaves unused goes to the parts after it")
+                    help="seconds for all the parts together: each part gets its share of what is left (its share in "
+                         "SUITES), time a part leaves unused goes to the parts after it")
     ap.add_argument("--table1-rounds", type=int, default=10, help="rounds of the table1 part (default 10; the paper's 100)")
     ap.add_argument("--merge", action="store_true",
                     help="keep the results of other benchmarks already in OUT's .json (a suite run in parts, e.g. "
