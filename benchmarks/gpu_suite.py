@@ -177,7 +177,8 @@ def _rows(name: str, res: dict) -> list[str]:
     if not res["ok"] and not res.get("partial"):
         return [f"| {name} | failed: {res['error'].splitlines()[-1] if res['error'] else '?'} | | |"]
     r = res["result"]
-    note = f"stopped: {res['error']}; the sizes finished before it" if res.get("partial") else ""
+    finished = "methods" if name == "table1" else "sizes"
+    note = f"stopped: {res['error']}; the {finished} finished before it" if res.get("partial") else ""
     if name == "cbo":
         out = []
         for row in r["results"]:
@@ -221,7 +222,7 @@ def _rows(name: str, res: dict) -> list[str]:
         runs = res.get("runs", {})
         per = ", ".join(f"{m} {v['seconds']:.0f} s" for m, v in runs.items() if v.get("seconds") is not None)
         acc = ", ".join(f"{m} {r[m]:.2f}" for m in TABLE1_METHODS if isinstance(r.get(m), (int, float)))
-        done = f"{note.replace('the sizes', 'the methods')}; " if note else ""
+        done = f"{note}; " if note else ""
         return [f"| fedcbo-table1 --scale {r.get('scale')} (N={r.get('agents')}, M={r.get('M')}, "
                 f"tau={r.get('epochs')}), {r.get('rounds')} rounds | {r.get('wall_seconds', float('nan')):.0f} s in all"
                 f" ({per}; compilation included) | accuracy after {r.get('rounds')} rounds: {acc} | "
@@ -299,7 +300,7 @@ def main(argv=None) -> int:
             results[name] = res
     work = (args.work or args.out.resolve().parent).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    progress_dir = Path(tempfile.mkdtemp(prefix="gpu_suite_"))
+    progress_dir = tempfile.TemporaryDirectory(prefix="gpu_suite_")  # the parts' rows as they finish
     for i, name in enumerate(names):
         part = SUITES[name]
         # each part's own files (plots, arrays, runs) go beside OUT or under --work, never over a results/ directory
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
         else:
             argv_ = [a.replace("{DIR}", str(part_dir)).replace("{TABLE1_ROUNDS}", str(args.table1_rounds))
                      for a in (part.smoke if args.smoke else part.gpu)]
-            progress = str(progress_dir / f"{name}.jsonl") if part.progress else None
+            progress = str(Path(progress_dir.name) / f"{name}.jsonl") if part.progress else None
             print(f"[{name}] python {' '.join(argv_)}  (at most {timeout:.0f} s)", file=sys.stderr, flush=True)
             results[name] = {**_run(name, argv_, timeout, progress), **stamp}
             if name == "table1":
@@ -326,6 +327,7 @@ def main(argv=None) -> int:
                   else "not run" if results[name].get("skipped") else "FAILED")
         print(f"[{name}] {status} in {results[name]['seconds']:.0f} s", file=sys.stderr, flush=True)
         text = _write(args.out, results, names, device, today, command, args.smoke)  # after every part
+    progress_dir.cleanup()
     print(text)
     print(json.dumps({"device": device, "ok": {n: r["ok"] for n, r in results.items()},
                       "seconds": round(time.perf_counter() - t_start, 1)}))
