@@ -34,6 +34,7 @@ run)
   budget=${2:-330}
   out=${OUT:-$PWD/gpu_out}
   work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT  # the parts' own files and CBXpy's install; what is kept is copied to $out
   mkdir -p "$out"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   # Parts and their subprocesses (the float64 worker) share the device one after another: each takes

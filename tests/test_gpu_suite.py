@@ -240,8 +240,9 @@ def test_fedcbo_row_names_the_headline_aggregation_and_a_faster_chunk(tmp_path):
 def test_lease_wrapper_writes_its_files_to_out(tmp_path):
     """benchmarks/gpu_lease.sh run: what a lent machine sends back, checked here at a budget too small
     for any part (each is then reported as not run), so it costs seconds, not device minutes."""
-    out = tmp_path / "out"
-    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
+    out, tmp = tmp_path / "out", tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out), "TMPDIR": str(tmp)}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), "run", "10"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -253,3 +254,4 @@ def test_lease_wrapper_writes_its_files_to_out(tmp_path):
     device = (out / "device.txt").read_text()
     assert "| jax " in device and "budget=10s" in device and "Error" not in device
     assert "gpu_lease: suite exit status 0" in proc.stdout
+    assert not any(tmp.iterdir())  # its working folder (mktemp) is removed: the next run on the machine starts clean
