@@ -1,4 +1,7 @@
 import os
+import tempfile
+
+import pytest
 
 # Tests run on the CPU; keep XLA from grabbing every core's worth of threads twice over.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -27,3 +30,14 @@ LONG_FIRST = ("test_sharding.py",)
 
 def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the order is kept otherwise
+
+
+@pytest.fixture
+def tfds(monkeypatch, tmp_path):
+    """``tensorflow_datasets`` (the test is skipped without it), with Python's temporary
+    directory set to the test's own: tfds makes an empty directory for every split it opens
+    without local metadata (``DatasetInfo.initialize_from_bucket``, ``mkdtemp("tfds")``) and
+    never removes it, so each mock-data test left two in the system's /tmp."""
+    module = pytest.importorskip("tensorflow_datasets")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return module

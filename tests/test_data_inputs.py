@@ -150,9 +150,8 @@ def test_missing_directory_says_it_does_not_exist(tmp_path, monkeypatch):
     assert mnist.load_mnist().source == "bundled"
 
 
-def test_tfds_empty_split_is_refused_like_an_empty_idx_file():
+def test_tfds_empty_split_is_refused_like_an_empty_idx_file(tfds):
     """tfds giving 0 examples returned empty arrays (the IDX path refuses them at load time)."""
-    tfds = pytest.importorskip("tensorflow_datasets")
     with tfds.testing.mock_data(num_examples=0):
         with pytest.raises(mnist.DataError, match="0 images for mnist/train; the train split must not be empty"):
             mnist.load_tfds()

@@ -342,8 +342,7 @@ def test_paper_cnn_shapes():
     assert out.shape == (3, 47)
 
 
-def test_emnist_through_tfds_mock_data():
-    tfds = pytest.importorskip("tensorflow_datasets")
+def test_emnist_through_tfds_mock_data(tfds):
     from cbo_jax.federated import emnist
 
     with tfds.testing.mock_data(num_examples=6):

@@ -79,8 +79,7 @@ def test_bundled_subset_is_real_stratified_mnist():
     assert mnist.BUNDLED_PATH.stat().st_size < 5e6
 
 
-def test_tfds_source_with_mock_data():
-    tfds = pytest.importorskip("tensorflow_datasets")
+def test_tfds_source_with_mock_data(tfds):
     with tfds.testing.mock_data(num_examples=12):
         data = mnist.load_tfds()
     assert data.train_images.shape == (12, 28, 28) and data.train_images.dtype == np.uint8
