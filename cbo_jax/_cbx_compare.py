@@ -19,6 +19,7 @@ builds the pair for given ``(N, d)``.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Callable, NamedTuple
 
 import jax
@@ -318,8 +319,13 @@ def _mirror_case(name, kwargs=None, x_range=(-3.0, 3.0), noise="anisotropic", la
                 return mirrorcbo.ProjectionStiefel(**(kwargs or {}))
             return dict(spec)
 
-        return dyn, lambda s: MirrorCBO(co.Ackley(minimum=0.2), mirrormap=theirs(),
-                                        **_common(s, x0, 0.02, sigma, lam, 2.0, noise)), _cbx_mult, x0
+        def peer(s):
+            with warnings.catch_warnings():  # a map object, not a name: CBXpy says it takes it as one
+                warnings.filterwarnings("ignore", message="MirrorMap did not fit the signature", category=UserWarning)
+                return MirrorCBO(co.Ackley(minimum=0.2), mirrormap=theirs(),
+                                 **_common(s, x0, 0.02, sigma, lam, 2.0, noise))
+
+        return dyn, peer, _cbx_mult, x0
 
     return build
 
