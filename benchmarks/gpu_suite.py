@@ -204,17 +204,16 @@ def _rows(name: str, res: dict) -> list[str]:
         if "round_fraction_of_matmul_peak" in r:
             fractions += (f", local training at {r['local_fraction_of_matmul_peak']:.2f}, the whole round at "
                           f"{r['round_fraction_of_matmul_peak']:.2f}")
-        best = r.get("best_aggregation") or {}
-        by_model = st.get("eval_by") == "model"  # the headline aggregation, as fedcbo_round.py picks it
-        head = ("by_model", (st.get("groups") or [None])[0]) if by_model else ("aggregate", st.get("eval_chunk"))
+        best, head = r.get("best_aggregation") or {}, r.get("head_aggregation") or {}
+        by_model = head.get("variant") == "by_model"
         other = ""
-        if best and (best.get("variant"), best.get("eval_chunk")) != head:
+        if best and (best.get("variant"), best.get("eval_chunk")) != (head.get("variant"), head.get("eval_chunk")):
             other = (f"; fastest aggregation {best['variant']}@{best['eval_chunk']}: {best['seconds']:.3g} s, "
                      f"{best['fraction_of_matmul_peak']:.2f}")
         return [f"| FedCBO round (N={st.get('N', '?')}, M={st.get('M', '?')}, tau={st.get('tau', '?')}) | {phases} | "
                 f"{fractions} of the same-run matmul ceiling | "
                 f"ceiling {r['matmul_peak_gflops']:.0f} GFLOP/s (eval_by {st.get('eval_by')}, "
-                f"{'group' if by_model else 'chunk'} {head[1]}){other} |"]
+                f"{'group' if by_model else 'chunk'} {head.get('eval_chunk')}){other} |"]
     if name == "meanfield":
         return [f"| meanfield-scaling, N={r['sizes'][0]}..{r['sizes'][-1]}, ref {r['reference_N']:.0e} | "
                 f"slope {r['slope']:.3f} | expected -0.5 | {r['seconds']:.0f} s |"]

@@ -228,6 +228,7 @@ def test_fedcbo_row_names_the_headline_aggregation_and_a_faster_chunk(tmp_path):
               "seconds_local": 0.5, "seconds_aggregation": 1.2, "test_eval_seconds": 0.3, "other_seconds": 0.01,
               "fraction_of_matmul_peak": 0.3, "round_fraction_of_matmul_peak": 0.35,
               "local_fraction_of_matmul_peak": 0.4, "matmul_peak_gflops": 4.0e5,
+              "head_aggregation": {"variant": "aggregate", "eval_chunk": 4},
               "best_aggregation": {"variant": "aggregate", "eval_chunk": 64, "seconds": 0.4,
                                    "fraction_of_matmul_peak": 0.9}}
     row = suite._rows("fedcbo", {"ok": True, "result": result})[0]
