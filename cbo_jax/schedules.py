@@ -230,6 +230,14 @@ class Chain:
     def __repr__(self):
         return f"Chain{self.rules!r}"
 
+    # Value equality, as the dataclass rules have: two chains of equal rules are one setting
+    # (minimize's cache of dynamics, a config's equality).
+    def __eq__(self, other):
+        return type(other) is type(self) and self.rules == other.rules
+
+    def __hash__(self):
+        return hash((type(self), self.rules))
+
     def init(self):
         first = self.rules[0]
         if not hasattr(first, "init"):

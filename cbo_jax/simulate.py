@@ -58,8 +58,9 @@ class SimulationResult(NamedTuple):
 
 def rng_context(config) -> contextlib.AbstractContextManager:
     """Trace-time PRNG layout selected by ``config.rng`` (see :class:`CBOConfig`)."""
-    mode = getattr(config, "rng", "partitionable")
-    return jax.threefry_partitionable(mode == "partitionable")
+    from cbo_jax.dynamics.core import rng_layout
+
+    return rng_layout(getattr(config, "rng", "partitionable"))
 
 
 def _record_cbo(state) -> dict:
@@ -440,14 +441,18 @@ def _progress_bar(total: int, desc: str):
 def _typed(value: Any) -> Any:
     """A hashable key for a configuration value that tells ``1`` from ``1.0`` and ``True``.
 
-    Dataclasses (configs, schedules) by their type and fields, recursively; sequences and
-    dicts item by item; anything else as ``(type, value)`` (identity for objects without
-    value equality). Unhashable leaves (arrays) make :func:`hash` of the key fail.
+    Dataclasses (configs, schedules) by their type and fields, recursively, a schedule
+    ``Chain`` by its rules; sequences and dicts item by item; anything else as
+    ``(type, value)`` (identity for objects without value equality). Unhashable leaves (arrays) make :func:`hash` of the key fail.
     """
     import dataclasses
 
+    from cbo_jax.schedules import Chain
+
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return (type(value),) + tuple((f.name, _typed(getattr(value, f.name))) for f in dataclasses.fields(value))
+    if isinstance(value, Chain):
+        return (Chain,) + tuple(_typed(r) for r in value.rules)
     if isinstance(value, (tuple, list)):
         return (type(value),) + tuple(_typed(v) for v in value)
     if isinstance(value, dict):

@@ -690,3 +690,31 @@ def test_multiply_bounds_take_numpy_numbers_and_refuse_bools():
     for bad in (True, 0, -1.0, float("nan"), "10"):
         with pytest.raises(ValueError, match="maximum"):
             schedules.Multiply(0.9, maximum=bad)
+
+
+def test_polar_consensus_at_zero_alpha_is_the_limit():
+    """α = 0 with ``kernel_factor="alpha"`` and a kernel that vanishes (the constant kernel
+    beyond κ: ``-log k = ∞``) used to give 0 · ∞ = NaN in the kernel term and every m_i came
+    out 0 (CBXpy: NaN). It is the α → 0⁺ limit: the plain mean of the particles with k_ij > 0.
+    The same for a callable kernel that returns ∞."""
+    x = jnp.array([[0.0], [0.5], [3.0], [4.0]])
+    e = jnp.array([1.0, 2.0, 3.0, 4.0])
+    local_means = np.array([0.25, 0.25, 3.5, 3.5])  # |r| <= κ = 1: neighbours (k(1) = e^-1 > 0)
+    const = lambda p, q: jnp.where(jnp.sum((p - q) ** 2) <= 1.0, 0.0, jnp.inf)  # noqa: E731
+    for kernel in ("constant", const):
+        for alpha in (0.0, 1e-30):
+            m = cj.dynamics.polar.polar_consensus(x, e, alpha, kappa=1.0, kernel=kernel, kernel_factor="alpha")
+            np.testing.assert_allclose(np.asarray(m[:, 0]), local_means, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["cbo_memory", "pso"])
+def test_memory_dynamics_history_min_energy_is_the_current_particles(name):
+    """``history["min_energy"]`` is the least energy of the current positions for the memory
+    dynamics too (their ``state.energy`` holds the memories'); it used to repeat ``best_energy``."""
+    f = objectives.Rastrigin()
+    dyn = getattr(cj, name)(f, sigma1=3.0, dt=0.05, alpha=10.0)
+    x0 = np.random.default_rng(0).uniform(-3, 3, (30, 4)).astype(np.float32)
+    res = cj.simulate(dyn, x0, 0, 20)
+    np.testing.assert_allclose(res.history["min_energy"][-1], np.min(np.asarray(f(res.state.x))), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(res.state.aux.x_energy), np.asarray(f(res.state.x)), rtol=1e-6)
+    assert np.any(res.history["min_energy"] > res.history["best_energy"])

@@ -408,3 +408,33 @@ def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
     x0 = jax.random.uniform(jax.random.key(0), (2000, 20), minval=-3, maxval=3)
     cj.simulate(dyn, x0, jax.random.key(1), 60, chunk_size=20, progress=True)
     assert seen == [(20, True)] * 3
+
+
+@pytest.mark.parametrize("rng", ["fast", "partitionable", "per-particle"])
+@pytest.mark.parametrize("global_layout", [True, False])
+def test_step_called_directly_draws_the_layout_config_rng_names(rng, global_layout):
+    """``config.rng`` holds for ``dyn.step`` jitted or run by hand, whatever JAX's global
+    threefry layout: the same trajectory as :func:`simulate` (which sets the layout itself)."""
+    f = lambda x: jnp.sum(x ** 2, -1)  # noqa: E731
+    x0 = _x0((8, 3))
+    dyn = cj.cbo(f, sigma1=1.0, dt=0.05, rng=rng)
+    ref = cj.simulate(dyn, x0, jax.random.key(0), 4)
+    with jax.threefry_partitionable(global_layout):
+        s = dyn.init(x0, jax.random.key(0))
+        step = jax.jit(dyn.step)
+        for _ in range(4):
+            s = step(s)
+    np.testing.assert_array_equal(np.asarray(s.x), np.asarray(ref.state.x))
+
+
+def test_counts_are_int32_under_x64():
+    """The evaluation count and the real-agent count are int32 (``max_evals`` is bounded by
+    2**31 - 1 for that reason), with ``jax_enable_x64`` on too."""
+    with enable_x64(True):
+        for dtype in ("float32", "float64"):
+            dyn = cj.cbo(lambda x: jnp.sum(x ** 2, -1), dtype=dtype, max_evals=1000, stagnation_patience=3)
+            s = dyn.init(np.zeros((4, 2), dtype), jax.random.key(0))
+            assert (s.evals.dtype, s.ctrl.agents.dtype, s.step.dtype) == (jnp.int32,) * 3
+            res = cj.simulate(dyn, np.zeros((4, 2), dtype), 0, 3)
+            assert res.history["evals"].dtype == np.int32
+            assert res.state.evals.dtype == jnp.int32

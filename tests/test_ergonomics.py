@@ -144,3 +144,26 @@ def test_integer_seeds_use_all_64_bits():
     x0 = np.zeros((4, 2), np.float32)  # in the dynamics' init too (simulate, an integer key)
     state = cj.cbo(objectives.Sphere()).init(x0, 2**32)
     assert jax.random.key_data(state.key).tolist() == [1, 0]
+
+
+def test_minimize_with_an_equal_chain_schedule_compiles_once():
+    """A ``schedules.Chain`` written in each call (equal rules, a new object) is an equal
+    setting: ``minimize`` reuses its dynamics, as for the dataclass schedules."""
+    import importlib
+
+    from cbo_jax import schedules as sch
+
+    sim = importlib.import_module("cbo_jax.simulate")
+    f = objectives.Sphere()
+    make = lambda: dict(alpha=sch.Chain(sch.Constant(1.0), sch.Multiply(1.05, maximum=1e3)),  # noqa: E731
+                        schedule={"sigma1": sch.Chain(sch.Multiply(0.99), sch.Multiply(1.0, minimum=0.1))})
+    assert sch.Chain(sch.Multiply(2.0)) == sch.Chain(sch.Multiply(2.0))
+    assert hash(sch.Chain(sch.Multiply(2.0))) == hash(sch.Chain(sch.Multiply(2.0)))
+    assert sch.Chain(sch.Multiply(2.0)) != sch.Chain(sch.Multiply(3.0))
+    assert sim._typed(sch.Chain(sch.Multiply(2))) != sim._typed(sch.Chain(sch.Multiply(2.0)))
+    with pytest.MonkeyPatch.context() as m:
+        ran = []
+        m.setattr(sim, "simulate", lambda dyn, *a, **kw: ran.append(dyn))
+        for seed in range(3):
+            cj.minimize(f, dim=2, key=seed, num_steps=0, **make())
+    assert len(set(map(id, ran))) == 1

@@ -41,6 +41,7 @@ from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
+from cbo_jax.dynamics.core import with_rng_layout
 from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_objective, check_population
 from cbo_jax.schedules import as_schedule
 from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal, written_out
@@ -418,7 +419,8 @@ def clustered(
             energy=energy, grad=grad, consensus=m,
             alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha, in_batch))(
                 state.alpha, state.energy).astype(dtype),
-            params=prm, key=key, step=state.step + 1, time=state.time + prm.dt, batch=batch, in_batch=in_batch,
+            params=prm, key=key, step=state.step + 1, batch=batch, in_batch=in_batch,
+            time=(state.step + 1).astype(dtype) * prm.dt,  # step · dt: a running sum drifts in float32
         )
 
     def check(name: str, p, num_runs: int | None = None) -> int:
@@ -445,6 +447,7 @@ def clustered(
         e = jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy)
         return {"min_energy": jnp.min(e, axis=-1), "alpha": state.alpha}
 
+    init, step, drive = (with_rng_layout(config.rng, fn) for fn in (init, step, drive))  # as core.build
     return Dynamics(init=init, step=step, config=config, objective=losses, check=check, record=record,
                     drive=drive)
 

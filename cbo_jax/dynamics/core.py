@@ -48,6 +48,7 @@ Conventions (documented and tested against CBXpy in ``tests/test_cbx_family.py``
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
@@ -68,7 +69,7 @@ from cbo_jax.sde import per_particle_normal, normal_like
 PyTree = Any
 
 __all__ = ["FamilyConfig", "Kernel", "Move", "Ctrl", "build", "noise_term", "correct", "cov_sqrt", "weighted_cov",
-           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "draw_normal", "record", "real_agents"]
+           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "rng_layout", "with_rng_layout", "draw_normal", "record", "real_agents"]
 
 FAMILY_NOISE = ("anisotropic", "isotropic", "constant", "covariance", "sampling", "none")
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")
@@ -344,6 +345,24 @@ def energy_evaluator(objective, uses_gradient: bool):
     return evaluate
 
 
+def rng_layout(rng: str):
+    """JAX's threefry layout that ``config.rng`` names: non-partitionable for ``"fast"`` and
+    ``"per-particle"``, partitionable for ``"partitionable"``. A trace-time setting (the
+    random draws traced inside the context keep it), so the dynamics' own functions enter it
+    (:func:`with_rng_layout`) and ``config.rng`` holds however they are called."""
+    return jax.threefry_partitionable(rng == "partitionable")
+
+
+def with_rng_layout(rng: str, fn: Callable) -> Callable:
+    """``fn`` run (traced) inside :func:`rng_layout` ``(rng)``."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with rng_layout(rng):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def draw_normal(key, tree, ids, rng: str):
     """Standard normals with the structure of ``tree``: the single draw function of the family.
 
@@ -435,10 +454,16 @@ def correct(kind: str, u, energy, f_m, eps):
 
 
 def record(state) -> dict:
-    """History of a family run: best/min energy, α, active flag, evaluations, scheduled numbers, resamplings."""
+    """History of a family run: best/min energy, α, active flag, evaluations, scheduled numbers, resamplings.
+
+    ``min_energy`` is the least energy of the current particles: ``state.energy``, or
+    ``aux.x_energy`` where the state's energies are the memories' (CBOMemory, PSO).
+    """
+    current = getattr(state.aux, "x_energy", None)
+    current = state.energy if current is None else current
     out = {
         "best_energy": state.best_energy,
-        "min_energy": jnp.min(jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy), axis=-1),
+        "min_energy": jnp.min(jnp.where(jnp.isnan(current), jnp.inf, current), axis=-1),
         "alpha": state.alpha,
         "active": state.active,
     }
@@ -546,7 +571,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         energy, grad = evaluate(x0)
         n = energy.shape[0]
         # A population is finite (check_population); non-finite rows are a sharded run's padding.
-        agents = jnp.sum(pop.tree_isfinite_rows(x0).astype(jnp.int32))
+        agents = jnp.sum(pop.tree_isfinite_rows(x0), dtype=jnp.int32)
         alpha = jnp.asarray(params_lib.alpha_init(schedule, prm.alpha), dtype)
         aux = None if kernel.init_aux is None else kernel.init_aux(x0, energy, prm)
         row = _best_row(energy)
@@ -712,6 +737,8 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         gradient = f"lambda2={config.lambda2}, sigma2={config.sigma2}" if config.uses_gradient else ""
         return _check_pop(name, x0, objective, num_runs, extra, gradient=gradient)
 
+    # config.rng holds for a step jitted or called by hand as in simulate, whatever JAX's global layout
+    init, step, drive = (with_rng_layout(config.rng, fn) for fn in (init, step, drive))
     return Dynamics(init=init, step=step, config=config, objective=objective, check=check, record=record,
                     drive=None if kernel.per_particle_consensus else drive)
 

@@ -20,7 +20,8 @@ covariance or a callable). ``σ_mem`` defaults to ``λ_mem σ1`` (CBXpy's defaul
 when the config is built).
 
 State: ``x`` the positions, ``energy`` the memory energies ``E(y_i)``, ``aux.y`` the
-memories; the best particle is the best memory.
+memories, ``aux.x_energy`` the positions' energies ``E(x_i)``; the best particle is the
+best memory.
 """
 
 from __future__ import annotations
@@ -49,9 +50,12 @@ class MemoryParams(NamedTuple):
 
 
 class MemoryAux(NamedTuple):
-    """``y``: the personal-best memory of every particle (a population like ``x``)."""
+    """``y``: the personal-best memory of every particle (a population like ``x``);
+    ``x_energy``: the energies of the current positions ``x`` (``state.energy`` holds the
+    memories' energies), the history's ``min_energy``."""
 
     y: Any
+    x_energy: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +102,8 @@ def memory_absorb(state, x, aux, energy):
     better = (state.energy > energy) | (jnp.isnan(state.energy) & ~jnp.isnan(energy))
     y = pop.tree_where_rows(better, x, aux.y)
     e = jnp.where(better, energy, state.energy)
-    return core.Absorbed(x=x, aux=aux._replace(y=y), energy=e, best_points=y, best_energy=e, alpha_energy=e)
+    return core.Absorbed(x=x, aux=aux._replace(y=y, x_energy=energy), energy=e, best_points=y, best_energy=e,
+                         alpha_energy=e)
 
 
 def cbo_memory(objective: Callable[[PyTree], jax.Array], config: CBOMemoryConfig | None = None,
@@ -121,7 +126,7 @@ def cbo_memory(objective: Callable[[PyTree], jax.Array], config: CBOMemoryConfig
                   None if quiet else ctx.noise(k2, u))
         return x, ctx.state.aux
 
-    kernel = core.Kernel(name="cbo_memory", move=move, init_aux=lambda x0, e, prm: MemoryAux(y=x0),
+    kernel = core.Kernel(name="cbo_memory", move=move, init_aux=lambda x0, e, prm: MemoryAux(y=x0, x_energy=e),
                          consensus=memory_consensus, absorb=memory_absorb, aux_rows=("y",))
     return core.build(objective, config, kernel)
 

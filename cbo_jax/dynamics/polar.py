@@ -17,7 +17,9 @@ minimise ``-log k(x_i, x_j) + E(x_j)`` (the Gaussian kernel's width ``κ/√α``
 but the energy still counts: particle ``i`` itself, or an exact duplicate, wins unless a
 neighbour's energy is lower by more than ``-log k``); with ``kernel_factor="const"``,
 the ``k``-weighted mean of the ``x_j`` of least energy among those with ``k(x_i, x_j) > 0``.
-Finite α is computed as before.
+Finite α is computed as before. ``α = 0`` with ``k^α`` is likewise the limit α → 0⁺:
+a pair with ``k(x_i, x_j) = 0`` (the constant kernel beyond κ) keeps weight 0, so ``m_i`` is
+the plain mean of the ``x_j`` with ``k(x_i, x_j) > 0`` (the product ``0 · ∞`` would be NaN).
 
 Kernels (``-log k`` of the distance ``r = |x_i - x_j|``, width ``κ > 0``), as CBXpy's:
 ``"gaussian"`` ``r²/(2κ²)``, ``"laplace"`` ``r/κ``, ``"constant"`` ``0`` within ``κ``
@@ -166,7 +168,9 @@ def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor
         r2 = jnp.sum((ai[:, None, :] - a[None]) ** 2, axis=-1)
         nl = _neg_log(kernel, r2, kappa, dmax)
     if not at_infinity:
-        return jnp.where(jnp.isfinite(ebias)[None], -kf * nl + ebias[None], -jnp.inf)
+        # k_ij = 0 (-log k = ∞) excludes the pair at every α, α = 0 included: the α → 0⁺ limit, not 0 · ∞ = NaN
+        kern = jnp.where(nl == jnp.inf, -jnp.inf, -kf * nl)
+        return jnp.where(jnp.isfinite(ebias)[None], kern + ebias[None], -jnp.inf)
     if kernel_factor == "alpha":
         score, keep = nl + shifted[None], jnp.zeros_like(nl)
     else:

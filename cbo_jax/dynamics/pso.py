@@ -53,10 +53,13 @@ class PSOParams(NamedTuple):
 
 
 class PSOAux(NamedTuple):
-    """``y``: personal-best memories; ``v``: velocities (populations like ``x``)."""
+    """``y``: personal-best memories; ``v``: velocities (populations like ``x``);
+    ``x_energy``: the energies of the current positions (``state.energy`` holds the
+    memories'), the history's ``min_energy``."""
 
     y: Any
     v: Any
+    x_energy: Any
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +141,7 @@ def pso(objective: Callable[[PyTree], jax.Array], config: PSOConfig | None = Non
         return x, st.aux._replace(v=v)
 
     def init_aux(x0, energy, prm):
-        return PSOAux(y=x0, v=jax.tree_util.tree_map(lambda a: a * 0, x0))
+        return PSOAux(y=x0, v=jax.tree_util.tree_map(lambda a: a * 0, x0), x_energy=energy)
 
     kernel = core.Kernel(name="pso", move=move, init_aux=init_aux, consensus=memory_consensus, absorb=memory_absorb,
                          aux_rows=("y", "v"))
