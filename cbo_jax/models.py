@@ -31,7 +31,7 @@ from cbo_jax import _checks
 PyTree = Any
 
 __all__ = ["MLP", "Model", "from_flax", "mlp_mnist", "init_population", "cross_entropy", "squared_error", "masked_loss",
-           "batch_loss", "accuracy", "preprocess", "LogisticRegression", "logistic_regression", "CNN", "cnn_emnist",
+           "zero_padding", "batch_loss", "accuracy", "preprocess", "LogisticRegression", "logistic_regression", "CNN", "cnn_emnist",
            "LOSSES"]
 
 
@@ -339,6 +339,23 @@ def init_population(model: Model, key: jax.Array, num_agents: int) -> PyTree:
     return jax.vmap(model.init)(jax.random.split(key, num_agents))
 
 
+def zero_padding(a: PyTree, mask: jax.Array) -> PyTree:
+    """``a`` (arrays with a leading row axis) with the rows where ``mask`` is ``False`` set to 0.
+
+    Padding rows may hold anything (NaN included: they are not data); masking their loss
+    with ``jnp.where`` hides them from the value but not from the gradient, where the zero
+    cotangent meets their non-finite partials (``0 · NaN``). Zeroed first, they are finite.
+    Integer arrays (labels) pass through.
+    """
+    def zero(leaf):
+        if not jnp.issubdtype(leaf.dtype, jnp.inexact):
+            return leaf
+        m = mask.reshape(mask.shape + (1,) * (leaf.ndim - mask.ndim))
+        return jnp.where(m, leaf, jnp.zeros((), leaf.dtype))
+
+    return jax.tree_util.tree_map(zero, a)
+
+
 def _sample_losses(model: Model, params: PyTree, x, y, key: jax.Array | None = None) -> jax.Array:
     """The ``(n,)`` per-sample losses of a batch; a ``ValueError`` for a loss of any other shape."""
     out = model.train_apply(params, x, key) if key is not None and model.train_apply is not None else \
@@ -358,12 +375,15 @@ def masked_loss(model: Model, params: PyTree, x: jax.Array, y: jax.Array, mask: 
     """Mean per-sample loss over the real samples of a padded batch.
 
     ``mask`` (bool ``(n,)``) marks the real samples; ``None`` means all. Padding rows
-    never contribute, even when their loss is not finite; an all-padding batch gives 0.
+    never contribute, to the value or to its gradient, even when they hold NaN
+    (:func:`zero_padding`); an all-padding batch gives 0.
     The one loss every algorithm uses (local training, download evaluation, IFCA's
     cluster estimates, FedSGLD's node objective). ``key`` (local SGD's) runs a model
     with a ``train_apply`` in training mode (dropout); without it the model is evaluated.
     A low-precision loss (bfloat16, float16) is averaged in float32.
     """
+    if mask is not None:
+        x, y = zero_padding(x, mask), zero_padding(y, mask)
     per = _sample_losses(model, params, x, y, key)
     if jnp.issubdtype(per.dtype, jnp.floating) and jnp.finfo(per.dtype).bits < 32:
         per = per.astype(jnp.float32)

@@ -367,3 +367,44 @@ def test_boolean_labels_given_directly_are_refused_with_the_conversion():
         fl.metrics.default_metrics(model, data._replace(y=y.astype(np.int32)), chunk=2)
     with pytest.raises(ValueError, match=r"booleans: pass test_y.astype\(int\)"):
         data._replace(y=y.astype(np.int32)).check(model)
+
+
+def _leaves_equal(a, b):
+    for u, v in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+@pytest.mark.parametrize("target", ["labels", "regression"])
+def test_non_finite_padding_rows_change_no_gradient(target):
+    """Padding rows are accepted with any values (above), so they must not reach a gradient:
+    ``jnp.where`` hid a NaN padding row from the loss value, but the backward pass multiplied
+    its zero cotangent by NaN partials and the agent's model became NaN (FedAvg then dropped
+    it from the average without a word). Local SGD, FedAvg and FedSGLD's gradients now give
+    exactly the clean data's results."""
+    from cbo_jax.federated.langevin import poisson_clipped_grad, poisson_grad
+
+    xs, ys = _lists()
+    if target == "regression":
+        ys = _targets(xs)
+        model = fl.from_flax(nn.Dense(1), xs[0][:1], loss="squared_error")
+    else:
+        model = fl.from_flax(Classifier(), xs[0][:1])
+    clean = fl.FederatedData.from_lists(xs, ys)
+    dirty = fl.FederatedData.from_lists(xs, ys)
+    dirty.x[1, 3:] = np.nan  # agent 1 has one sample: rows 1.. are padding
+    dirty.x[3, 5] = np.inf
+    if target == "regression":
+        dirty.y[1, 2] = np.nan
+    for alg in (_local(model), fl.fedavg(model, fl.FedAvgConfig(local=LOCAL), 4)):
+        a, b = (fl.run(alg, d, 2, jax.random.key(0), progress=False, plots=False).state.params for d in (clean, dirty))
+        _leaves_equal(a, b)
+    params = model.init(jax.random.key(1))
+    x, y = jnp.asarray(dirty.x[1]), jnp.asarray(dirty.y[1])
+    cx, cy = jnp.asarray(clean.x[1]), jnp.asarray(clean.y[1])
+    _leaves_equal(poisson_grad(model, params, x, y, 1, jax.random.key(2), 1.0),
+                  poisson_grad(model, params, cx, cy, 1, jax.random.key(2), 1.0))
+    _leaves_equal(poisson_clipped_grad(model, params, x, y, 1, jax.random.key(2), 1.0, 0.5),
+                  poisson_clipped_grad(model, params, cx, cy, 1, jax.random.key(2), 1.0, 0.5))
+    mask = jnp.arange(x.shape[0]) < 1
+    _leaves_equal(jax.grad(lambda p: models.masked_loss(model, p, x, y, mask))(params),
+                  jax.grad(lambda p: models.masked_loss(model, p, cx, cy, mask))(params))

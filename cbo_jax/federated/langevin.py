@@ -47,7 +47,7 @@ import optax
 
 from cbo_jax import _checks
 from cbo_jax.config import check_types
-from cbo_jax.models import Model
+from cbo_jax.models import Model, zero_padding
 
 PyTree = Any
 
@@ -242,6 +242,7 @@ def poisson_grad(model: Model, params: PyTree, x, y, count, key, q: float) -> Py
     real = jnp.arange(x.shape[0]) < count
     mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
     denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+    x, y = zero_padding(x, real), zero_padding(y, real)  # NaN padding would reach the gradient (0 · NaN)
 
     def loss(p):
         per = model.loss(model.apply(p, x), y)
@@ -279,6 +280,7 @@ def poisson_clipped_grad(model: Model, params: PyTree, x, y, count, key, q: floa
     real = jnp.arange(x.shape[0]) < count
     mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
     denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+    x, y = zero_padding(x, real), zero_padding(y, real)  # NaN padding would reach the gradient (0 · NaN)
 
     def sample_grad(xj, yj):
         return jax.grad(lambda p: model.loss(model.apply(p, xj[None]), yj[None])[0])(params)
