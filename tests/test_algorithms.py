@@ -2,6 +2,7 @@
 
 Determinism, resume and padding of every algorithm: tests/test_federated_engine.py."""
 
+import collections
 import dataclasses
 from typing import NamedTuple
 
@@ -201,6 +202,16 @@ def test_selection_metrics():
     idx = jnp.asarray([[1, 3], [0, 2], [1, 0], [4, 5], [3, 0], [3, 4]])
     assert float(metrics.selection_rate(idx, cluster)) == pytest.approx(10 / 12)
     assert float(metrics.oracle_selection_rate(0.5, cluster)) == pytest.approx(0.5 + 0.5 * 2 / 5)
+    # The ε-greedy draw makes ⌊εM⌋ random picks: the oracle of the draw used (M = 3: 1 of 3, then 0 of 3)
+    assert float(metrics.oracle_selection_rate(0.5, cluster, 3)) == pytest.approx(2 / 3 + 1 / 3 * 2 / 5)
+    assert float(metrics.oracle_selection_rate(0.25, cluster, 3)) == pytest.approx(1.0)
+    assert float(metrics.oracle_selection_rate(0.7, cluster, 10)) == pytest.approx(0.3 + 0.7 * 2 / 5)  # 0.7 in f32
+    # in the round metric, with the info's M
+    Info = collections.namedtuple("Info", "idx eps valid")
+    got = metrics.selection(np.asarray(cluster))(Info(idx, jnp.float32(0.5), None))
+    assert float(got["sr_oracle"]) == pytest.approx(1 / 2 + 1 / 2 * 2 / 5)  # M = 2: ⌊0.5 · 2⌋ = 1 of 2
+    got = metrics.selection(np.asarray(cluster))(Info(idx, jnp.float32(0.4), None))
+    assert float(got["sr_oracle"]) == pytest.approx(1.0)  # ⌊0.4 · 2⌋ = 0 random picks (ε itself: 0.76)
     f = np.asarray(metrics.selection_frequency(idx, cluster, 2))
     np.testing.assert_allclose(f, [[5 / 6, 1 / 6], [1 / 6, 5 / 6]])
 

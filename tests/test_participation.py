@@ -261,3 +261,34 @@ def test_selection_rate_averages_over_the_agents_that_downloaded():
     assert float(fm.selection_rate(idx, cluster, valid)) == pytest.approx(0.25)
     full = jnp.ones((3, 2), bool)
     assert float(fm.selection_rate(idx, cluster, full)) == float(fm.selection_rate(idx, cluster))
+
+
+@pytest.mark.parametrize("eval_by", ["agent", "model"])
+def test_full_participation_never_downloads_an_agent_the_data_marks_invalid(eval_by):
+    """``AgentData.valid`` False: not an agent (never trained, never in ``G_n``). With
+    ``participation=1`` the draw had no candidate mask, and such an agent's untrained model
+    was downloaded into the others' consensus points. An all-True ``valid`` runs exactly as
+    ``valid=None``."""
+    n, m = 5, 3
+    data = _data(n)
+    invalid = data._replace(valid=jnp.asarray(np.arange(n) != 2), counts=data.counts.at[2].set(0))
+    local = fl.LocalSGDConfig(epochs=1, batch_size=4, lr=0.05, momentum=0.0)
+    alg = fedcbo(_linear_model(), FedCBOConfig(M=m, local=local, eps0=1.0, eps_min=1.0, eval_by=eval_by), n)
+    step = jax.jit(alg.round)
+    state = alg.init(jax.random.key(0))
+    for _ in range(4):
+        state, info = step(state, invalid)
+        valid = np.ones(info.idx.shape, bool) if info.valid is None else np.asarray(info.valid)
+        active = np.asarray(info.active)
+        assert not active[2]
+        assert not ((np.asarray(info.idx) == 2) & valid & active[:, None]).any()
+        assert valid[active].all()  # four real agents: three others for every M = 3 slots
+    runs = []
+    for d in (data, data._replace(valid=jnp.ones(n, bool))):
+        s = alg.init(jax.random.key(0))
+        for _ in range(3):
+            s, _ = step(s, d)
+        runs.append(s)
+    for a, b in zip(jax.tree_util.tree_leaves(runs[0]), jax.tree_util.tree_leaves(runs[1])):
+        a, b = (jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v for v in (a, b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

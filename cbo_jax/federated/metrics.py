@@ -96,8 +96,17 @@ def selection_rate(idx: jax.Array, cluster: jax.Array, valid: jax.Array | None =
     return jnp.where(jnp.all(some), jnp.mean(per_agent), over_some)  # every agent downloaded: as before, bitwise
 
 
-def oracle_selection_rate(eps, cluster: jax.Array) -> jax.Array:
-    """``(1 - ε) + ε · mean_j (|C(j)| - 1) / (N - 1)`` (Remark 6 / Fig. 3)."""
+def oracle_selection_rate(eps, cluster: jax.Array, m: int | None = None) -> jax.Array:
+    """``(1 - ε) + ε · mean_j (|C(j)| - 1) / (N - 1)`` (Remark 6 / Fig. 3): the SR_n of a
+    perfect ``P``, whose only misses are the random picks.
+
+    With ``m`` (the downloads ``M``), ``ε`` is the share of random picks the ε-greedy draw
+    makes, ``⌊εM⌋ / M`` (:func:`cbo_jax.federated.selection.draw_epsilon_greedy`, as the
+    reference code's ``int(ε·M)``); the paper's settings (M = 200) make ``εM`` whole, where
+    the two agree. Without it, ``ε`` itself.
+    """
+    if m is not None:
+        eps = jnp.floor(jnp.asarray(eps, jnp.float32) * m + 1e-6) / m
     n = cluster.shape[0]
     sizes = jnp.sum(cluster[:, None] == cluster[None, :], axis=1)
     share = jnp.mean((sizes - 1) / max(n - 1, 1))
@@ -151,7 +160,7 @@ class _Selection(_ClusterMetric):
         self.check_agents("selection", info.idx.shape[0])
         c = self.ids
         valid = getattr(info, "valid", None)
-        return {"sr": selection_rate(info.idx, c, valid), "sr_oracle": oracle_selection_rate(info.eps, c),
+        return {"sr": selection_rate(info.idx, c, valid), "sr_oracle": oracle_selection_rate(info.eps, c, info.idx.shape[1]),
                 "selection_frequency": selection_frequency(info.idx, c, self.num_clusters, valid)}
 
 

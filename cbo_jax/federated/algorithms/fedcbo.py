@@ -225,8 +225,9 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
             sel = rule.select(k_sel, state.P, state.round, active[:state.P.shape[1]])
             mask = jnp.broadcast_to(active[:, None], sel.idx.shape)  # a non-participant downloads nothing
             valid: jax.Array | None = mask if sel.valid is None else mask & sel.valid
-        else:  # every real agent participates: the draw of the paper's experiments, unmasked
-            sel = rule.select(k_sel, state.P, state.round)
+        else:  # every (valid) agent participates; all valid: the paper's unmasked draw (selection._random_order)
+            cand = None if data.valid is None else data.agent_mask[:state.P.shape[1]]
+            sel = rule.select(k_sel, state.P, state.round, cand)
             valid = sel.valid
         if cfg.eval_by == "model":
             agg = consensus_by_model(energy, params, sel.idx, (data.x, data.y, data.counts),
