@@ -272,6 +272,8 @@ def fit_loglog_slope(n, err) -> float:
         raise ValueError("need at least 2 positive (n, err) pairs of equal length")
     if not (np.all(np.isfinite(n)) and np.all(np.isfinite(err))):  # a NaN slope, or numpy's LinAlgError
         raise ValueError(f"n and err must be finite, got n = {n.tolist()}, err = {err.tolist()}")
+    if np.unique(n).size < 2:  # one distinct n: no line through it (np.polyfit returns noise)
+        raise ValueError(f"need at least 2 different n, got n = {n.tolist()}")
     return float(np.polyfit(np.log(n), np.log(err), 1)[0])
 
 

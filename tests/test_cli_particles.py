@@ -59,6 +59,10 @@ def test_meanfield_coupling_slope_and_plot(tmp_path, capsys):
     (["meanfield-scaling", "--sizes", "100,1000", "--reference", "500"], "reference"),
     (["meanfield-coupling", "--sizes", "100,1000", "--reference", "500"], "reference above the largest N"),
     (["meanfield-coupling", "--reference", "1000000", "--chunk", "300000"], "multiple of --chunk"),
+    # a repeated size: a slope "fitted" through one N (np.polyfit returns noise, once reported as a pass)
+    (["meanfield-coupling", "--sizes", "10,10", "--reference", "100"], "names a size twice"),
+    (["meanfield-scaling", "--sizes", "10,10", "--reference", "100"], "at least two different sizes"),
+    (["meanfield-scaling", "--sizes", "64", "--reference", "100"], "at least two different sizes"),
     (["cb2o-malicious", "--malicious", "1.5"], "malicious"),
     (["clustered-consensus", "--particles", "2"], "N >= K"),
 ])

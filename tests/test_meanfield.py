@@ -172,6 +172,7 @@ def test_class_variance_excluded_or_unlabelled_particles_do_not_poison_other_cla
 @pytest.mark.parametrize("call,match", [
     (lambda: meanfield.fit_loglog_slope([1, 2, 3], [1.0, np.nan, 0.3]), "finite"),
     (lambda: meanfield.fit_loglog_slope([1, 2, np.inf], [1.0, 0.5, 0.3]), "finite"),
+    (lambda: meanfield.fit_loglog_slope([10, 10], [0.6, 0.7]), "2 different n"),
     (lambda: meanfield.fit_decay_rate([], []), "at least 3 points"),
     (lambda: meanfield.predicted_decay_rate(1, 0, 1, 0, d=3, lipschitz=0, noise="isotropc"), "noise must be one of"),
     (lambda: meanfield.ideal_quadratic_rate(1, 0, 1, 0, d=3, noise="none"), "noise must be one of"),

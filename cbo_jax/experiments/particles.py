@@ -267,6 +267,8 @@ def _scaling_init(n: int, d: int, rng: np.random.Generator):
 def run_scaling(args: argparse.Namespace) -> dict:
     sizes = [_whole("--sizes", s) for s in str(args.sizes).split(",")]
     n_ref = _whole("--reference", args.reference)
+    if len(set(sizes)) < 2 or len(set(sizes)) != len(sizes):
+        raise ValueError(f"--sizes needs at least two different sizes, each once (a slope is fitted), got {sizes}")
     if min(sizes) < 4 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1:
         raise ValueError("need every N >= 4, --reference above the largest N, steps >= 1, seeds >= 1")
     d = args.dim
@@ -462,6 +464,8 @@ def run_coupling(args: argparse.Namespace) -> dict:
     sizes = [_whole("--sizes", s) for s in str(args.sizes).split(",") if s]
     n_ref = _whole("--reference", args.reference)
     chunk = _whole("--chunk", args.chunk) or None
+    if len(set(sizes)) != len(sizes):
+        raise ValueError(f"--sizes names a size twice ({sizes}); give each size once (a slope is fitted)")
     if (len(sizes) < 2 or min(sizes) < 2 or n_ref <= max(sizes) or args.steps < 1 or args.seeds < 1 or args.dim < 1
             or args.seed < 0):
         raise ValueError("need at least two sizes N >= 2, --reference above the largest N, steps >= 1, seeds >= 1, "
