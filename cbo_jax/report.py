@@ -34,6 +34,7 @@ import io
 import json
 import math
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -222,12 +223,19 @@ def _metrics_children(d: Path) -> int:
     return sum((c / "metrics.jsonl").is_file() for c in d.iterdir() if c.is_dir())
 
 
+def _report_images(d: Path) -> bool:
+    """Whether ``d`` is a Markdown report's image folder (``X_files/`` beside ``X.md``): not results."""
+    return d.name.endswith("_files") and (d.parent / (d.name[: -len("_files")] + ".md")).is_file()
+
+
 def _dirs_with_results(root: Path, skip: Path | None) -> Iterable[Path]:
     seen = []
     for p in sorted(root.rglob("*")):
         if any(part in _SKIP_DIRS for part in p.relative_to(root).parts):
             continue
         if skip is not None and (p == skip or skip in p.parents):
+            continue
+        if any(_report_images(a) for a in p.parents if root in a.parents):  # an earlier report's images
             continue
         if p.is_file() and p.suffix in (".json", ".jsonl", ".png"):
             if p.parent not in seen:
@@ -355,7 +363,7 @@ def _to_markdown(blocks: list[tuple], out_path: Path) -> str:
         elif b[0] == "img":
             files.mkdir(parents=True, exist_ok=True)
             (files / b[3]).write_bytes(b[1])
-            lines.append(f"![{b[2]}]({files.name}/{b[3]})\n")
+            lines.append(f"![{b[2]}]({urllib.parse.quote(f'{files.name}/{b[3]}')})\n")  # a space ends a link
     return "\n".join(lines)
 
 

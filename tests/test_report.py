@@ -159,3 +159,21 @@ def test_an_unwritable_report_path_is_a_clear_error(tmp_path, capsys):
     assert f"cannot write the report to {bad}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="cannot write the report"):
         render(root, bad)
+
+
+def test_markdown_report_named_with_a_space_links_its_images_and_is_not_read_as_results(tmp_path):
+    """A link target cannot hold a space (CommonMark): the image links are percent-encoded.
+    An earlier Markdown report's image folder (``X_files/`` beside ``X.md``) inside the
+    results is not a results directory (it was copied again under a section of its own)."""
+    import urllib.parse
+
+    root = _results(tmp_path)
+    out = tmp_path / "sp out" / "my report.md"
+    text = render(root, out).read_text()
+    links = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text)
+    assert len(links) == 2 and all(" " not in link for link in links)
+    assert all((out.parent / urllib.parse.unquote(link)).is_file() for link in links)
+    first = render(root, root / "first report.md")
+    second = render(root, root / "second.md").read_text()
+    assert "first report_files" not in second and second.count("![") == 2
+    assert first.with_name("first report_files").is_dir()
