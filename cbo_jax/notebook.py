@@ -64,8 +64,8 @@ class LiveFigure:
 
     Args:
       fig: the figure to show.
-      path: where :meth:`close` saves it (and where :meth:`update` saves it when not in a
-        notebook); None to not save.
+      path: where :meth:`close` saves it (in a notebook and in a script alike; :meth:`update`
+        only redraws the notebook's image); None to not save.
     """
 
     def __init__(self, fig, path: str | Path | None = None):
@@ -176,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     for name in args:
         src = Path(name)
         out = src.with_suffix(".ipynb")
-        out.write_text(notebook_json(src))
+        if src.suffix != ".py":  # a notebook given by mistake would be written over by its own conversion
+            print(f"cbo_jax.notebook: error: {name}: expected a .py script", file=sys.stderr)
+            return 2
+        try:
+            out.write_text(notebook_json(src))
+        except (OSError, UnicodeDecodeError, ValueError) as err:  # a missing file, no '# %%' cells, ...
+            print(f"cbo_jax.notebook: error: {name}: {err}", file=sys.stderr)
+            return 2
         print(out)
     return 0
 

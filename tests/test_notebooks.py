@@ -93,6 +93,20 @@ def test_converter_cells_and_errors(tmp_path):
     assert json.loads((tmp_path / "demo.ipynb").read_text())["cells"][0]["source"] == ["print(1)"]
 
 
+@pytest.mark.parametrize("name,content,match", [
+    ("missing.py", None, "No such file"),
+    ("cells.py", "x = 1\n", "no '# %%' cells"),
+    ("demo.ipynb", "{}", "expected a .py script"),
+])
+def test_converter_command_refuses_bad_input_in_one_line(tmp_path, capsys, name, content, match):
+    """``python -m cbo_jax.notebook`` (docs/getting_started.md) printed a traceback for a missing file."""
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    assert notebook.main([str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cbo_jax.notebook: error:") and match in err and "Traceback" not in err
+
+
 def test_small_mode_switch(monkeypatch):
     monkeypatch.setenv("CBO_JAX_SMALL", "0")
     assert notebook.small_mode() is False
