@@ -321,3 +321,17 @@ def test_a_dangling_checkpoint_link_is_not_an_absent_checkpoint(finished, tmp_pa
     assert _run(out, "--resume", "--extend", "--rounds", "3", "--test-size", "50") == 2
     assert "which does not exist (a disk not mounted?)" in capsys.readouterr().err
     assert (out / "metrics.jsonl").read_text() == rows
+
+
+def test_elapsed_time_goes_on_across_a_resume(finished, tmp_path, capsys):
+    """``elapsed_s`` (and the summary's ``seconds``) restarted from 0 in a resumed process, so
+    the time curve of a resumed run went backwards; it goes on from the kept rounds' time."""
+    out = _copy(finished, tmp_path / "run")
+    rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    rows[-1]["elapsed_s"] = 1000.0  # as if the first two rounds had taken 1000 s
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _run(out, "--resume", "--extend", "--rounds", "3", "--test-size", "50", "--checkpoint-every", "1") == 0
+    again = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+    assert again[1]["elapsed_s"] == 1000.0 and 1000.0 < again[2]["elapsed_s"] < 1000.0 + 600
+    assert json.loads((out / "summary.json").read_text())["seconds"] >= again[2]["elapsed_s"]
+    capsys.readouterr()

@@ -341,6 +341,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             if len(history) != done:
                 raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the "
                                  f"checkpoint's); cannot resume")
+            # elapsed_s and the summary's seconds go on from the kept rounds' time, as in one process
+            t0 -= max((r["elapsed_s"] for r in history if isinstance(r.get("elapsed_s"), (int, float))), default=0.0)
         elif rows:  # its rows are replaced as the run goes again: say so, it may have been long
             warnings.warn(f"resuming {out}: it holds {len(rows)} rows but no checkpoint (the run saved none: "
                           f"checkpoint_every / --checkpoint-every saves them), so the run starts again from round 0",
