@@ -82,7 +82,12 @@ def _add_optimize(sub) -> None:
                    help="steps between rows of OUTPUT/metrics.jsonl (needs --output; default: about 1000 rows)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--shard", action="store_true",
-                   help="split the particles over all devices (of all processes in a multi-process run)")
+                   help="split the particles over all devices (of all processes in a multi-process run); when "
+                        "N is not a multiple of the device count the population is padded, and only --rng "
+                        "per-particle then gives the unsharded run's numbers")
+    p.add_argument("--rng", default="fast", choices=["fast", "partitionable", "per-particle"],
+                   help="the noise's random-number layout (CBOConfig.rng): fast (default), partitionable, or "
+                        "per-particle (a particle's noise does not depend on N or on padding)")
     p.set_defaults(func=_cmd_optimize)
 
 
@@ -138,7 +143,7 @@ def _cmd_optimize(args) -> int:
         alpha = schedules.EffectiveSampleSize(eta=0.5 if args.ess_eta is None else args.ess_eta, alpha0=args.alpha,
                                               alpha_max=alpha_max)
     common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha,
-                  energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype)
+                  energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype, rng=args.rng)
     if args.noise is not None:  # else the dynamic's own default (CBS's covariance noise is what makes it CBS)
         common["noise"] = args.noise
     if args.mirror_map is not None and args.dynamic != "mirror_cbo":
@@ -171,6 +176,9 @@ def _cmd_optimize(args) -> int:
 
     mesh = sharding.agent_mesh() if args.shard else None
     main_process = distributed.is_main()
+    if mesh is not None and args.particles % mesh.size and args.rng != "per-particle" and main_process:
+        print(f"note: N={args.particles} is padded to a multiple of {mesh.size} devices, so the noise differs from "
+              f"an unsharded run's; --rng per-particle gives the same numbers", file=sys.stderr)
     if args.output is not None and main_process:
         from cbo_jax._results import ResultsDir
 
@@ -193,6 +201,7 @@ def _cmd_optimize(args) -> int:
         "particles": args.particles,
         "runs": args.runs,
         "steps": res.steps,
+        "rng": args.rng,
         "best_energy": float(best_e.min()),
         "best_energy_per_run_median": float(np.median(best_e)),
         "consensus_distance_inf_median": _median_distance(cons, known[0]),

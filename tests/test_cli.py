@@ -339,3 +339,48 @@ def test_optimize_seeds_beyond_32_bits_give_other_runs(tmp_path):
                      "2", "--no-progress", "--seed", seed, "--output", str(out)]) == 0
         summaries.append(json.loads((out / "summary.json").read_text())["best_energy"])
     assert summaries[0] != summaries[1]
+
+
+def test_optimize_rng_flag_is_the_library_layout(capsys):
+    """``--rng per-particle`` runs ``CBOConfig(rng="per-particle")`` (the layout a sharded run
+    with padding needs to equal the unsharded one); the summary names the layout."""
+    import jax
+
+    from cbo_jax import CBOConfig, cbo, schedules
+    from cbo_jax.objectives import get_objective
+    from cbo_jax.simulate import simulate
+
+    argv = ["optimize", "--objective", "sphere", "--dim", "3", "--particles", "10", "--steps", "20", "--no-progress"]
+    got = {}
+    for rng in ("fast", "per-particle"):
+        assert main(argv + ["--rng", rng]) == 0
+        got[rng] = _last_json(capsys.readouterr().out)
+        assert got[rng]["rng"] == rng
+    cfg = CBOConfig(alpha=schedules.Multiplicative(30.0, 1.05, 1e5), rng="per-particle")
+    k_init, k_run = jax.random.split(jax.random.key(0))
+    x0 = jax.random.uniform(k_init, (1, 10, 3), minval=-3.0, maxval=3.0)
+    res = simulate(cbo(get_objective("sphere"), cfg), x0, k_run, 20, num_runs=1, progress=False)
+    assert got["per-particle"]["best_energy"] == float(res.state.best_energy.min())
+    assert got["fast"]["best_energy"] != got["per-particle"]["best_energy"]
+
+
+@pytest.mark.slow
+def test_optimize_sharded_with_padding_equals_the_unsharded_run_per_particle(tmp_path):
+    """N = 10 on 4 devices is padded to 12: with ``--rng per-particle`` the sharded run is the
+    unsharded one; with the default layout it differs, and the command says so."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    base = [sys.executable, "-m", "cbo_jax.cli", "optimize", "--objective", "sphere", "--dim", "3", "--particles", "10",
+            "--steps", "30", "--no-progress"]
+
+    def run(*extra):
+        p = subprocess.run(base + list(extra), capture_output=True, text=True, env=env, check=True)
+        return _last_json(p.stdout), p.stderr
+
+    (plain, _), (sharded, _) = run("--rng", "per-particle"), run("--rng", "per-particle", "--shard")
+    assert sharded["best_energy"] == pytest.approx(plain["best_energy"], rel=1e-5, abs=1e-9)
+    _, err = run("--shard")
+    assert "padded to a multiple of 4 devices" in err and "--rng per-particle" in err
