@@ -97,7 +97,8 @@ def attack_dataset():
     images = MNIST(rng.integers(0, 256, (200, 2, 2)).astype(np.uint8), rng.integers(0, 4, 200).astype(np.int32),
                    rng.integers(0, 256, (40, 2, 2)).astype(np.uint8), rng.integers(0, 4, 40).astype(np.int32), "fake")
     cfg = attacks.LabelFlipConfig(source=2, target=1, num_classes=4, benign_per_cluster=4, malicious_per_cluster=2,
-                                  benign_samples=10, val_samples=5, malicious_samples=12)
+                                  benign_samples=10, val_samples=5, malicious_samples=12,
+                                  shared_images=False)  # the data the pins were recorded on
     return attacks.label_flip_rotated(images, cfg, seed=3)
 
 

@@ -1,5 +1,7 @@
 """FedCB²O, label-flipping attacks, ProbSampling, DFedAvgM oracles, attack metrics."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -505,3 +507,24 @@ def test_run_refuses_attack_labels_outside_the_model_classes(ds):
     # attacker 1 of 4 is agent 9 (after the 8 benign agents)
     with pytest.raises(ValueError, match=r"malicious\.y holds .*: agent 9 has label -3 "):
         run(alg, bad_mal, 1, jax.random.key(0), progress=False)
+
+
+def test_clusters_rotate_one_shared_subset_of_the_images():
+    """The paper (and its reference code, REFERENCE_NOTES §2.2) rotates one subset of the
+    training images for both clusters; each cluster drew its own subset before
+    (``shared_images=False`` keeps that). Within a cluster the agents' images stay disjoint."""
+    images = _images(n_train=200)
+    cfg = attacks.LabelFlipConfig(source=SOURCE, target=TARGET, num_classes=C, benign_per_cluster=4,
+                                  malicious_per_cluster=2, benign_samples=10, val_samples=5, malicious_samples=12)
+    for shared in (True, False):
+        ds = attacks.label_flip_rotated(images, dataclasses.replace(cfg, shared_images=shared), seed=3)
+        per_cluster = []
+        for k, degrees in enumerate(attacks.ROTATIONS[2]):
+            x = np.concatenate([ds.x_train[ds.cluster[:8] == k].reshape(-1, 2, 2),
+                                ds.x_val[ds.cluster[:8] == k].reshape(-1, 2, 2),
+                                ds.x_mal[ds.cluster[8:] == k].reshape(-1, 2, 2)])
+            back = np.rot90(x, k=-degrees // 90, axes=(1, 2))  # undo the cluster's rotation
+            keys = {a.tobytes() for a in back}
+            assert len(keys) == len(back) == 4 * 10 + 2 * 12  # disjoint within the cluster
+            per_cluster.append(keys)
+        assert (per_cluster[0] == per_cluster[1]) is shared

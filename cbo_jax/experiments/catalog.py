@@ -86,11 +86,13 @@ RECORDED: dict[str, Recorded] = {
         "small scale (T=30, 3 seeds), α per method (FedCB²O 2, FedCBO 10): ASR FedCB²O 1.63, FedCBO 1.81 (ratio "
         "0.90; both at Oracle Min's 1.80 floor: MNIST 7→1 does not separate them at α = 10); source acc. FedCB²O "
         "89.78, Oracle Min 89.82; both at α = 2 (seed 0): ratio 0.45",
-        _DATA + "cbo-jax reproduce fedcb2o-attack --scale small", "benchmarks/RESULTS_fedcb2o.md", "2026-11-23"),
+        _DATA + "cbo-jax reproduce fedcb2o-attack --scale small --per-cluster-images", "benchmarks/RESULTS_fedcb2o.md",
+        "2026-11-23"),
     "fedcb2o-tg": Recorded(
         "small scale (T=30), T_G 0/20/30/40 of 150 (0/4/6/8 of 30): overall 89.03/90.27/90.46/90.62, "
         "ASR 1.86/1.69/1.64/1.63",
-        _DATA + "cbo-jax reproduce fedcb2o-tg --scale small", "benchmarks/RESULTS_fedcb2o.md", "2026-11-24"),
+        _DATA + "cbo-jax reproduce fedcb2o-tg --scale small --per-cluster-images", "benchmarks/RESULTS_fedcb2o.md",
+        "2026-11-24"),
 }
 
 # Paths (tuples of keys) into a reproduction's summary.json that make its headline.

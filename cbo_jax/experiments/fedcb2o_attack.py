@@ -121,6 +121,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
     p.add_argument("--shard", action="store_true",
                    help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
+    p.add_argument("--per-cluster-images", action="store_true",
+                   help="every cluster draws its own subset of the training images (the benchmark before 2026-11-27, "
+                        "which the recorded small-scale results used); default: one subset rotated for every cluster, "
+                        "as in the paper")
 
 
 def _refuse_ignored(args, sweep: bool) -> None:
@@ -146,10 +150,12 @@ def _scale(args) -> Scale:
 
 
 def _images(args):
+    shared = not getattr(args, "per_cluster_images", False)
     if args.dataset == "emnist":
         return emnist.load_emnist_tfds(args.data_dir), attacks.LabelFlipConfig(
-            source=emnist.EMNIST_SOURCE_O, target=emnist.EMNIST_TARGET_ZERO, num_classes=emnist.EMNIST_BALANCED_CLASSES)
-    return mnist.load_mnist(args.source, args.data_dir), attacks.LabelFlipConfig()
+            source=emnist.EMNIST_SOURCE_O, target=emnist.EMNIST_TARGET_ZERO, num_classes=emnist.EMNIST_BALANCED_CLASSES,
+            shared_images=shared)
+    return mnist.load_mnist(args.source, args.data_dir), attacks.LabelFlipConfig(shared_images=shared)
 
 
 def _model(scale: Scale, num_classes: int):
@@ -280,6 +286,7 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
             "epochs": scale.epochs, "lr": scale.lr, "batch_size": scale.batch_size, "M": scale.M,
             "alpha_fedcb2o": scale.alpha, "alpha_fedcbo": scale.alpha_fedcbo, "kappa": scale.kappa, "zeta": scale.zeta,
             "include_self": bool(args.include_self), "reference_form": bool(getattr(args, "reference_form", False)),
+            "shared_images": not getattr(args, "per_cluster_images", False),
             "source_class": flip.source if flip else emnist.EMNIST_SOURCE_O,
             "target_class": flip.target if flip else emnist.EMNIST_TARGET_ZERO}
 

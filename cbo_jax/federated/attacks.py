@@ -5,8 +5,9 @@ MNIST-like source: ``K`` clusters (rotations, ``ROTATIONS[K]``); in cluster ``k`
 ``benign_counts[k]`` benign agents with ``benign_samples`` images each, split into
 a training set and a validation set of ``val_samples``, and ``malicious_counts[k]``
 malicious agents with ``malicious_samples`` images each whose labels are flipped
-``source → target`` (:func:`flip_labels`; nothing else changes). Within a cluster all
-agents' images are disjoint (a random partition of the rotated training set); each
+``source → target`` (:func:`flip_labels`; nothing else changes). As in the paper, every
+cluster rotates the same random subset of the training images (``shared_images``); within
+a cluster all agents' images are disjoint (a random partition of that subset); each
 cluster's test set is the whole rotated test set.
 
 Agent order: benign agents first (cluster by cluster), then malicious agents (cluster by
@@ -78,6 +79,11 @@ class LabelFlipConfig:
       benign_samples: images per benign agent (paper: 500), of which ``val_samples``
         (paper: 100) form its validation set.
       malicious_samples: images per malicious agent (paper: 1200).
+      shared_images: ``True`` (the paper, its reference code): one random subset of the
+        training images, as many as the largest cluster needs, is rotated for every
+        cluster, and each cluster partitions it among its agents afresh; ``False``: every
+        cluster draws its own subset (the benchmark before 2026-11-27, which the recorded
+        small-scale results used).
     """
 
     source: int = MNIST_SOURCE
@@ -89,6 +95,7 @@ class LabelFlipConfig:
     benign_samples: int = 500
     val_samples: int = 100
     malicious_samples: int = 1200
+    shared_images: bool = True
 
     def __post_init__(self):
         check_types(self)
@@ -244,13 +251,14 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
             raise ValueError(f"the source class {cfg.source} has no {split} images in the data ({images.source}), so "
                              f"the attack {cfg.source} -> {cfg.target} would flip nothing; pick a class of the data")
     rng = np.random.default_rng(seed)
+    shared = rng.permutation(n_train)[:need] if cfg.shared_images else None  # every cluster's images
     n_tr = cfg.benign_samples - cfg.val_samples
     xt, yt, xv, yv, xm, ym = [], [], [], [], [], []
     cl_b, cl_m, test_x, test_y = [], [], [], []
     for k, degrees in enumerate(ROTATIONS[cfg.num_clusters]):
         rotated = rotate(images.train_images, degrees)
         nb, nm = cfg.benign_counts[k], cfg.malicious_counts[k]
-        perm = rng.permutation(n_train)
+        perm = rng.permutation(n_train) if shared is None else shared[rng.permutation(need)]
         ben = perm[: nb * cfg.benign_samples].reshape(nb, cfg.benign_samples)
         mal = perm[nb * cfg.benign_samples: nb * cfg.benign_samples + nm * cfg.malicious_samples]
         mal = mal.reshape(nm, cfg.malicious_samples)
