@@ -287,8 +287,12 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     device = _device()
     today = datetime.date.today().isoformat()
-    command = "python benchmarks/gpu_suite.py" + (" --smoke" if args.smoke else "") + (
+    # the command that reruns what was run: the parts and the flags off their defaults
+    prefix = "python benchmarks/gpu_suite.py" + (" --smoke" if args.smoke else "") + (
         f" --budget {args.budget:g}" if args.budget is not None else "")
+    extra = (f" --table1-rounds {args.table1_rounds}" if args.table1_rounds != 10 and "table1" in names else "") + (
+        f" --timeout {args.timeout:g}" if args.timeout != 1800 else "")
+    command = prefix + (f" --only {','.join(names)}" if names != list(SUITES) else "") + extra
     results = {}
     json_path = args.out.with_suffix(".json")
     if args.merge and json_path.exists():
@@ -304,7 +308,7 @@ def main(argv=None) -> int:
         part = SUITES[name]
         # each part's own files (plots, arrays, runs) go beside OUT or under --work, never over a results/ directory
         part_dir = work / (args.out.stem + "_" + part.files if args.work is None else part.files)
-        stamp = {"device": device, "date": today, "command": f"{command} --only {name}"}
+        stamp = {"device": device, "date": today, "command": f"{prefix} --only {name}{extra}"}
         timeout = args.timeout
         if args.budget is not None:
             timeout = part_timeout(args.budget - (time.perf_counter() - t_start), names[i:], args.timeout)

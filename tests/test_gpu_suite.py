@@ -60,6 +60,8 @@ def test_suite_in_parts_merges_and_keeps_each_device(tmp_path):
     again = _suite("--only", "meanfield", "--out", str(out))
     assert again.returncode == 0, again.stderr[-2000:]
     assert set(json.loads(out.with_suffix(".json").read_text())["results"]) == {"meanfield"}
+    # the table's command reruns what ran (it said `gpu_suite.py --smoke`, all five parts)
+    assert "- command: `python benchmarks/gpu_suite.py --smoke --only meanfield`" in out.read_text()
 
 
 @pytest.mark.slow
