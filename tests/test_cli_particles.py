@@ -24,7 +24,10 @@ def test_clustered_consensus_small(tmp_path, capsys):
 def test_meanfield_decay_small(tmp_path, capsys):
     out = _run(tmp_path, capsys, "meanfield-decay", "--particles", "2000", "--steps", "300", "--seeds", "2")
     assert len(out["measured_rates"]) == len(out["predicted_rates"]) == 4
-    assert out["all_at_least_predicted"]
+    # Sets 1 and 4 (λ2 = σ2 = 0) have a tight bound (= the ideal rate): a fit scatters around it, so
+    # "at least" holds within the tolerance there; the loose bounds (sets 2, 3) hold strictly.
+    assert out["all_at_least_predicted_within_tolerance"]
+    assert all(m >= p for m, p in zip(out["measured_rates"][1:3], out["predicted_rates"][1:3]))
     for m, ideal in zip(out["measured_rates"], out["ideal_quadratic_rates"]):
         assert abs(m - ideal) < 0.15 * ideal
     assert (tmp_path / "meanfield_decay.png").exists()

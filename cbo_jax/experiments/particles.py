@@ -137,6 +137,7 @@ CLUSTERED = Experiment(
 
 # (λ1, λ2, σ1, σ2): all satisfy 2λ1 > 2λ2 M + dσ1² + dσ2² M² for d = 2, M = 1.
 DECAY_PARAMS = ((1.0, 0.0, 0.5, 0.0), (1.0, 0.2, 0.4, 0.1), (2.0, 0.5, 0.6, 0.2), (0.5, 0.0, 0.3, 0.0))
+DECAY_RATE_TOLERANCE = 0.02  # relative: a fitted rate's scatter where Theorem 2.3's bound is tight (seeds 0-2: < 0.4 %)
 
 
 def _add_decay(p: argparse.ArgumentParser) -> None:
@@ -217,6 +218,11 @@ def run_decay(args: argparse.Namespace) -> dict:
         "predicted_rates": [round(r, 4) for r in predicted],
         "ideal_quadratic_rates": [round(r, 4) for r in ideal],
         "all_at_least_predicted": bool(np.all(mean_measured >= np.asarray(predicted))),
+        # Where the bound is tight (λ2 = σ2 = 0 on a quadratic: predicted = ideal), the fitted rate of a
+        # finite-N, dt = 0.01 run scatters around it by about 0.5 %: "at least" then holds within the fit.
+        "rate_tolerance": DECAY_RATE_TOLERANCE,
+        "all_at_least_predicted_within_tolerance": bool(
+            np.all(mean_measured >= np.asarray(predicted) * (1 - DECAY_RATE_TOLERANCE))),
         "seconds": round(seconds, 2),
     }
 
