@@ -179,7 +179,9 @@ def simulate(
         (NaN) agents that never influence real ones; the returned state keeps those
         rows at the end of the agent axis (``state.x[:N]`` are the real agents).
         With ``rng="per-particle"`` the result equals the single-device run up to
-        float rounding.
+        float rounding. With ``initial_state`` (a restored checkpoint arrives on one
+        device), the state's agent axis is placed over the mesh; its ``N`` (a sharded
+        run's, padding included) must be a multiple of the device count.
       out: a directory: the recorded history is also written there, one row per logged step,
         to ``metrics.jsonl`` (and TensorBoard event files with ``tensorboard``) by the
         writer federated runs use (:class:`cbo_jax.writer.MetricsWriter`), chunk by chunk
@@ -239,6 +241,8 @@ def simulate(
         if getattr(config, "batch_size", None) is not None:
             unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
+    if mesh is not None and initial_state is not None:
+        initial_state = _shard_state(initial_state, mesh, levels)
     if num_runs is not None and initial_state is None:  # batched
         key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
     with rng_context(config):
@@ -281,7 +285,8 @@ def simulate(
                     rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
                 chunks.append(rec)
                 if writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
-                    _write_rows(writer, rec, done, stride, final=stopped or done + length >= num_steps)
+                    _write_rows(writer, rec, done, stride, final=stopped or done + length >= num_steps,
+                                grid=grid)
                 done += length
                 if bar is not None:
                     # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
@@ -339,10 +344,13 @@ def _check_single_key(key: Any) -> None:
                          "M runs' keys itself (run r uses jax.random.split(key, M)[r])")
 
 
-def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False) -> None:
+def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False, grid: tuple | None = None) -> None:
     """One row per ``stride``-th step of a chunk's record (steps count from 1), the first step's,
-    and, for the chunk that ends the run (``final``), its last step's."""
+    and, for the chunk that ends the run (``final``), its last step's. A sweep's record has one
+    flattened sweep axis: written with the ``grid``'s axes, as the returned history has them."""
     rec = jax.device_get(rec)
+    if grid is not None:
+        rec = jax.tree_util.tree_map(lambda v: np.reshape(v, v.shape[:1] + grid + v.shape[2:]), rec)
     leaves = jax.tree_util.tree_leaves(rec)
     length = len(leaves[0]) if leaves else 0
     for i in range(length):
@@ -350,6 +358,32 @@ def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False) 
         if step % stride == 0 or step == 1 or (final and i == length - 1):  # an entry may be a pytree
             writer.write({"step": step, **{k: jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), v)
                                             for k, v in rec.items()}})
+
+
+def _shard_state(state, mesh, levels: int):
+    """``state`` with its agent axis (the first axis from ``levels`` on of the particles' length
+    ``N``) split over ``mesh`` and every other leaf replicated: a placement, not a change."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from cbo_jax.sharding import agent_sharding
+
+    x = getattr(state, "x", None)
+    leaves = jax.tree_util.tree_leaves(x)
+    if not leaves or np.ndim(leaves[0]) <= levels:
+        raise ValueError("mesh with initial_state needs a state with particles x (an agent axis to shard)")
+    n = int(np.shape(leaves[0])[levels])
+    if n % mesh.size:
+        raise ValueError(f"initial_state has N={n} agents, not a multiple of the mesh's {mesh.size} devices: continue "
+                         "it without mesh, or continue a state of a sharded run (its N includes the padding)")
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(v):
+        if not isinstance(v, (jax.Array, np.ndarray)):
+            return v
+        axis = next((a for a in range(levels, v.ndim) if v.shape[a] == n), None)
+        return jax.device_put(v, replicated if axis is None else agent_sharding(mesh, v.ndim, axis))
+
+    return jax.tree_util.tree_map(put, state)
 
 
 def _state_levels(state, num_runs) -> int:

@@ -50,6 +50,14 @@ a = cj.simulate(dyn_fast, x0, jax.random.key(2), 100, num_runs=3)
 b = cj.simulate(dyn_fast, x0, jax.random.key(2), 100, num_runs=3, mesh=mesh)
 out["cbo_runs_x"] = diff(a.state.x, b.state.x)
 
+# A sharded run continued from its state (as from a restored checkpoint, which arrives on one
+# device): 60 + 40 steps with mesh= equal the 100 steps, and the continuation runs sharded.
+half = cj.simulate(dyn_fast, x0, jax.random.key(2), 60, num_runs=3, mesh=mesh)
+one_device = jax.device_put(half.state, jax.devices()[0])
+rest = cj.simulate(dyn_fast, None, None, 40, num_runs=3, mesh=mesh, initial_state=one_device)
+out["cbo_resumed_sharded_x"] = diff(b.state.x, rest.state.x)
+out["cbo_resumed_sharded_spec"] = str(rest.state.x.sharding.spec)
+
 # Clustered system with attackers, N=61 (padded to 64), per-particle noise.
 centers = rng.uniform(-2, 2, (3, 4))
 attack = Malicious(drift=lambda t, x: -(x - 1.0), diffusion=lambda t, x: jnp.full(x.shape[0], 0.1, x.dtype))

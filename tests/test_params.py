@@ -162,3 +162,19 @@ def test_clustered_grid_errors_and_sdeparams_still_accepted():
     sde = SDEParams(*(np.array(v) for v in ([1.0, 2.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0])))
     res = cj.simulate(dyn, p, 0, 2, params=sde)
     assert res.state.x.shape == (2, 4, 2) and float(res.state.params.dt[1]) == pytest.approx(0.01)
+
+
+def test_a_sweep_writes_its_rows_with_the_grid_axes(tmp_path):
+    """``out=``'s rows hold what the returned history holds: the grid's axes (they were written
+    with the one flattened sweep axis, ``(G, M)`` for ``(*grid, M)``; TensorBoard's tags too)."""
+    import json
+
+    dyn = cj.cbo(objectives.Sphere(), sigma1=0.5, alpha=5.0)
+    g = P.grid(dyn, sigma1=[0.1, 0.2, 0.3], dt=[0.01, 0.02])
+    x0 = np.random.default_rng(0).uniform(-1, 1, (2, 6, 3)).astype(np.float32)
+    res = cj.simulate(dyn, x0, 0, 5, num_runs=2, params=g, out=tmp_path / "m", log_every=1, chunk_size=3)
+    rows = [json.loads(r) for r in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    for i, row in enumerate(rows):
+        for k in ("best_energy", "alpha", "active"):
+            np.testing.assert_allclose(np.asarray(row[k], float), np.asarray(res.history[k][i], float), rtol=1e-6)

@@ -32,6 +32,9 @@ def test_eight_devices(sharded_results):
     assert sharded_results["devices"] == 8
     assert sharded_results["cbo_sharded_spec"] == "PartitionSpec('agents', None)" or "agents" in sharded_results[
         "cbo_sharded_spec"]
+    # a continued state with mesh= is placed over the devices (it was run on one device, mesh ignored)
+    assert "agents" in sharded_results["cbo_resumed_sharded_spec"], sharded_results["cbo_resumed_sharded_spec"]
+    assert sharded_results["cbo_resumed_sharded_x"] == 0.0
 
 
 @pytest.mark.slow
