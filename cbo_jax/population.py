@@ -64,8 +64,12 @@ def num_agents(population: PyTree) -> int:
 def _accumulation_dtype(dtype) -> Any:
     """The dtype a weighted sum over agents of ``dtype`` rows is formed in: ``float32`` for a
     low-precision float (bfloat16, float16: their weights, rounded to 8 or 11 bits, would
-    not sum to one), else ``dtype`` itself."""
+    not sum to one), else ``dtype`` itself. Integer (and boolean) rows are refused: their
+    weighted mean, cast back to the rows' dtype, was truncated (the weights to 0) without a word."""
     dtype = jnp.dtype(dtype)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise ValueError(f"a weighted mean over agents needs floating rows, got a population leaf of dtype {dtype}: "
+                         f"cast the population first (e.g. x.astype(jnp.float32))")
     if jnp.issubdtype(dtype, jnp.floating) and jnp.finfo(dtype).bits < 32:
         return jnp.dtype(jnp.float32)
     return dtype

@@ -256,3 +256,30 @@ def test_integer_energies_keep_a_fractional_alpha():
     st = dyn.init(jnp.asarray(x0), jax.random.key(0))
     wf = consensus.consensus_point(jnp.asarray(x0), f(jnp.asarray(x0)).astype(jnp.float32), 0.5)
     np.testing.assert_allclose(st.consensus, wf, rtol=1e-5)
+
+
+def test_low_precision_energies_and_integer_rows():
+    """bfloat16 energies were weighed in bfloat16: at N = 1024 equal energies the streaming
+    denominator stopped at 256 (consensus 3.98 for rows near 1) and the plain weights did not
+    sum to one; they are promoted to float32. Integer rows gave a truncated mean (weights cast
+    to int: 0) and are refused."""
+    import jax.numpy as jnp
+
+    from cbo_jax import population as pop
+    from cbo_jax.consensus import consensus_point, streaming_consensus_point
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(1.0, 0.1, (1024, 2)), jnp.bfloat16)
+    e = jnp.asarray(rng.uniform(0, 1, 1024), jnp.bfloat16)
+    w = np.exp(-np.asarray(e, np.float64))
+    ref = (w[:, None] * np.asarray(x, np.float64)).sum(0) / w.sum()
+    for m in (consensus_point(x, e, 1.0), streaming_consensus_point(x, e, 1.0, chunk=1),
+              streaming_consensus_point(x, e, 1.0, chunk=64)):
+        assert m.dtype == jnp.bfloat16
+        np.testing.assert_allclose(np.asarray(m, np.float64), ref, rtol=1e-2)  # bfloat16's own rounding
+    xi = jnp.array([[0, 0], [2, 4], [4, 8], [6, 2]], jnp.int32)
+    for call in (lambda: consensus_point(xi, jnp.ones(4), 1.0), lambda: streaming_consensus_point(xi, jnp.ones(4), 1.0,
+                                                                                                   chunk=2),
+                 lambda: pop.weighted_average(xi, jnp.ones(4))):
+        with pytest.raises(ValueError, match="needs floating rows.*int32"):
+            call()
