@@ -63,13 +63,25 @@ def sphere(r: float = 1.0) -> Constraint:
     return Constraint(lambda x: jnp.sum(x * x) - r ** 2, grad=lambda x: 2 * x, hess_scale=2.0, name="sphere")
 
 
+def _normal(a, x):
+    """``a`` in ``x``'s dimension (a length-1 normal stands for ``(a, ..., a)``) and its unit vector."""
+    full = jnp.broadcast_to(jnp.asarray(a, x.dtype), x.shape[-1:])
+    return full, full / jnp.linalg.norm(full)
+
+
 def plane(a, b: float = 1.0) -> Constraint:
-    """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``."""
-    a, norm = _checks.normal_vector("plane", a)
+    """``g(x) = (a·x - b)/|a|`` (CBXpy's ``planeConstraint``); ``∇g = a/|a|``, Hessian ``0``.
+
+    A normal of length 1 stands for ``(a, ..., a)`` in the particles' dimension, ``|a|`` that
+    vector's norm."""
+    a, _ = _checks.normal_vector("plane", a)
     b = _checks.finite_number("plane b", b)
-    return Constraint(lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm,
-                      grad=lambda x: jnp.broadcast_to(jnp.asarray(a / norm, x.dtype), x.shape), hess_scale=0.0,
-                      name="plane")
+
+    def g(x):
+        full, _ = _normal(a, x)
+        return (jnp.sum(full * x) - b) / jnp.linalg.norm(full)
+
+    return Constraint(g, grad=lambda x: jnp.broadcast_to(_normal(a, x)[1], x.shape), hess_scale=0.0, name="plane")
 
 
 def quadric(A, b=None, c: float = 0.0) -> Constraint:
@@ -214,23 +226,25 @@ def sphere_surface() -> Surface:
 
 
 def plane_surface(a, b: float = 1.0) -> Surface:
-    """The hyperplane ``a·x = b``, ``d(x) = (a·x - b)/|a|`` (CBXpy's ``planeDistance``)."""
-    a, norm = _checks.normal_vector("plane_surface", a)
-    ahat = a / norm
+    """The hyperplane ``a·x = b``, ``d(x) = (a·x - b)/|a|`` (CBXpy's ``planeDistance``); a normal
+    of length 1 stands for ``(a, ..., a)`` in the particles' dimension."""
+    a, _ = _checks.normal_vector("plane_surface", a)
+
+    def dist(x):
+        full, unit = _normal(a, x)
+        return (jnp.sum(full * x, axis=-1) - b) / jnp.linalg.norm(full)
 
     def grad(x):
-        return jnp.broadcast_to(jnp.asarray(ahat, x.dtype), x.shape)
+        return jnp.broadcast_to(_normal(a, x)[1], x.shape)
 
     def tangent(x, z):
-        g = jnp.asarray(ahat, x.dtype)
+        g = _normal(a, x)[1]
         return z - g * jnp.sum(g * z, axis=-1, keepdims=True)
 
     def proj(x):
-        return x - ((jnp.sum(jnp.asarray(a, x.dtype) * x, axis=-1, keepdims=True) - b) / norm ** 2) * jnp.asarray(
-            a, x.dtype)
+        return x - dist(x)[..., None] * _normal(a, x)[1]
 
-    return Surface("plane", lambda x: (jnp.sum(jnp.asarray(a, x.dtype) * x) - b) / norm, grad,
-                   lambda x: jnp.zeros(x.shape[:-1], x.dtype), proj, tangent)
+    return Surface("plane", dist, grad, lambda x: jnp.zeros(x.shape[:-1], x.dtype), proj, tangent)
 
 
 def stiefel_surface(n: int, k: int) -> Surface:

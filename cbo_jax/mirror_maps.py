@@ -25,7 +25,10 @@ Each entry gives ``∇φ(x)`` ; ``∇φ*(y)``:
 - ``Entropy``: ``log(1/(x + ε)) - 1`` ; ``exp(-(y + 1))``
 - ``EntropySimplex``: ``log(max(x, 1e-32)) + 1`` ; ``softmax(y)`` (the simplex)
 
-Two deviations from CBXpy, both fixes: ``LogBarrierBox``'s ``∇φ*`` is written as
+``ProjectionStiefel`` is not in CBXpy's table (CBXpy has a Stiefel projection elsewhere).
+Three deviations from CBXpy, all fixes: ``ProjectionHyperplane``'s default normal
+``(1, ..., 1)`` is normalised in the particles' dimension (CBXpy's is not, so its default
+is not a projection for ``d > 1``); ``LogBarrierBox``'s ``∇φ*`` is written as
 ``y / (1 + √(1 + y²))`` (CBXpy's ``(√(1 + y²) - 1)/y`` is the same number but NaN at
 ``y = 0`` and loses digits near it), and ``weighted_L2``'s ``∇φ*`` solves with ``Ā``
 (CBXpy returns ``y`` with a warning that it is not implemented).
@@ -92,13 +95,16 @@ def ProjectionBall(radius: float = 1.0, center=0.0) -> MirrorMap:
 
 
 def ProjectionHyperplane(a=None, b: float = 0.0) -> MirrorMap:
-    """Projection onto the hyperplane ``a·x = b`` (CBXpy's default ``a = (1, ..., 1)``)."""
+    """Projection onto the hyperplane ``a·x = b`` (CBXpy's default ``a = (1, ..., 1)``).
+
+    A normal of length 1 (the default) stands for ``(a, ..., a)`` in the particles' ``d``:
+    ``|a|²`` is that vector's (CBXpy divides by the length-1 vector's, ``a²``, and its
+    default is then no projection for ``d > 1``)."""
     a, _ = _checks.normal_vector("ProjectionHyperplane", np.ones((1,)) if a is None else a)
-    norm_a = float(np.sum(a * a))
 
     def conj(y):
-        av = jnp.asarray(a, y.dtype)
-        return y - ((jnp.sum(av * y, axis=-1, keepdims=True) - b) / norm_a) * av
+        av = jnp.broadcast_to(jnp.asarray(a, y.dtype), y.shape[-1:])
+        return y - ((jnp.sum(av * y, axis=-1, keepdims=True) - b) / jnp.sum(av * av)) * av
 
     return MirrorMap("ProjectionHyperplane", _identity, conj)
 
