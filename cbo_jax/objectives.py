@@ -218,7 +218,10 @@ class Sphere(Objective):
 
 
 class Quadratic(Objective):
-    """Quadratic ``½ |z|²``; min 0 at 0, gradient ``z`` (Lipschitz constant 1)."""
+    """Quadratic ``½ |z|²``; min 0 at 0, gradient ``z`` (Lipschitz constant 1).
+
+    Not CBXpy's ``Quadratic``, which is ``|x|²`` (:class:`Sphere` here): the ½ makes the
+    gradient's Lipschitz constant 1, as the FedCBO paper's quadratic examples assume."""
 
     name = "quadratic"
 
@@ -392,6 +395,7 @@ class HolderTable(_Planar):
         return [[a, b], [-a, b], [a, -b], [-a, -b]]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Snowflake(_Planar):
     """CBXpy's snowflake (Bungert, Roith, Wacker 2022): six minima of value ``-1/4``.
 
@@ -405,11 +409,16 @@ class Snowflake(_Planar):
 
     def _f(self, z):
         u = self.a * z
-        r = jnp.sqrt(jnp.sum(u * u, axis=-1))
+        sq = jnp.sum(u * u, axis=-1)
+        # The origin is a cusp (r^0.3) where f = 0: evaluated away from it, so that jax.grad takes
+        # the subgradient 0 there, not the NaN of arctan2(0, 0) and 0^-0.7 (as Ackley's cone, _norm).
+        at_0 = sq == 0
+        u = jnp.where(at_0[..., None], jnp.ones_like(u), u)
+        r = jnp.sqrt(jnp.where(at_0, 2.0, sq))
         phi = jnp.arctan2(u[..., 1], u[..., 0])
         g = [r ** 8 - r ** 4 + jnp.abs(jnp.cos(phi + psi)) ** 0.5 * r ** 0.3 for psi in (0.0, math.pi / 3,
                                                                                           2 * math.pi / 3)]
-        return jnp.minimum(jnp.minimum(jnp.minimum(g[0], g[1]), g[2]), 0.8)
+        return jnp.where(at_0, 0.0, jnp.minimum(jnp.minimum(jnp.minimum(g[0], g[1]), g[2]), 0.8))
 
     def _argmins(self, d):
         rad = 0.5 ** 0.25 / self.a
@@ -434,6 +443,7 @@ class Eggholder(_Planar):
         return [[512.0, 404.2318051137578]]
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Michalewicz(Objective):
     """Michalewicz (``m = 10``) on ``[0, π]^d``: ``-Σ_i sin(x_i) sin(i x_i²/π)^{2m}``.
 
@@ -538,6 +548,7 @@ class AckleyMultimodal(RastriginMultimodal):
         return out
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class AcceleratedSinus(Objective):
     """``sin(a r/(1 + r²)) + 1``, ``r = |x|`` (``a = 1``): min 1 at 0."""
 
@@ -570,7 +581,9 @@ class NdSinus(Objective):
 
 
 class P4thOrder(Objective):
-    """``Σ x_i⁴ - Σ x_i² + 1``: min ``1 - d/4`` at the ``2^d`` points ``x_i = ±1/√2``."""
+    """``Σ x_i⁴ - Σ x_i² + 1``: min ``1 - d/4`` at the ``2^d`` points ``x_i = ±1/√2``
+    (``minimisers(d)`` lists all of them up to ``d = 10``, beyond that the one with every
+    ``x_i = +1/√2``)."""
 
     name = "p-4th-order"
 
@@ -585,6 +598,7 @@ class P4thOrder(Objective):
         return 1 - d / 4
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class Banana(_Planar):
     """CBXpy's banana (a posterior): ``(G - m)²/(2σ²) + |x|²/(2σ_p²)``, ``G = (x_2 - 1)² - (x_1 - 2.5) - 1``."""
 

@@ -718,3 +718,42 @@ def test_memory_dynamics_history_min_energy_is_the_current_particles(name):
     np.testing.assert_allclose(res.history["min_energy"][-1], np.min(np.asarray(f(res.state.x))), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(res.state.aux.x_energy), np.asarray(f(res.state.x)), rtol=1e-6)
     assert np.any(res.history["min_energy"] > res.history["best_energy"])
+
+
+def test_a_length_one_normal_is_the_plane_of_ones_in_the_particles_dimension():
+    """``ProjectionHyperplane()`` (default normal ``(1, ..., 1)``, stored as ``(1,)``) divided by
+    the length-1 vector's ``|a|² = 1``, not ``d``: no projection for ``d > 1`` ((1, 2, 3) went to
+    (-5, -4, -3), off the plane, and again to (7, 8, 9)); ``plane_surface([1.0])`` likewise."""
+    from cbo_jax import constraints as cons
+    from cbo_jax import mirror_maps as mm
+
+    y = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
+    want = y - (jnp.sum(y, -1, keepdims=True) / 3.0)  # the projection onto x1 + x2 + x3 = 0
+    for proj in (mm.ProjectionHyperplane().grad_conj, mm.ProjectionHyperplane(a=[1.0, 1.0, 1.0]).grad_conj,
+                 lambda v: cons.plane_surface([1.0], b=0.0).proj(v)):
+        got = proj(y)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(proj(got)), np.asarray(got), atol=1e-6)  # idempotent
+    s1, s3 = cons.plane_surface([2.0], b=1.0), cons.plane_surface([2.0, 2.0, 2.0], b=1.0)
+    x = jnp.array([0.3, -0.2, 0.7])
+    assert float(s1.distance(x)) == pytest.approx(float(s3.distance(x)), abs=1e-6)
+    assert float(cons.plane([2.0], b=1.0)(x)) == pytest.approx(float(cons.plane([2.0, 2.0, 2.0], b=1.0)(x)), abs=1e-6)
+
+
+def test_objective_parameters_are_settable_and_the_snowflake_has_a_gradient_at_its_cusp():
+    """Snowflake's ``a``, Michalewicz's ``m``, AcceleratedSinus's ``a`` and Banana's ``m``,
+    ``sigma``, ``sigma_prior`` were class attributes: ``Snowflake(a=1.0)`` was a TypeError
+    (CBXpy takes them as arguments). The snowflake's gradient at the origin (a cusp, r^0.3,
+    f = 0) was NaN; it is the subgradient 0, as for Ackley's cone."""
+    z = jnp.array([[0.7, 1.3], [2.0, 0.4]])
+    i = jnp.arange(1, 3)
+    m5 = -jnp.sum(jnp.sin(z) * jnp.sin(i * z * z / jnp.pi) ** 10, axis=-1)
+    np.testing.assert_allclose(np.asarray(objectives.Michalewicz(m=5)(z)), np.asarray(m5), rtol=1e-6)
+    assert objectives.Snowflake(a=1.0).a == 1.0 and objectives.AcceleratedSinus(a=2.0).a == 2.0
+    b = objectives.Banana(m=0.5, sigma=1.0, sigma_prior=3.0)
+    g = (z[:, 1] - 1) ** 2 - (z[:, 0] - 2.5) - 1
+    np.testing.assert_allclose(np.asarray(b(z)), np.asarray(0.5 * (g - 0.5) ** 2 + 0.5 / 9 * jnp.sum(z * z, -1)),
+                               rtol=1e-6)
+    f = objectives.Snowflake()
+    assert float(f(jnp.zeros((1, 2)))[0]) == 0.0
+    np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: f(x[None])[0])(jnp.zeros(2))), [0.0, 0.0])
