@@ -31,8 +31,8 @@ from cbo_jax import _checks
 PyTree = Any
 
 __all__ = ["MLP", "Model", "from_flax", "mlp_mnist", "init_population", "cross_entropy", "squared_error", "masked_loss",
-           "zero_padding", "batch_loss", "accuracy", "preprocess", "LogisticRegression", "logistic_regression", "CNN", "cnn_emnist",
-           "LOSSES"]
+           "zero_padding", "batch_loss", "accuracy", "preprocess", "LogisticRegression", "logistic_regression", "CNN",
+           "cnn_emnist", "LOSSES"]
 
 
 def preprocess(x: jax.Array) -> jax.Array:

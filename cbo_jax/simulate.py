@@ -477,7 +477,8 @@ def _typed(value: Any) -> Any:
 
     Dataclasses (configs, schedules) by their type and fields, recursively, a schedule
     ``Chain`` by its rules; sequences and dicts item by item; anything else as
-    ``(type, value)`` (identity for objects without value equality). Unhashable leaves (arrays) make :func:`hash` of the key fail.
+    ``(type, value)`` (identity for objects without value equality). Unhashable leaves
+    (arrays) make :func:`hash` of the key fail.
     """
     import dataclasses
 

@@ -69,7 +69,8 @@ from cbo_jax.sde import per_particle_normal, normal_like
 PyTree = Any
 
 __all__ = ["FamilyConfig", "Kernel", "Move", "Ctrl", "build", "noise_term", "correct", "cov_sqrt", "weighted_cov",
-           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "rng_layout", "with_rng_layout", "draw_normal", "record", "real_agents"]
+           "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "rng_layout", "with_rng_layout", "draw_normal", "record",
+           "real_agents"]
 
 FAMILY_NOISE = ("anisotropic", "isotropic", "constant", "covariance", "sampling", "none")
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")

@@ -168,7 +168,7 @@ def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor
         r2 = jnp.sum((ai[:, None, :] - a[None]) ** 2, axis=-1)
         nl = _neg_log(kernel, r2, kappa, dmax)
     if not at_infinity:
-        # k_ij = 0 (-log k = ∞) excludes the pair at every α, α = 0 included: the α → 0⁺ limit, not 0 · ∞ = NaN
+        # k_ij = 0 (-log k = ∞) excludes the pair at every α, α = 0 included (the α → 0⁺ limit, not 0 · ∞)
         kern = jnp.where(nl == jnp.inf, -jnp.inf, -kf * nl)
         return jnp.where(jnp.isfinite(ebias)[None], kern + ebias[None], -jnp.inf)
     if kernel_factor == "alpha":

@@ -160,7 +160,8 @@ class _Selection(_ClusterMetric):
         self.check_agents("selection", info.idx.shape[0])
         c = self.ids
         valid = getattr(info, "valid", None)
-        return {"sr": selection_rate(info.idx, c, valid), "sr_oracle": oracle_selection_rate(info.eps, c, info.idx.shape[1]),
+        return {"sr": selection_rate(info.idx, c, valid),
+                "sr_oracle": oracle_selection_rate(info.eps, c, info.idx.shape[1]),
                 "selection_frequency": selection_frequency(info.idx, c, self.num_clusters, valid)}
 
 
