@@ -168,7 +168,9 @@ def temperature(noise: float) -> float:
 
 
 def step_sizes(spec: OracleSpec) -> jax.Array:
-    """``(Q,)`` step sizes: ``η`` for ``q ≤ Q0``, then ``η (q - Q0)^(-1/3)`` (if ``decay``)."""
+    """``(Q,)`` step sizes: ``η`` for ``q ≤ Q0``, then ``η (q - Q0)^(-1/3)`` (if ``decay``), the
+    steps counted ``q = 1, ..., Q`` (Algorithm 2 counts from 0: its decay starts one step later;
+    docs/guides/fedsgld.md)."""
     if hasattr(spec, "spec"):
         spec = spec.spec()
     q = jnp.arange(1, spec.steps + 1, dtype=jnp.float32)
