@@ -7,8 +7,9 @@ From the class alone this module derives
 * the command-line flags (:func:`add_flags`): ``--M``, ``--local.lr``, ``--local.batch-size``
   (nested fields joined by ``.``, ``_`` written ``-``), each with its type, default
   and the field's description from the class docstring, plus aliases;
-* strict parsing: booleans are ``true/false/yes/no/1/0`` and nothing else, numbers must
-  parse, ``none`` is accepted only where the field may be ``None``;
+* strict parsing: booleans are ``true/false/yes/no/on/off/1/0`` and nothing else, numbers
+  must parse (without Python's ``_`` digit separators: ``1_0`` is refused, not 10), ``none``
+  is accepted only where the field may be ``None``;
 * config files (:func:`values_from_dict`): nested JSON objects, every value type-checked
   against its field (``"lr": "0.1"`` and ``"reset_optimizer": "no"`` are errors naming
   the field), unknown keys rejected with the list of valid ones.
@@ -129,6 +130,8 @@ def parse_text(text: str, tp, name: str) -> Any:
                 return True
             if low in _FALSE:
                 return False
+            raise ValueError
+        if base in (int, float) and "_" in text:  # int("1_0") is 10: a typo, not a number
             raise ValueError
         if base is int:
             return int(text)
@@ -258,6 +261,13 @@ def values_from_dict(data: dict, cls, *, prefix: tuple[str, ...] = (), flat: dic
     leaves = {f.path: f for f in fields(cls)}
     groups = {p[:i] for p in leaves for i in range(1, len(p))}
     out: dict[tuple[str, ...], Any] = {}
+    named: dict[tuple[str, ...], str] = {}
+
+    def once(p: tuple[str, ...], key: str) -> None:
+        """An option given twice (a short name and its section's) would be resolved by key order."""
+        if p in named:
+            raise ValueError(f"{source}: {'.'.join(p)} is given twice, as {named[p]!r} and as {key!r}; keep one")
+        named[p] = key
 
     def walk(d: dict, path: tuple[str, ...]):
         for k, v in d.items():
@@ -268,9 +278,11 @@ def values_from_dict(data: dict, cls, *, prefix: tuple[str, ...] = (), flat: dic
                 raise ValueError(f"{source}: {'.'.join(p)} is a section of options: it needs a JSON object "
                                  f"({{...}}), got {type(v).__name__} {v!r}")
             elif p in leaves:
+                once(p, ".".join(p))
                 out[p] = check_value(v, leaves[p].type, f"{source}: {'.'.join(p)}")
             elif not path and flat and k in flat:
                 fp = flat[k]
+                once(fp, k)
                 out[fp] = check_value(v, leaves[fp].type, f"{source}: {k}")
             else:
                 valid = sorted({".".join(q[:len(path) + 1]) for q in leaves if q[:len(path)] == path}

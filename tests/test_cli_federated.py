@@ -161,6 +161,7 @@ def test_generated_flags_help_and_strict_parsing(capsys):
         ("fedcbo", ["--source", "idx", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir: not a directory"),
         ("fedcbo", ["--lr", "-1"], "lr must be > 0"),
         ("fedcbo", ["--rounds", "two"], "--rounds: expected int"),
+        ("fedcbo", ["--rounds", "1_0"], "--rounds: expected int"),  # Python's int("1_0") is 10
         ("fedcbo", ["--eval-by", "download"], "eval_by must be one of"),
         ("fedcbo", ["--eval-by", "model", "--shard"], "a sharded run (--shard / mesh) needs eval_by='agent'"),
     ],
@@ -183,6 +184,8 @@ def test_run_bad_input_is_a_clear_error(tmp_path, capsys, algorithm, extra, matc
         ([1, 2], "expected a JSON object"),
         ({**TINY_BASELINE, "data": 5}, "data is a section of options: it needs a JSON object"),
         ("{not json", "not valid JSON"),
+        # a short name and its section's name for one option: resolved by key order, without a word
+        ({**TINY_BASELINE, "lr": 0.2, "config": {"local": {"lr": 0.3}}}, "config.local.lr is given twice"),
     ],
 )
 def test_config_file_errors_name_the_option(tmp_path, capsys, content, match):

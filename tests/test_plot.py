@@ -67,3 +67,14 @@ def test_bad_frames_runs_and_rates_are_named(tmp_path, call, match):
     with pytest.raises(ValueError, match=match):
         call(_history(), tmp_path)
     assert not (tmp_path / "a.gif").exists()
+
+
+def test_plot_history_draws_a_metric_named_oracle_without_its_base(tmp_path):
+    """``*_oracle`` keys were only ever drawn dashed beside their base metric: a user's
+    ``acc_oracle`` alone was not plotted (and no file written when it was the only metric)."""
+    from cbo_jax.federated.runner import plot_history
+
+    rows = [{"round": r, "acc_oracle": 0.5 + 0.1 * r} for r in range(1, 4)]
+    assert plot_history(rows, tmp_path / "a.png") == tmp_path / "a.png" and (tmp_path / "a.png").is_file()
+    rows = [{"round": r, "sr": 0.5, "sr_oracle": 0.9, "loss": 1.0 / r} for r in range(1, 4)]
+    assert plot_history(rows, tmp_path / "b.png") == tmp_path / "b.png"

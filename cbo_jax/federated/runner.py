@@ -440,7 +440,7 @@ def plot_history(history: list[dict], path: Path, title: str = "") -> Path | Non
     from cbo_jax._plotting import subplots
 
     keys = [k for k in dict.fromkeys(k for r in history for k in _scalars(r)) if k not in ("round", "elapsed_s")]
-    panels = [k for k in keys if not k.endswith("_oracle")]
+    panels = [k for k in keys if not (k.endswith("_oracle") and k[:-len("_oracle")] in keys)]  # a pair: one panel
     if not panels:
         return None
     cols = min(3, len(panels))

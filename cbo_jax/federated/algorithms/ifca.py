@@ -33,7 +33,8 @@ class IFCAConfig(BaselineConfig):
     """IFCA: the number of server models, share of agents per round and local SGD.
 
     Attributes:
-      k: number of server models (the paper uses the true number of clusters).
+      k: number of server models (the paper uses the true number of clusters; the CLI's default
+        follows --clusters).
     """
 
     k: int = 4
