@@ -63,10 +63,12 @@ def sphere(r: float = 1.0) -> Constraint:
     return Constraint(lambda x: jnp.sum(x * x) - r ** 2, grad=lambda x: 2 * x, hess_scale=2.0, name="sphere")
 
 
-def _normal(a, x):
-    """``a`` in ``x``'s dimension (a length-1 normal stands for ``(a, ..., a)``) and its unit vector."""
+def _hyperplane(a, b, x):
+    """The plane ``a·x = b`` in ``x``'s dimension (a length-1 normal stands for ``(a, ..., a)``):
+    its unit normal ``a/|a|`` and signed distance ``(a·x - b)/|a|`` along the last axis."""
     full = jnp.broadcast_to(jnp.asarray(a, x.dtype), x.shape[-1:])
-    return full, full / jnp.linalg.norm(full)
+    norm = jnp.linalg.norm(full)
+    return full / norm, (jnp.sum(full * x, axis=-1) - b) / norm
 
 
 def plane(a, b: float = 1.0) -> Constraint:
@@ -76,12 +78,8 @@ def plane(a, b: float = 1.0) -> Constraint:
     vector's norm."""
     a, _ = _checks.normal_vector("plane", a)
     b = _checks.finite_number("plane b", b)
-
-    def g(x):
-        full, _ = _normal(a, x)
-        return (jnp.sum(full * x) - b) / jnp.linalg.norm(full)
-
-    return Constraint(g, grad=lambda x: jnp.broadcast_to(_normal(a, x)[1], x.shape), hess_scale=0.0, name="plane")
+    return Constraint(lambda x: _hyperplane(a, b, x)[1], hess_scale=0.0, name="plane",
+                      grad=lambda x: jnp.broadcast_to(_hyperplane(a, b, x)[0], x.shape))
 
 
 def quadric(A, b=None, c: float = 0.0) -> Constraint:
@@ -231,18 +229,18 @@ def plane_surface(a, b: float = 1.0) -> Surface:
     a, _ = _checks.normal_vector("plane_surface", a)
 
     def dist(x):
-        full, unit = _normal(a, x)
-        return (jnp.sum(full * x, axis=-1) - b) / jnp.linalg.norm(full)
+        return _hyperplane(a, b, x)[1]
 
     def grad(x):
-        return jnp.broadcast_to(_normal(a, x)[1], x.shape)
+        return jnp.broadcast_to(_hyperplane(a, b, x)[0], x.shape)
 
     def tangent(x, z):
-        g = _normal(a, x)[1]
-        return z - g * jnp.sum(g * z, axis=-1, keepdims=True)
+        unit, _ = _hyperplane(a, b, x)
+        return z - unit * jnp.sum(unit * z, axis=-1, keepdims=True)
 
     def proj(x):
-        return x - dist(x)[..., None] * _normal(a, x)[1]
+        unit, d = _hyperplane(a, b, x)
+        return x - d[..., None] * unit
 
     return Surface("plane", dist, grad, lambda x: jnp.zeros(x.shape[:-1], x.dtype), proj, tangent)
 
