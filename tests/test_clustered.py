@@ -214,23 +214,6 @@ def test_noise_draw_is_a_kernel_of_its_own_on_cpu(rng):
     assert " conditional(" in jax.jit(dyn.step).lower(state).compile().as_text()
 
 
-@pytest.mark.parametrize("rng", ["fast", "partitionable", "per-particle"])
-@pytest.mark.parametrize("global_layout", [True, False])
-def test_step_called_directly_draws_the_layout_config_rng_names(rng, global_layout):
-    """As for :func:`cbo_jax.cbo`: ``config.rng`` holds outside :func:`simulate` too."""
-    rng_ = np.random.default_rng(1)
-    x = rng_.uniform(-2, 2, (12, 2)).astype(np.float32)
-    p = particles(x, rng_.integers(0, 2, 12))
-    dyn = clustered(_quadratics(np.array([[1.0, 0.0], [-1.0, 0.0]])), alpha=2.0, sigma1=0.5, dt=0.05, rng=rng)
-    ref = cj.simulate(dyn, p, jax.random.key(0), 4)
-    with jax.threefry_partitionable(global_layout):
-        s = dyn.init(p, jax.random.key(0))
-        step = jax.jit(dyn.step)
-        for _ in range(4):
-            s = step(s)
-    np.testing.assert_array_equal(np.asarray(s.x), np.asarray(ref.state.x))
-
-
 def test_time_is_step_times_dt():
     """``time = step * dt`` (the state's docstring), not a float32 running sum that drifts."""
     dyn = clustered(_quadratics(np.array([[0.0, 0.0]])), alpha=1.0, sigma1=0.0, dt=0.01)

@@ -410,14 +410,27 @@ def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
     assert seen == [(20, True)] * 3
 
 
+def _cbo_case(rng):
+    return cj.cbo(lambda x: jnp.sum(x ** 2, -1), sigma1=1.0, dt=0.05, rng=rng), _x0((8, 3))
+
+
+def _clustered_case(rng):
+    from cbo_jax.dynamics.clustered import clustered, particles
+
+    gen = np.random.default_rng(1)
+    p = particles(gen.uniform(-2, 2, (12, 2)).astype(np.float32), gen.integers(0, 2, 12))
+    fs = [objectives.Quadratic(shift=c) for c in ([1.0, 0.0], [-1.0, 0.0])]
+    return clustered(fs, alpha=2.0, sigma1=0.5, dt=0.05, rng=rng), p
+
+
+@pytest.mark.parametrize("case", [_cbo_case, _clustered_case], ids=["cbo", "clustered"])
 @pytest.mark.parametrize("rng", ["fast", "partitionable", "per-particle"])
 @pytest.mark.parametrize("global_layout", [True, False])
-def test_step_called_directly_draws_the_layout_config_rng_names(rng, global_layout):
+def test_step_called_directly_draws_the_layout_config_rng_names(case, rng, global_layout):
     """``config.rng`` holds for ``dyn.step`` jitted or run by hand, whatever JAX's global
-    threefry layout: the same trajectory as :func:`simulate` (which sets the layout itself)."""
-    f = lambda x: jnp.sum(x ** 2, -1)  # noqa: E731
-    x0 = _x0((8, 3))
-    dyn = cj.cbo(f, sigma1=1.0, dt=0.05, rng=rng)
+    threefry layout: the same trajectory as :func:`simulate` (which sets the layout itself),
+    for the CBO family and the clustered system alike."""
+    dyn, x0 = case(rng)
     ref = cj.simulate(dyn, x0, jax.random.key(0), 4)
     with jax.threefry_partitionable(global_layout):
         s = dyn.init(x0, jax.random.key(0))
