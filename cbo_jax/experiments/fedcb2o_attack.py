@@ -149,8 +149,13 @@ def _scale(args) -> Scale:
     return dataclasses.replace(s, **kw)
 
 
+def _shared_images(args) -> bool:
+    """One image subset rotated for every cluster (the paper's data) unless ``--per-cluster-images``."""
+    return not getattr(args, "per_cluster_images", False)
+
+
 def _images(args):
-    shared = not getattr(args, "per_cluster_images", False)
+    shared = _shared_images(args)
     if args.dataset == "emnist":
         return emnist.load_emnist_tfds(args.data_dir), attacks.LabelFlipConfig(
             source=emnist.EMNIST_SOURCE_O, target=emnist.EMNIST_TARGET_ZERO, num_classes=emnist.EMNIST_BALANCED_CLASSES,
@@ -286,7 +291,7 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
             "epochs": scale.epochs, "lr": scale.lr, "batch_size": scale.batch_size, "M": scale.M,
             "alpha_fedcb2o": scale.alpha, "alpha_fedcbo": scale.alpha_fedcbo, "kappa": scale.kappa, "zeta": scale.zeta,
             "include_self": bool(args.include_self), "reference_form": bool(getattr(args, "reference_form", False)),
-            "shared_images": not getattr(args, "per_cluster_images", False),
+            "shared_images": _shared_images(args),
             "source_class": flip.source if flip else emnist.EMNIST_SOURCE_O,
             "target_class": flip.target if flip else emnist.EMNIST_TARGET_ZERO}
 
