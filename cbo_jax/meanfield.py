@@ -388,6 +388,6 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) 
         check_population("x0", x0, dynamics.objective, num_runs)
     _check_path_fits(dynamics, x0, key, path, num_runs)
 
-    with rng_context(dynamics.config):
+    with rng_context(dynamics.config):  # as in simulate: for dynamics of one's own with a drive
         d2, x, xbar = _coupled(dynamics, x0, key, path, batched=num_runs is not None)
     return CouplingResult(sq_distance=np.asarray(d2), final_x=x, final_copies=xbar)

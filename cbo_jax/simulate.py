@@ -245,6 +245,8 @@ def simulate(
         initial_state = _shard_state(initial_state, mesh, levels)
     if num_runs is not None and initial_state is None:  # batched
         key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
+    # The library's dynamics enter config.rng's layout in init/step themselves; this context also
+    # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
     with rng_context(config):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
