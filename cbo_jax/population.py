@@ -98,8 +98,12 @@ def weighted_average(population: PyTree, weights: jax.Array) -> PyTree:
     """``Σ_i w_i x_i / Σ_i w_i`` over the agent axis for weights ``>= 0`` (``(N,)`` or ``(K, N)``).
 
     All-zero weights give zeros (no division by zero); any positive total, however small, is
-    normalised exactly.
+    normalised exactly. The weights are normalised in the rows' accumulation dtype or their
+    own, whichever is wider: float32 sample counts average float64 rows in float64.
     """
+    acc = [_accumulation_dtype(leaf.dtype) for leaf in jax.tree_util.tree_leaves(population)]
+    weights = jnp.asarray(weights)
+    weights = weights.astype(jnp.result_type(weights.dtype, *acc))
     total = jnp.sum(weights, axis=-1, keepdims=True)
     w = jnp.where(total > 0, weights / jnp.where(total > 0, total, 1), 0)
     return weighted_mean(population, w)

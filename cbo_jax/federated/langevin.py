@@ -167,16 +167,22 @@ def temperature(noise: float) -> float:
     return 0.5 * float(noise) ** 2
 
 
-def step_sizes(spec: OracleSpec) -> jax.Array:
+def step_sizes(spec: OracleSpec, dtype=jnp.float32) -> jax.Array:
     """``(Q,)`` step sizes: ``η`` for ``q ≤ Q0``, then ``η (q - Q0)^(-1/3)`` (if ``decay``), the
     steps counted ``q = 1, ..., Q`` (Algorithm 2 counts from 0: its decay starts one step later;
-    docs/guides/fedsgld.md)."""
+    docs/guides/fedsgld.md). ``dtype``: the chain's (:func:`sgld_oracle` passes its parameters')."""
     if hasattr(spec, "spec"):
         spec = spec.spec()
-    q = jnp.arange(1, spec.steps + 1, dtype=jnp.float32)
+    q = jnp.arange(1, spec.steps + 1, dtype=dtype)
     if not spec.decay:
-        return jnp.full((spec.steps,), spec.lr, jnp.float32)
+        return jnp.full((spec.steps,), spec.lr, dtype)
     return jnp.where(q <= spec.burn_in, spec.lr, spec.lr * jnp.maximum(q - spec.burn_in, 1.0) ** (-1.0 / 3.0))
+
+
+def _chain_dtype(tree: PyTree):
+    """The dtype the oracle's scalars (step sizes, averaging factors, normalisers) take for
+    parameters ``tree``: float32, or the parameters' own where wider (a float64 chain)."""
+    return jnp.result_type(jnp.float32, *(leaf.dtype for leaf in jax.tree_util.tree_leaves(tree)))
 
 
 def _normal_tree(key: jax.Array, tree: PyTree) -> PyTree:
@@ -201,7 +207,8 @@ def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: 
     """
     if hasattr(spec, "spec"):
         spec = spec.spec()
-    etas = step_sizes(spec)
+    dtype = _chain_dtype(x)
+    etas = step_sizes(spec, dtype)
     q0 = spec.burn_in
     batch_clip = spec.clip_norm is not None and spec.clipping == "batch"
     clip = optax.clip_by_global_norm(spec.clip_norm) if batch_clip else None
@@ -234,7 +241,7 @@ def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: 
             avg = jax.tree_util.tree_map(lambda m, a: sigma.astype(a.dtype) * m + (1 - sigma).astype(a.dtype) * a, avg, x)
         return (x, avg), clipped
 
-    qs = jnp.arange(1, spec.steps + 1, dtype=jnp.float32)
+    qs = jnp.arange(1, spec.steps + 1, dtype=dtype)
     (x, avg), clipped = jax.lax.scan(step, (x, x), (qs, etas, jax.random.split(key, spec.steps)))
     return OracleResult(x, avg, jnp.mean(clipped.astype(jnp.float32)))
 
@@ -243,7 +250,7 @@ def poisson_grad(model: Model, params: PyTree, x, y, count, key, q: float) -> Py
     """Unbiased Poisson-subsampled gradient of one node's mean loss (module docstring)."""
     real = jnp.arange(x.shape[0]) < count
     mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
-    denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+    denom = q * jnp.maximum(count, 1).astype(_chain_dtype(params))
     x, y = zero_padding(x, real), zero_padding(y, real)  # NaN padding would reach the gradient (0 · NaN)
 
     def loss(p):
@@ -256,7 +263,7 @@ def poisson_grad(model: Model, params: PyTree, x, y, count, key, q: float) -> Py
 def _per_sample_norms(per: PyTree) -> jax.Array:
     """``(n,)`` Euclidean norms of the per-sample gradients (leaves ``(n, ...)``), global over
     all parameters as in optax's global-norm clipping."""
-    sq = [jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)).astype(jnp.float32) ** 2, axis=1)
+    sq = [jnp.sum(jnp.reshape(leaf, (leaf.shape[0], -1)).astype(_chain_dtype(leaf)) ** 2, axis=1)
           for leaf in jax.tree_util.tree_leaves(per)]
     return jnp.sqrt(sum(sq))
 
@@ -281,7 +288,7 @@ def poisson_clipped_grad(model: Model, params: PyTree, x, y, count, key, q: floa
     """
     real = jnp.arange(x.shape[0]) < count
     mask = real if q >= 1 else real & jax.random.bernoulli(key, q, real.shape)
-    denom = q * jnp.maximum(count, 1).astype(jnp.float32)
+    denom = q * jnp.maximum(count, 1).astype(_chain_dtype(params))
     x, y = zero_padding(x, real), zero_padding(y, real)  # NaN padding would reach the gradient (0 · NaN)
 
     def sample_grad(xj, yj):
