@@ -3,7 +3,9 @@
 The server keeps ``k`` models. Per round, every agent of ``G_n`` estimates its cluster
 as the argmin over the ``k`` server models of its local training loss, trains the
 chosen model locally (τ epochs), and the server averages, for each cluster estimate,
-the models of the agents that chose it (weighted by their numbers of samples). A
+the models of the agents that chose it (weighted by their numbers of samples, as FedAvg;
+Ghosh et al.'s model averaging weighs the machines equally, which is the same wherever the
+agents hold equally many samples, as in the FedCBO experiments' 200 each). A
 trained model holding a NaN or an infinity gets weight zero, and a server model with no
 finite model to average is kept.
 """
