@@ -44,6 +44,7 @@ class Field(typing.NamedTuple):
     default: Any
     help: str
     cli: str = ""  # the command-line flag, when the field has one
+    default_text: str = ""  # the help's default where the value is not it (field metadata "cli_default")
 
     @property
     def name(self) -> str:
@@ -99,7 +100,8 @@ def fields(cls, prefix: tuple[str, ...] = (), instance=None) -> list[Field]:
         if _is_config(tp):
             out += fields(tp, prefix + (f.name,), default if default is not dataclasses.MISSING else None)
         else:
-            out.append(Field(prefix + (f.name,), tp, default, docs.get(f.name, "")))
+            out.append(Field(prefix + (f.name,), tp, default, docs.get(f.name, ""),
+                             default_text=f.metadata.get("cli_default", "")))
     return out
 
 
@@ -231,7 +233,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
         names = [flag] + ([underscored] if underscored != flag else [])
         names += [a for a in alias_for.get(".".join(shown), []) if a not in names]
         dest = "cfg:" + f.name
-        default = "" if f.default is dataclasses.MISSING else f" (default: {f.default})"
+        default = "" if f.default is dataclasses.MISSING else f" (default: {f.default_text or f.default})"
         extra = {"nargs": "?", "const": "true"} if _base_type(f.type)[0] is bool else {}
         target.add_argument(*names, dest=dest, default=argparse.SUPPRESS, metavar=_type_name(f.type).upper(),
                             help=(f.help + default).strip(), **extra)

@@ -139,6 +139,10 @@ def test_generated_flags_help_and_strict_parsing(capsys):
     for flag in ("--local.lr", "--local.batch-size", "--data.agents", "--agents", "--epochs", "--M", "--eval-every",
                  "--tensorboard"):
         assert flag in text
+    with pytest.raises(SystemExit):  # IFCA's k follows --clusters on the command line, and its help says so
+        main(["run", "ifca", "--help"])
+    k_help = " ".join(capsys.readouterr().out.split("\n  --k INT", 1)[1].split("\n\n", 1)[0].split())
+    assert "(default: --clusters)" in k_help and "(default: 4)" not in k_help
     with pytest.raises(SystemExit):
         main(["reproduce", "fedcb2o-attack", "--help"])
     text = capsys.readouterr().out

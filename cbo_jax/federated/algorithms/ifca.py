@@ -35,11 +35,10 @@ class IFCAConfig(BaselineConfig):
     """IFCA: the number of server models, share of agents per round and local SGD.
 
     Attributes:
-      k: number of server models (the paper uses the true number of clusters; the CLI's default
-        follows --clusters).
+      k: number of server models (the paper uses the true number of clusters).
     """
 
-    k: int = 4
+    k: int = dataclasses.field(default=4, metadata={"cli_default": "--clusters"})
 
     def __post_init__(self):
         super().__post_init__()
