@@ -269,8 +269,9 @@ def read_meta(path: str | Path, *, step: int | None = None) -> dict:
 def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple[PyTree, dict]:
     """Read step ``step`` (default: the latest) of checkpoint directory ``path``.
 
-    ``like`` gives the structure, shapes and dtypes (a state, or ``jax.eval_shape`` of one).
-    Returns ``(state, meta)``. Raises :class:`CheckpointError` (a ``ValueError``) when
+    ``like`` gives the structure, shapes and dtypes (a state, or ``jax.eval_shape`` of one);
+    its Python scalar leaves (``int``, ``float``, ``bool``) come back as Python scalars, the
+    other leaves as JAX arrays. Returns ``(state, meta)``. Raises :class:`CheckpointError` (a ``ValueError``) when
     there is no checkpoint, when it was written by another structure or configuration, or
     when its arrays do not have the checksum recorded at save time.
     """
@@ -339,6 +340,8 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
             if str(key.dtype) != str(x.dtype):
                 raise CheckpointError(f"{path} step {step}: {name} is a {key.dtype} key, this run uses {x.dtype}")
             return key
+        if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
+            return type(x)(r.item())  # a Python scalar leaf of the template's: the same type back
         # without jax_enable_x64, jnp.asarray casts int64/float64 to 32 bits (2**40 came back as 0):
         # a leaf JAX cannot hold as it was saved comes back as the NumPy array that was read
         return jnp.asarray(r) if jax.dtypes.canonicalize_dtype(r.dtype) == r.dtype else r

@@ -103,3 +103,14 @@ def test_an_unwritable_path_or_meta_that_is_not_json_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="meta must be JSON-serialisable.*PosixPath"):
         checkpoint.save(tmp_path / "c", {"x": jnp.ones(3)}, step=0, meta={"data": tmp_path})
     assert not (tmp_path / "c").exists()
+
+
+def test_python_scalar_leaves_come_back_as_python_scalars(tmp_path):
+    """A state's Python ``int`` / ``float`` / ``bool`` leaves (a round counter, a flag) come
+    back as the same Python type and value, not as 0-d JAX arrays."""
+    state = {"w": jnp.ones(3), "round": 7, "lr": 0.25, "done": True}
+    checkpoint.save(tmp_path / "c", state, step=1)
+    back, _ = checkpoint.restore(tmp_path / "c", {"w": jnp.zeros(3), "round": 0, "lr": 0.0, "done": False})
+    for name in ("round", "lr", "done"):
+        assert type(back[name]) is type(state[name]) and back[name] == state[name], name
+    np.testing.assert_array_equal(back["w"], state["w"])
