@@ -119,7 +119,9 @@ class MetricsWriter:
     Args:
       directory: where ``metrics.jsonl`` (and the event files) go; created if needed.
       tensorboard: also write TensorBoard scalars (needs ``tensorboardX``).
-      keep: rows already in the file to keep (a resumed run); ``None`` starts a new file.
+      keep: rows already in the file to keep (a resumed run); ``None`` starts a new file. With
+        TensorBoard, the new event file then hides the earlier files' events after the last
+        kept step (TensorBoard's purge), so the re-run rounds are not shown twice.
       step_key: the row field used as the TensorBoard step (``"round"`` or ``"step"``).
     """
 
@@ -137,7 +139,8 @@ class MetricsWriter:
                 from tensorboardX import SummaryWriter
             except ImportError as err:
                 raise ValueError("tensorboard=True needs tensorboardX: pip install 'cbo-jax[tensorboard]'") from err
-            self._tb = SummaryWriter(str(self.directory), flush_secs=5)
+            purge = None if keep is None else 1 + max((int(r.get(step_key, 0)) for r in keep), default=-1)
+            self._tb = SummaryWriter(str(self.directory), flush_secs=5, purge_step=purge)
 
     def write(self, row: dict) -> None:
         row = json_safe(to_python(row))

@@ -11,6 +11,7 @@
 
 import ast
 import json
+import struct
 from pathlib import Path
 
 import flax.linen as nn
@@ -378,6 +379,41 @@ def test_metrics_writer_keeps_json_valid(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"round": 1}\n[1, 2]\n{"round": 3}\n')
     with pytest.raises(ValueError, match="line 2 is not a row"):
         read_jsonl(tmp_path / "metrics.jsonl")
+
+
+def _events(path):
+    from tensorboardX.proto import event_pb2
+
+    raw, pos, out = path.read_bytes(), 0, []
+    while pos < len(raw):
+        (length,) = struct.unpack("<Q", raw[pos:pos + 8])
+        out.append(event_pb2.Event.FromString(raw[pos + 12:pos + 12 + length]))
+        pos += 12 + length + 4  # length, its crc, the record, its crc
+    return out
+
+
+def test_resumed_tensorboard_file_purges_the_rerun_steps(tmp_path):
+    """A resumed run's event file opens with TensorBoard's purge marker at the step after the
+    last kept row, so the rounds it writes again replace the first file's, not double them."""
+    pytest.importorskip("tensorboardX")
+    import time
+
+    from cbo_jax.writer import MetricsWriter
+
+    with MetricsWriter(tmp_path, tensorboard=True) as w:
+        for r in range(1, 5):
+            w.write({"round": r, "loss": 1.0 / r})
+    first = set(tmp_path.glob("events.out.tfevents*"))
+    time.sleep(1.1)  # event files are named by the second
+    with MetricsWriter(tmp_path, tensorboard=True, keep=[{"round": 1}, {"round": 2}]) as w:
+        w.write({"round": 3, "loss": 0.5})
+    (second,) = set(tmp_path.glob("events.out.tfevents*")) - first
+    starts = [e.step for e in _events(second) if e.session_log.status == e.session_log.START]
+    assert starts == [3]
+    with MetricsWriter(tmp_path / "new", tensorboard=True) as w:  # a new run purges nothing
+        w.write({"round": 1, "loss": 1.0})
+    (new,) = (tmp_path / "new").glob("events.out.tfevents*")
+    assert not [e for e in _events(new) if e.session_log.status == e.session_log.START]
 
 
 def _tiny_local_run(seed):
