@@ -309,6 +309,28 @@ def test_pooled_metrics_of_a_regression_model_and_of_models_that_are_not_one_ser
         fl.run(_local(clf), data, 1, jax.random.key(0), metrics=[metric], progress=False)
 
 
+def test_pooled_metrics_ignore_nan_padding_rows_eager_and_jitted():
+    """Padding rows may hold NaN; the pooled loss and accuracy are those of the real rows,
+    called eagerly or jitted (0 · NaN made the eager sums NaN)."""
+    from cbo_jax.federated.metrics import _pooled, _pooled_jit
+
+    xs, ys = _lists()
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    params = model.init(jax.random.key(0))
+    counts = jnp.asarray([len(x) for x in xs])
+    x = np.full((4, 7, 4), np.nan, np.float32)
+    y = np.zeros((4, 7), np.int32)
+    for i, (xi, yi) in enumerate(zip(xs, ys)):
+        x[i, :len(xi)], y[i, :len(yi)] = xi, yi
+    real_x, real_y = np.concatenate(xs), np.concatenate(ys)
+    logits = np.asarray(model.apply(params, jnp.asarray(real_x)))
+    want_loss = float(np.mean(np.asarray(model.loss(jnp.asarray(logits), jnp.asarray(real_y)))))
+    want_acc = float(np.mean(logits.argmax(-1) == real_y))
+    for fn in (_pooled, _pooled_jit):
+        loss, acc, _ = fn(model, params, jnp.asarray(x), jnp.asarray(y), counts)
+        assert float(loss) == pytest.approx(want_loss, rel=1e-6) and float(acc) == pytest.approx(want_acc)
+
+
 def test_test_accuracy_names_an_empty_test_set():
     # An agent whose own test set was empty scored accuracy 0 and loss 0 into the means.
     xs, ys = _lists()

@@ -36,7 +36,7 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax.federated.data import _BOOL_HINT, check_labels
-from cbo_jax.models import Model
+from cbo_jax.models import Model, zero_padding
 
 PyTree = Any
 
@@ -461,9 +461,11 @@ def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test
 
 
 def _pooled(model, params, x, y, counts):
-    out = jax.vmap(lambda xi: model.apply(params, xi))(x)  # (N, n, C)
-    real = (jnp.arange(x.shape[1])[None, :] < counts[:, None]).astype(jnp.float32)
-    per = jax.vmap(model.loss)(out, y)
+    mask = jnp.arange(x.shape[1])[None, :] < counts[:, None]
+    # padding rows may hold NaN (not data): zeroed, and their losses masked with where (0 · NaN is NaN)
+    out = jax.vmap(lambda xi: model.apply(params, xi))(zero_padding(x, mask))  # (N, n, C)
+    real = mask.astype(jnp.float32)
+    per = jnp.where(mask, jax.vmap(model.loss)(out, y), 0.0)
     # a regression model has no accuracy (argmax over its outputs against float targets was 0, or
     # a broadcasting error for targets of more than one dimension)
     hit = (jnp.argmax(out, -1) == y).astype(jnp.float32) if model.is_classifier else jnp.zeros(real.shape)
