@@ -153,9 +153,12 @@ def ProjectionStiefel(nk=None) -> MirrorMap:
 
 
 def LogBarrierBox() -> MirrorMap:
-    """``φ(x) = Σ -log(1 - x_k) - log(1 + x_k)``: particles stay in the open box ``(-1, 1)^d``."""
+    """``φ(x) = Σ -log(1 - x_k) - log(1 + x_k)``: particles stay in the open box ``(-1, 1)^d``.
+
+    ``∇φ*(y) = y / (1 + √(1 + y²))``, with ``√(1 + y²)`` as ``hypot(1, y)``: ``y²`` overflowed
+    float32 beyond ``|y| ≈ 1.8e19`` and the inverse gave 0 there instead of ``±1``."""
     return MirrorMap("LogBarrierBox", lambda x: 1 / (1 - x) - 1 / (1 + x),
-                     lambda y: y / (1 + jnp.sqrt(1 + y * y)))
+                     lambda y: y / (1 + jnp.hypot(jnp.ones((), y.dtype), y)))
 
 
 def NonsmoothBarrier() -> MirrorMap:

@@ -97,6 +97,17 @@ def test_projection_sphere_of_the_origin_lands_on_the_sphere():
     np.testing.assert_allclose(x[1], [1.2, 0.0, 1.6], rtol=1e-6)
 
 
+def test_log_barrier_inverse_saturates_at_the_box_edge_for_huge_duals():
+    """``∇φ*(y) = y / (1 + √(1 + y²))`` tends to ±1; ``y²`` overflowed float32 past 1.8e19 and
+    gave 0 (the box's centre). Moderate duals keep the float64 value."""
+    m = mm.LogBarrierBox()
+    y = jnp.asarray([1e20, -3e30, 0.5, -2.0, 0.0], jnp.float32)
+    x = np.asarray(m.grad_conj(y))
+    ref = np.array([1.0, -1.0, 0.5 / (1 + np.sqrt(1.25)), -2.0 / (1 + np.sqrt(5.0)), 0.0])
+    np.testing.assert_allclose(x, ref, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(np.asarray(m.grad(jnp.asarray(x[2:]))), np.asarray(y[2:]), rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("build,match", [
     (lambda: mm.ProjectionSquare(-1.0), "r must be > 0"),  # clipped every coordinate to 1 silently
     (lambda: mm.ProjectionStiefel((2,)), "two integers"),
