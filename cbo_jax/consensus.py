@@ -215,11 +215,14 @@ def subset_consensus(
 
 
 def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = None) -> jax.Array:
-    """β-quantile sub-level set ``Q_β = {i : E_i <= q_β}`` (CB²O eq. (1.4)).
+    """β-quantile sub-level set ``Q_β = {i : E_i <= q_β}`` (CB²O eq. (1.4), plain β-quantile).
 
-    ``q_β`` is the β-quantile (linear interpolation, as ``numpy.quantile``) of the
-    energies of the valid agents (finite, and ``mask`` where given) along the last
-    axis. ``β = 1`` keeps every valid agent (plain CBO). ``beta`` is one number in
+    ``q_β = inf{q : β <= ρ(E <= q)}`` (eq. (1.5)) for the empirical measure ``ρ`` of the
+    valid agents (finite, and ``mask`` where given) along the last axis: the ``⌈β n⌉``-th
+    smallest of their ``n`` energies, so ``Q_β`` holds at least ``⌈β n⌉`` of them (more
+    only on ties). ``⌈β n⌉`` allows for ``β``'s rounding (``0.3 · 10`` is 3, not 4). Where
+    NumPy's default linear interpolation keeps ``⌊(n-1) β⌋ + 1``, the sets differ (never at
+    ``β = 0.5``). ``β = 1`` keeps every valid agent (plain CBO). ``beta`` is one number in
     ``(0, 1]`` for every row (a Python number is checked here; a traced one cannot be).
     Returns a boolean array of the shape of ``energy``; invalid agents are never in the set.
     """
@@ -231,7 +234,14 @@ def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = N
     valid = jnp.isfinite(energy)
     if mask is not None:
         valid = valid & mask
-    q = jnp.nanquantile(jnp.where(valid, energy, jnp.nan), beta, axis=-1, keepdims=True)
+    dtype = jnp.result_type(jnp.float32, beta)
+    n = jnp.sum(valid, axis=-1, keepdims=True).astype(dtype)
+    # ⌈β n⌉ less β's rounding (a few ulps of β n): 0.3 is 0.30000001 in float32
+    bn = jnp.asarray(beta, dtype) * n
+    k = jnp.ceil(bn - 4 * jnp.finfo(dtype).eps * bn).astype(jnp.int32)
+    k = jnp.clip(k, 1, energy.shape[-1])
+    ranked = jnp.sort(jnp.where(valid, energy, jnp.inf), axis=-1)
+    q = jnp.take_along_axis(ranked, k - 1, axis=-1)
     return valid & (energy <= q)
 
 

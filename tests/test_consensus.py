@@ -125,18 +125,42 @@ def test_subset_consensus_large_alpha_picks_best_download():
     np.testing.assert_array_equal(out, x[idx[np.arange(8), loss.argmin(1)]])
 
 
-@pytest.mark.parametrize("beta", [0.1, 0.25, 0.5, 0.9, 1.0])
-def test_quantile_mask_matches_numpy_quantile(beta):
+def _paper_quantile(e, beta):
+    """CB²O eq. (1.5) for the empirical measure, in exact arithmetic: the k-th smallest
+    finite energy, k the least integer with k / n >= β (β read as the decimal it is written as)."""
+    from fractions import Fraction
+
+    e = np.sort(e[np.isfinite(e)])
+    k = max(1, -(-Fraction(str(beta)) * len(e) // 1))
+    return e[int(k) - 1]
+
+
+@pytest.mark.parametrize("beta", [0.1, 0.25, 0.3, 0.32, 0.5, 0.9, 1.0])
+@pytest.mark.parametrize("n", [4, 10, 101])
+def test_quantile_mask_is_eq_1_5s_quantile(beta, n):
     rng = np.random.default_rng(7)
-    e = rng.normal(size=(3, 101)).astype(np.float32)
+    e = rng.normal(size=(3, n)).astype(np.float32)
     mask = np.asarray(cj.quantile_mask(jnp.asarray(e), beta))
-    q = np.quantile(e, beta, axis=-1, keepdims=True)
-    np.testing.assert_array_equal(mask, e <= q)
+    want = np.stack([row <= _paper_quantile(row, beta) for row in e])
+    np.testing.assert_array_equal(mask, want)
+    k = int(np.ceil(round(beta * n, 9)))
+    assert (mask.sum(-1) == k).all()  # at least ⌈β n⌉, exactly without ties
     e2 = e[0].copy()
-    e2[:5] = np.nan
+    e2[:2] = np.nan
     mask2 = np.asarray(cj.quantile_mask(jnp.asarray(e2), beta))
-    assert not mask2[:5].any()
-    np.testing.assert_array_equal(mask2[5:], e2[5:] <= np.quantile(e2[5:], beta))
+    assert not mask2[:2].any()
+    np.testing.assert_array_equal(mask2[2:], e2[2:] <= _paper_quantile(e2, beta))
+    if beta == 0.5:  # where the pinned CB²O runs sit: the same set as NumPy's linear interpolation
+        np.testing.assert_array_equal(mask, e <= np.quantile(e, 0.5, axis=-1, keepdims=True))
+
+
+def test_quantile_mask_counts_of_the_paper_not_of_linear_interpolation():
+    """N = 4, β = 0.3: eq. (1.5) keeps ⌈1.2⌉ = 2 particles (linear interpolation kept 1);
+    N = 10, β = 0.3 keeps 3 (β n = 3 despite β's float32 rounding), β = 0.32 keeps 4."""
+    for n, beta, k in ((4, 0.3, 2), (10, 0.3, 3), (10, 0.32, 4), (1_000_000, 0.3, 300_000)):
+        e = jnp.asarray(np.random.default_rng(n).permutation(n), jnp.float32)
+        assert int(jnp.sum(cj.quantile_mask(e, beta))) == k, (n, beta)
+    assert not np.asarray(cj.quantile_mask(jnp.asarray([np.nan, np.inf]), 0.5)).any()
 
 
 def test_effective_sample_size_limits():
