@@ -76,7 +76,17 @@ def _attributes(doc: str) -> dict[str, str]:
         elif current and line.strip():
             for n in current:
                 out[n] += " " + line.strip()
-    return {k: v.replace("``", "") for k, v in out.items()}
+    return {k: _plain(v) for k, v in out.items()}
+
+
+def _plain(text: str) -> str:
+    """A docstring's reStructuredText as command-line help: ``x`` as x, and a role such as
+    :func:`~pkg.mod.f` as its target (``~``: the last name only)."""
+    def role(m: re.Match) -> str:
+        target = m.group(2)
+        return target.rsplit(".", 1)[-1] if m.group(1) else target
+
+    return re.sub(r":[\w:]+:`(~?)([^`<]+?)`", role, text.replace("``", ""))
 
 
 def _hints(cls) -> dict[str, Any]:

@@ -142,6 +142,8 @@ def test_every_help_text_prints_as_written():
         text = parser.format_help()
         assert "option_strings" not in text, parser.prog
         assert "%(" not in text, parser.prog
+        # docstring markup read into help (a config field's :func:`...` role, ``code``)
+        assert not re.search(r":\w+:`|``", text), parser.prog
     reproduce = next(p for p in _parsers(build_parser()) if p.prog.endswith(" reproduce"))
     assert "20% attackers" in " ".join(reproduce.format_help().split())
 

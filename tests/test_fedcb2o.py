@@ -9,6 +9,7 @@ import pytest
 
 from cbo_jax import models
 from cbo_jax.consensus import consensus_weights
+import cbo_jax.federated as fl
 from cbo_jax.federated import attacks, metrics, selection
 from cbo_jax.federated.aggregation import consensus_downloads
 from cbo_jax.federated.algorithms.base import AgentData
@@ -142,6 +143,30 @@ def test_prob_likelihood_update():
     P2 = selection.update_prob_likelihood(P1, idx, jnp.array([[0.0], [0.0]]), kappa=2.0, zeta=0.25)
     assert float(P2[0, 1]) == pytest.approx(0.75 * np.exp(-1.0) + 0.25) and float(P2[1, 2]) == pytest.approx(0.25)
     assert np.isnan(float(P2[0, 2])) and np.isneginf(float(P2[1, 1]))
+
+
+def test_prob_likelihood_from_the_papers_zero_start():
+    """``start="zero"``: eq. (3.12) from Algorithm 1's ``P_0 = 0``. An agent observed twice
+    and one observed once, both with loss 0.5 (κ = 2, ζ = 0.5), hold P = 0.75 e⁻¹ and
+    0.5 e⁻¹, so ProbSampling draws them 0.6 : 0.4 (the default start gives both e⁻¹)."""
+    P = selection.init_prob_likelihood(1, 3)
+    half = jnp.array([[0.5]])
+    P = selection.update_prob_likelihood(P, jnp.array([[1]]), half, 2.0, 0.5, start="zero")
+    assert float(P[0, 1]) == pytest.approx(0.5 * np.exp(-1.0))
+    P = selection.update_prob_likelihood(P, jnp.array([[1]]), half, 2.0, 0.5, start="zero")
+    P = selection.update_prob_likelihood(P, jnp.array([[2]]), half, 2.0, 0.5, start="zero")
+    np.testing.assert_allclose(np.asarray(P[0, 1:]), [0.75 * np.exp(-1.0), 0.5 * np.exp(-1.0)], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(P[0, 1:]) / float(P[0, 1:].sum()), [0.6, 0.4], rtol=1e-6)
+    with pytest.raises(ValueError, match="start"):
+        selection.update_prob_likelihood(P, jnp.array([[1]]), half, 2.0, 0.5, start="ones")
+    # the configurations pass it to the rule
+    rule = fl.FedCB2OConfig(P_start="zero")
+    assert rule.P_start == "zero"
+    with pytest.raises(ValueError, match="P_start"):
+        fl.FedCBOConfig(selection="prob_sampling", P_start="one")
+    zero = fl.FedCBOConfig(selection="prob_sampling", P_start="zero").rule()
+    got = zero.update(selection.init_prob_likelihood(1, 3), jnp.array([[1]]), half)
+    assert float(got[0, 1]) == pytest.approx(0.5 * np.exp(-1.0))
 
 
 # --- the robustness criterion G against NumPy float64 -----------------------------------------

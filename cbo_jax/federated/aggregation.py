@@ -5,7 +5,7 @@ For every selecting agent ``j`` with downloads ``A_j = idx[j]``:
     m_j = Σ_{i ∈ A_j} θ_i μ_i [+ θ_j μ_j] / Σ μ,   μ_i = exp(-α E_j^i),
 
 FedCBO eq. (19) with the energy ``E_j^i = L_j(θ_i)``, the loss of the download on
-``j``'s data, and FedCB²O eq. (3.10) restricted to the downloads with ``E_j^i = G^i``,
+``j``'s data, and FedCB²O eq. (3.13) (Algorithm 2: over the downloads) with ``E_j^i = G^i``,
 the robustness criterion (3.15). ``include_self`` adds the agent's own model with its
 own energy (the FedCB²O reference code's variant). The energy is a function passed in,
 so the kernel knows nothing of losses, classes or attacks.

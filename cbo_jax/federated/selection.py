@@ -51,7 +51,7 @@ from cbo_jax import _checks
 __all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
            "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "filled_slots", "epsilon_schedule",
            "init_likelihood", "update_likelihood",
-           "init_prob_likelihood", "update_prob_likelihood"]
+           "init_prob_likelihood", "update_prob_likelihood", "P_STARTS"]
 
 
 class Selection(NamedTuple):
@@ -104,13 +104,18 @@ def uniform(M: int) -> SelectionRule:
     return epsilon_greedy(M, eps0=1.0, eps_decay=0.0, eps_min=1.0)._replace(name="uniform")
 
 
-def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRule:
+P_STARTS = ("first", "zero")
+
+
+def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5, start: str = "first") -> SelectionRule:
     """FedCB²O's ProbSampling (Algorithm 2) with ``P ← (1-ζ) P + ζ exp(-κ L)``.
 
-    ``M >= 1`` an integer, ``kappa >= 0``, ``zeta`` in ``(0, 1]`` (checked here)."""
+    ``M >= 1`` an integer, ``kappa >= 0``, ``zeta`` in ``(0, 1]``, ``start`` one of
+    :data:`P_STARTS` (:func:`update_prob_likelihood`; checked here)."""
     _checks.positive_int("M", M)
     _checks.non_negative("kappa", kappa, f32=True)
     _checks.fraction("zeta", zeta)
+    _checks.one_of("start", start, P_STARTS)
 
     def select(key, P, n, candidates=None):
         idx = draw_prob_sampling(key, P, M, candidates)
@@ -118,7 +123,7 @@ def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5) -> SelectionRul
                          prob_sampling_valid(P, M, candidates))
 
     def update(P, idx, loss, own_loss=None, active=None, valid=None):
-        return update_prob_likelihood(P, idx, loss, kappa, zeta, active, valid)
+        return update_prob_likelihood(P, idx, loss, kappa, zeta, active, valid, start=start)
 
     return SelectionRule(lambda rows, cols: init_prob_likelihood(rows, cols), select, update, M, "prob_sampling")
 
@@ -316,17 +321,24 @@ def prob_sampling_valid(P: jax.Array, m: int, candidates=None) -> jax.Array:
 
 
 def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa: float, zeta: float,
-                           active=None, valid=None) -> jax.Array:
-    """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O §2.2).
+                           active=None, valid=None, start: str = "first") -> jax.Array:
+    """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O
+    eq. (3.12)).
 
-    The first observation of an entry sets it to ``exp(-κ L_j^i)``. A non-finite loss
-    gives reward 0. ``idx`` must hold distinct agents per row (as :func:`draw_prob_sampling`
-    returns); rows with ``active`` False, and slots with ``valid`` False, are left unchanged.
+    ``start``: how an entry's first observation enters. ``"first"`` (default, REFERENCE_NOTES
+    §2.2) sets it to ``exp(-κ L_j^i)``; ``"zero"`` applies (3.12) to the paper's ``P_0 = 0``
+    (Algorithm 1, Remark 3.5), giving ``ζ exp(-κ L_j^i)``, so that an agent observed fewer
+    times has a smaller ``P``. Either way an entry never observed stays NaN for
+    ProbSampling's "never selected" tier. A non-finite loss gives reward 0. ``idx`` must hold
+    distinct agents per row (as :func:`draw_prob_sampling` returns); rows with ``active``
+    False, and slots with ``valid`` False, are left unchanged.
     """
+    _checks.one_of("start", start, P_STARTS)
     reward = jnp.where(jnp.isfinite(loss), jnp.exp(-kappa * jnp.where(jnp.isfinite(loss), loss, 0.0)), 0.0)
     rows = jnp.broadcast_to(jnp.arange(P.shape[0])[:, None], idx.shape)
     old = P[rows, idx]
-    new = jnp.where(jnp.isnan(old), reward, (1.0 - zeta) * old + zeta * reward).astype(P.dtype)
+    first = reward if start == "first" else zeta * reward
+    new = jnp.where(jnp.isnan(old), first, (1.0 - zeta) * old + zeta * reward).astype(P.dtype)
     if active is not None:
         new = jnp.where(active[:, None], new, old)
     if valid is not None:

@@ -16,8 +16,8 @@ federated learning through consensus-based bi-level optimization" (REFERENCE_NOT
    d. robustness criterion, eq. (3.15):
       ``G^i = max_c [ L_{j,c}(θ_i) - L_{j,c}(θ_j) ]`` over the classes present in the
       validation split (upper-level objective of the bi-level problem);
-   e. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α G^i)`` (eq. (3.10)'s consensus
-      point restricted to the downloads), and ``θ_j ← θ_j - λ1 γ (θ_j - m_j)``;
+   e. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α G^i)`` over the downloads
+      (eq. (3.13)), and ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` (eq. (3.14));
    f. before round ``T_G`` the energy is the mean validation loss ``L_j^i`` instead of
       ``G^i`` (as FedCBO): models must first become good before class-wise comparisons
       mean anything.
@@ -59,13 +59,20 @@ CRITERIA = ("G", "loss")
 
 @dataclasses.dataclass(frozen=True)
 class FedCB2OConfig:
-    """FedCB²O parameters (defaults: the paper's experiment, REFERENCE_NOTES §2.2).
+    """FedCB²O parameters (defaults: the paper's experiment, REFERENCE_NOTES §2.2, except
+    the aggregation step).
 
     Attributes:
       M: downloads per benign agent per round.
-      lambda1, gamma: the aggregation step is ``λ1 γ`` (default 10 · 0.1 = 1).
+      lambda1, gamma: the aggregation step is ``λ1 γ`` (default 10 · 0.1 = 1: the model is
+        replaced by its consensus point, as in the reference code). The paper's numbers read
+        literally (λ1 = 10, λ2 = 1 and a local step ``λ2 γ`` equal to its learning rate
+        0.004) give ``γ = 0.004`` and a step of 0.04: pass ``gamma=0.004`` for that form.
       alpha: α of ``μ = exp(-α G)``.
-      kappa, zeta: ProbSampling's ``P ← (1-ζ) P + ζ exp(-κ L)``.
+      kappa, zeta: ProbSampling's ``P ← (1-ζ) P + ζ exp(-κ L)``, eq. (3.12).
+      P_start: an agent's first observation: ``"first"`` sets ``P`` to ``exp(-κ L)``
+        (REFERENCE_NOTES §2.2), ``"zero"`` applies (3.12) to the paper's ``P_0 = 0``
+        (:func:`~cbo_jax.federated.selection.update_prob_likelihood`).
       T_G: rounds before which the mean validation loss replaces ``G``.
       criterion: ``"G"`` (FedCB²O) or ``"loss"`` (FedCBO with ProbSampling).
       include_self: put the agent's own model into its average (reference code).
@@ -90,6 +97,7 @@ class FedCB2OConfig:
     shared_init: bool = False
     eval_chunk: int = 8
     local: LocalSGDConfig = LocalSGDConfig(epochs=5, batch_size=64, lr=0.004, momentum=0.9)
+    P_start: str = "first"
 
     def __post_init__(self):
         check_types(self)
@@ -100,6 +108,7 @@ class FedCB2OConfig:
         _checks.non_negative("alpha", self.alpha, f32=True)
         _checks.non_negative("kappa", self.kappa, f32=True)
         _checks.fraction("zeta", self.zeta)
+        _checks.one_of("P_start", self.P_start, selection.P_STARTS)
         if self.T_G < 0:
             raise ValueError(f"T_G must be >= 0, got {self.T_G!r}")
         _checks.one_of("criterion", self.criterion, CRITERIA)
@@ -115,7 +124,8 @@ class FedCB2OConfig:
     @classmethod
     def reference_code(cls, **overrides) -> "FedCB2OConfig":
         """The FedCB²O reference script's form: own model in the average with the largest
-        weight after T_G, replaced by the average (λ1 γ = 1), one shared initial model, α = 2."""
+        weight after T_G, replaced by the average (λ1 γ = 1, also this class's default),
+        one shared initial model, α = 2."""
         kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0,
                                   gamma=0.1)
         kw.update(overrides)
@@ -213,7 +223,7 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         raise ValueError("FedCB²O compares class-wise losses: it needs a classifier (model.num_classes)")
     attackers = np.nonzero(malicious)[0]
     default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
-    rule = selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta)
+    rule = selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta, cfg.P_start)
 
     def init(key: jax.Array) -> FedCB2OState:
         k_model, k_state = jax.random.split(key)

@@ -86,6 +86,9 @@ class FedCBOConfig:
         float rounding, faster on a CPU, and no per-agent copy of the ``M`` downloads.
       local: the local SGD configuration.
       kappa, zeta: κ and ζ of ProbSampling (unused otherwise).
+      P_start: ProbSampling's first observation of an agent: ``"first"`` sets ``P`` to
+        ``exp(-κ L)`` (REFERENCE_NOTES), ``"zero"`` applies eq. (3.12) to the FedCB²O
+        paper's ``P_0 = 0`` (:func:`~cbo_jax.federated.selection.update_prob_likelihood`).
     """
 
     M: int = 200
@@ -106,6 +109,7 @@ class FedCBOConfig:
     local: LocalSGDConfig = LocalSGDConfig()
     kappa: float = 2.0
     zeta: float = 0.5
+    P_start: str = "first"
 
     def __post_init__(self):
         check_types(self)
@@ -117,6 +121,7 @@ class FedCBOConfig:
         _checks.one_of("selection", self.selection, tuple(selection.RULES))
         _checks.non_negative("kappa", self.kappa, f32=True)
         _checks.fraction("zeta", self.zeta)
+        _checks.one_of("P_start", self.P_start, selection.P_STARTS)
         _checks.unit_interval("eps0", self.eps0)
         _checks.non_negative("eps_decay", self.eps_decay, f32=True)
         _checks.unit_interval("eps_min", self.eps_min)
@@ -139,7 +144,7 @@ class FedCBOConfig:
         if self.selection == "epsilon_greedy":
             return selection.epsilon_greedy(self.M, self.eps0, self.eps_decay, self.eps_min)
         if self.selection == "prob_sampling":
-            return selection.prob_sampling(self.M, self.kappa, self.zeta)
+            return selection.prob_sampling(self.M, self.kappa, self.zeta, self.P_start)
         return selection.uniform(self.M)
 
 
