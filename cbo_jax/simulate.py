@@ -505,14 +505,20 @@ _MINIMIZE_LOCK = threading.Lock()
 
 
 def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
+    import dataclasses
+
     from cbo_jax import population as pop
     from cbo_jax.dynamics.cbo import cbo
 
+    _checks.known_keywords("cbo", cfg_kw, [f.name for f in dataclasses.fields(CBOConfig)])
+    # the resolved config is the key: CBOConfig(alpha=30), alpha=30 and CBOConfig() + alpha=30 are one setting
+    config = dataclasses.replace(config, **cfg_kw) if config is not None else CBOConfig(**cfg_kw)
+
     def build() -> Dynamics:
-        return cbo(pop.per_agent(objective) if lift else objective, config, **cfg_kw)
+        return cbo(pop.per_agent(objective) if lift else objective, config)
 
     try:
-        key = (objective, lift, _typed(config), _typed(cfg_kw))  # the objective by its own ``==`` (identity)
+        key = (objective, lift, _typed(config))  # the objective by its own ``==`` (identity)
         hash(key)
     except TypeError:  # an unhashable objective or an array in the config: build afresh
         return build()

@@ -146,6 +146,24 @@ def test_integer_seeds_use_all_64_bits():
     assert jax.random.key_data(state.key).tolist() == [1, 0]
 
 
+def test_minimize_keys_on_the_resolved_config():
+    """One setting spelt three ways (a config, keywords, a default config plus keywords) is
+    one dynamics: each spelling compiled the run again."""
+    import importlib
+
+    sim = importlib.import_module("cbo_jax.simulate")
+    f = objectives.Sphere()
+    with pytest.MonkeyPatch.context() as m:
+        ran = []
+        m.setattr(sim, "simulate", lambda dyn, *a, **kw: ran.append(dyn))
+        cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(alpha=30.0, sigma1=0.5))
+        cj.minimize(f, dim=2, key=0, num_steps=0, alpha=30.0, sigma1=0.5)
+        cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(sigma1=0.5), alpha=30.0)
+        cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(alpha=30.0), sigma1=0.6)
+    assert len({id(d) for d in ran[:3]}) == 1 and ran[3] is not ran[0]
+    assert ran[0].config == cj.CBOConfig(alpha=30.0, sigma1=0.5)
+
+
 def test_minimize_with_an_equal_chain_schedule_compiles_once():
     """A ``schedules.Chain`` written in each call (equal rules, a new object) is an equal
     setting: ``minimize`` reuses its dynamics, as for the dataclass schedules."""
