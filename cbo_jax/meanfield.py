@@ -309,10 +309,12 @@ class CouplingResult(NamedTuple):
     final_copies: Any
 
 
-@functools.partial(jax.jit, static_argnames=("dynamics", "batched"))
-def _coupled(dynamics, x0, key, path, *, batched: bool):
+@functools.partial(jax.jit, static_argnames=("init", "step", "drive", "batched"))
+def _coupled(x0, key, path, *, init, step, drive, batched: bool):
+    # static: the dynamics' functions (hashed by identity), not the Dynamics itself, whose
+    # config need not be hashable (a schedule dict)
     def one(x0, key):
-        system = dynamics.init(x0, key)
+        system = init(x0, key)
         copies = system  # the same initial points and the same key: the same Brownian increments
 
         def dist(a, b):
@@ -322,8 +324,8 @@ def _coupled(dynamics, x0, key, path, *, batched: bool):
 
         def body(carry, m_t):
             system, copies = carry
-            system = dynamics.step(system)
-            copies = dynamics.drive(copies, m_t)
+            system = step(system)
+            copies = drive(copies, m_t)
             return (system, copies), dist(system, copies)
 
         (system, copies), d2 = jax.lax.scan(body, (system, copies), path)
@@ -389,5 +391,6 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) 
     _check_path_fits(dynamics, x0, key, path, num_runs)
 
     with rng_context(dynamics.config):  # as in simulate: for dynamics of one's own with a drive
-        d2, x, xbar = _coupled(dynamics, x0, key, path, batched=num_runs is not None)
+        d2, x, xbar = _coupled(x0, key, path, init=dynamics.init, step=dynamics.step, drive=dynamics.drive,
+                               batched=num_runs is not None)
     return CouplingResult(sq_distance=np.asarray(d2), final_x=x, final_copies=xbar)

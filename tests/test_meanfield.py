@@ -131,6 +131,18 @@ def test_coupling_distance_closed_form_for_a_shifted_consensus():
     assert res.sq_distance.shape == (2, 26) and np.all(res.sq_distance[1, 1:] > 0)
 
 
+def test_coupling_with_a_scheduled_config():
+    """A config with a ``schedule`` dict (not hashable) couples as any other: the copies fed
+    the system's own consensus path are the system (coupling held the whole Dynamics static
+    and failed inside jit on the dict)."""
+    x0 = np.random.default_rng(6).uniform(-1, 1, (8, 2)).astype(np.float32)
+    dyn = cj.cbo(objectives.Sphere(), sigma1=0.5, schedule={"sigma1": cj.schedules.Multiply(0.99)})
+    own = cj.simulate(dyn, x0, 2, 6, record_consensus=True)
+    res = meanfield.coupling(dyn, x0, 2, own.history["consensus"])
+    np.testing.assert_array_equal(res.sq_distance, 0.0)
+    np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(own.state.x))
+
+
 def test_coupling_bad_input():
     dyn = _two_quadratics(dtype="float32")
     p = particles(np.zeros((4, 2), np.float32))
