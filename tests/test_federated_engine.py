@@ -381,6 +381,31 @@ def test_metrics_writer_keeps_json_valid(tmp_path):
         read_jsonl(tmp_path / "metrics.jsonl")
 
 
+def test_padding_the_state_compiles_once_per_layout():
+    """A padded (sharded) run pads its state with one compiled program per layout: jitting
+    each run's new ``Layout``'s bound method compiled it again on every run."""
+    from typing import NamedTuple
+
+    from cbo_jax.federated import runner
+    from cbo_jax.federated.algorithms.base import per_agent_fields
+
+    @per_agent_fields("params")
+    class State(NamedTuple):
+        params: jax.Array
+        round: jax.Array
+
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, secs, **kw: compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None)
+    state = State(jnp.ones((5, 3)), jnp.zeros((), jnp.int32))
+    first = runner._pad_state(state, padding.Layout(5, 6))
+    before = len(compiles)
+    again = runner._pad_state(state, padding.Layout(5, 6))  # a new, equal layout: the next run's
+    assert len(compiles) == before
+    assert again.params.shape == (6, 3)
+    np.testing.assert_array_equal(first.params, again.params)
+
+
 def _events(path):
     from tensorboardX.proto import event_pb2
 

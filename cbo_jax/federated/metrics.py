@@ -49,7 +49,12 @@ CATEGORIES = ("same_benign", "same_malicious", "other_benign", "other_malicious"
 
 class Evaluation(NamedTuple):
     """What an evaluation metric sees: the round, whether it is the run's last, the
-    state of the real agents, and ``algorithm.eval_models(state)`` as ``kind``/``params``."""
+    state of the real agents, and ``algorithm.eval_models(state)`` as ``kind``/``params``.
+
+    ``state`` and ``params`` may be the run's own buffers, which the next rounds' compiled
+    scan takes over (donates) and deletes: use them during the call, and copy what a metric
+    keeps for later (``jax.tree_util.tree_map(jnp.copy, ev.params)``, or NumPy arrays).
+    Reading a kept, uncopied array after the next rounds raises "Array has been deleted"."""
 
     round: int
     last: bool

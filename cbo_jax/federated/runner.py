@@ -65,6 +65,13 @@ def _merge(fns: Sequence[Callable], arg) -> dict:
     return out
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _pad_state(state, layout):
+    """``layout.pad_state`` compiled once per layout (a bound method of each run's new Layout
+    was a new function to ``jax.jit``, compiled again every run)."""
+    return layout.pad_state(state)
+
+
 @functools.partial(jax.jit, static_argnames=("round_fn", "layout", "metrics", "length"), donate_argnums=(0,))
 def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int):
     def body(s, _):
@@ -354,7 +361,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
         replace_text(out / "config.json", json.dumps(_config_record(algorithm, config, rounds, every), indent=2) + "\n")
     if lay.padded:
-        state, data = jax.jit(lay.pad_state)(state), lay.pad_data(data)
+        state, data = _pad_state(state, lay), lay.pad_data(data)
     if mesh is not None:
         from cbo_jax.sharding import shard_fields
 
