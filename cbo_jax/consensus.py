@@ -60,8 +60,12 @@ def _alpha_col(alpha, energy):
 def gibbs_exponent(alpha, shifted):
     """``-α · (E - E_min)`` for shifted energies ``>= 0``, with its limits where the product
     is ``0 · ∞``: ``0`` for the best agents at ``α = ∞`` and for every agent at ``α = 0``
-    (an energy spread beyond the float range). Anywhere else it is the plain product."""
-    return jnp.where((shifted == 0) | (alpha == 0), 0.0, -alpha * shifted).astype(shifted.dtype)
+    (an energy spread beyond the float range). Anywhere else it is the plain product, so
+    its derivatives are the product's (``∂/∂α = -(E - E_min)`` at ``α = 0`` too); the
+    ``0 · ∞`` points are masked before the product, whose gradient is then 0, not NaN."""
+    undefined = ((shifted == 0) & jnp.isinf(alpha)) | ((alpha == 0) & jnp.isinf(shifted))
+    a, e = jnp.where(undefined, 0, alpha), jnp.where(undefined, 0, shifted)
+    return jnp.where(undefined, 0.0, -a * e).astype(shifted.dtype)
 
 
 def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:

@@ -307,3 +307,21 @@ def test_low_precision_energies_and_integer_rows():
                  lambda: pop.weighted_average(xi, jnp.ones(4))):
         with pytest.raises(ValueError, match="needs floating rows.*int32"):
             call()
+
+
+def test_alpha_derivative_at_alpha_zero_is_minus_the_uniform_covariance():
+    """d m / dα at α = 0 is -Cov(x, E) under uniform weights (the α = 0 mask also cut this
+    derivative to 0); the 0·∞ limits keep finite values and gradients."""
+    with enable_x64(True):
+        x = jnp.asarray([[0.0, 0.0], [1.0, 2.0], [2.0, 2.0]])
+        e = jnp.asarray([1.0, 2.0, 3.0])
+        grad = np.asarray(jax.jacobian(lambda a: cj.consensus_point(x, e, a))(0.0))
+        xn, en = np.asarray(x), np.asarray(e)
+        cov = ((xn - xn.mean(0)) * (en - en.mean())[:, None]).mean(0)
+        np.testing.assert_allclose(grad, -cov, rtol=1e-12)
+        # α = ∞ (the best agent alone) and an energy spread beyond the float range at α = 0
+        assert np.all(np.isfinite(np.asarray(jax.grad(lambda a: jnp.sum(cj.consensus_point(x, e, a)))(jnp.inf))))
+        spread = jnp.asarray([-1e308, 1e308])  # finite energies whose difference overflows
+        np.testing.assert_allclose(np.asarray(cj.consensus_point(x[:2], spread, 0.0)), xn[:2].mean(0))
+        g = jax.grad(lambda a: jnp.sum(cj.consensus_point(x[:2], spread, a)))(0.0)
+        assert np.isfinite(float(g))
