@@ -131,6 +131,12 @@ class Objective:
             raise ValueError(f"shift must be a number or a vector of numbers, got {self.shift!r}") from None
         if shift.ndim > 1 or not np.all(np.isfinite(shift)):
             raise ValueError(f"shift must be a finite number or (d,) vector, got {self.shift!r}")
+        if isinstance(self.shift, np.ndarray):
+            # a read-only copy: a caller's array changed later moved eager calls (minimiser(), f(x))
+            # but not runs compiled with the old value
+            own = np.array(self.shift, copy=True)
+            own.flags.writeable = False
+            object.__setattr__(self, "shift", own)
 
     def _f(self, z):  # pragma: no cover - abstract
         raise NotImplementedError

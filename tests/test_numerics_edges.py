@@ -299,3 +299,15 @@ def test_bimodal_energy_is_finite_far_from_its_modes():
         bb = (x[:, 0] + 1.2) ** 2 / 8 + (x[:, 1] + 0.7) ** 2 / 0.5
         np.testing.assert_allclose(np.asarray(objectives.Bimodal()(jnp.asarray(x))),
                                    -np.log(np.exp(-a) + 0.5 * np.exp(-bb)), rtol=1e-12, atol=1e-15)
+
+
+def test_objective_keeps_its_own_copy_of_an_array_shift():
+    """An objective is frozen: the caller's shift array changed afterwards does not move it
+    (eager calls followed the caller's array while compiled runs kept the old value)."""
+    b = np.zeros(2)
+    f = objectives.Sphere(shift=b)
+    b[:] = 2.0
+    np.testing.assert_array_equal(f.minimiser(2), [0.0, 0.0])
+    assert float(f(jnp.zeros((1, 2)))[0]) == 0.0
+    with pytest.raises(ValueError):
+        f.shift[0] = 1.0  # read-only
