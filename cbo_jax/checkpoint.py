@@ -113,10 +113,13 @@ def _step(step) -> int:
     raise ValueError(f"step must be an integer >= 0, got {step!r}")
 
 
-def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None, keep: int = 2) -> Path:
+def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None, keep: int = 2,
+         overwrite: bool = False) -> Path:
     """Write ``state`` as step ``step`` of the checkpoint directory ``path`` (keeping ``keep`` steps).
 
     ``meta`` (JSON-serialisable) is stored beside the arrays and returned by :func:`restore`.
+    A step that is already there raises :class:`CheckpointError` unless ``overwrite=True``,
+    which replaces it.
     """
     import orbax.checkpoint as ocp
 
@@ -152,6 +155,12 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
+    if int(step) in steps(path):  # orbax raised its own StepAlreadyExistsError
+        if not overwrite:
+            raise CheckpointError(f"{path} already holds step {int(step)}: pass overwrite=True to replace it, or "
+                                  f"save another step (steps there: {steps(path)})")
+        with _manager(path, keep, create=True) as mgr:
+            mgr.delete(int(step))
     with _manager(path, keep, create=True) as mgr:
         items = {"meta": ocp.args.JsonSave(record)}
         if jax.tree_util.tree_leaves(stored):

@@ -114,3 +114,15 @@ def test_python_scalar_leaves_come_back_as_python_scalars(tmp_path):
     for name in ("round", "lr", "done"):
         assert type(back[name]) is type(state[name]) and back[name] == state[name], name
     np.testing.assert_array_equal(back["w"], state["w"])
+
+
+def test_saving_a_step_again_is_refused_by_name_or_replaces_it(tmp_path):
+    """The same step saved twice (a script run again) raised orbax's StepAlreadyExistsError;
+    it is a CheckpointError naming the step, and overwrite=True replaces the step."""
+    checkpoint.save(tmp_path / "c", _state(1), step=5)
+    with pytest.raises(checkpoint.CheckpointError, match=r"already holds step 5: pass overwrite=True"):
+        checkpoint.save(tmp_path / "c", _state(2), step=5)
+    checkpoint.save(tmp_path / "c", _state(2), step=5, overwrite=True)
+    state, meta = checkpoint.restore(tmp_path / "c", _state())
+    assert meta["step"] == 5 and checkpoint.steps(tmp_path / "c") == [5]
+    np.testing.assert_array_equal(state["w"], _state(2)["w"])

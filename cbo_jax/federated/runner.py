@@ -415,7 +415,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             if bar is not None:
                 bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
-                ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp})
+                ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp}, overwrite=True)
     finally:
         if bar is not None:
             bar.close()
