@@ -61,11 +61,11 @@ def gibbs_exponent(alpha, shifted):
     """``-α · (E - E_min)`` for shifted energies ``>= 0``, with its limits where the product
     is ``0 · ∞``: ``0`` for the best agents at ``α = ∞`` and for every agent at ``α = 0``
     (an energy spread beyond the float range). Anywhere else it is the plain product, so
-    its derivatives are the product's (``∂/∂α = -(E - E_min)`` at ``α = 0`` too); the
-    ``0 · ∞`` points are masked before the product, whose gradient is then 0, not NaN."""
-    undefined = ((shifted == 0) & jnp.isinf(alpha)) | ((alpha == 0) & jnp.isinf(shifted))
-    a, e = jnp.where(undefined, 0, alpha), jnp.where(undefined, 0, shifted)
-    return jnp.where(undefined, 0.0, -a * e).astype(shifted.dtype)
+    its derivative in ``α`` is the product's, ``-(E - E_min)``, at ``α = 0`` too (a mask of
+    every agent at ``α = 0`` cut it to 0)."""
+    limit = (shifted == 0) | ((alpha == 0) & jnp.isinf(shifted))
+    # the 0 · ∞ energies are zeroed before the product too, so its gradient there is 0, not NaN
+    return jnp.where(limit, 0.0, -alpha * jnp.where(limit, 0.0, shifted)).astype(shifted.dtype)
 
 
 def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
