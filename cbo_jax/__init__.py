@@ -10,7 +10,7 @@ one vectorised kernel; time is a ``lax.scan``.
 """
 
 from cbo_jax import (batching, checkpoint, consensus, constraints, meanfield, mirror_maps, objectives, params, plot,
-                     population, resampling, schedules, sde, sharding)
+                     population, resampling, schedules, sde, sharding, writer)
 from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
 from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
 from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constrained_cbo, hypersurface_cbo, mirror_cbo,
@@ -71,6 +71,7 @@ __all__ = [
     "schedules",
     "sde",
     "sharding",
+    "writer",
     "simulate",
     "subset_consensus",
 ]

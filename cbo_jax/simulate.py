@@ -263,8 +263,8 @@ def simulate(
             from cbo_jax._results import ResultsDir
             from cbo_jax.writer import MetricsWriter
 
-            guard = ResultsDir(out, overwrite=overwrite, owned=("metrics.jsonl", "events.out.tfevents.*"),
-                               resumable=False).__enter__()
+            owned = ("metrics.jsonl", "summary.json", "events.out.tfevents.*")
+            guard = ResultsDir(out, overwrite=overwrite, owned=owned, resumable=False).__enter__()
             writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
             stride = log_every or max(1, num_steps // 1000)
         # A stopped run is frozen (its step count too), so once every run has stopped, the steps
@@ -298,6 +298,8 @@ def simulate(
                         bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
                 if stopped:
                     break
+            if writer is not None:
+                _write_summary(Path(out), state, done, time.perf_counter() - t0, grid)
         finally:
             if bar is not None:
                 bar.close()
@@ -319,6 +321,22 @@ def simulate(
         history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
                    for k, h in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _write_summary(out: Path, state, steps: int, seconds: float, grid) -> None:
+    """``out/summary.json`` of a finished :func:`simulate` run: the steps taken, the wall time,
+    the best energy found (overall, and per run / grid point where there are several) and
+    the environment (:func:`cbo_jax.writer.write_summary`)."""
+    from cbo_jax.writer import write_summary
+
+    summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3)}
+    if hasattr(state, "best_energy"):
+        best = np.asarray(jax.device_get(state.best_energy), np.float64)
+        finite = best[np.isfinite(best)]
+        summary["best_energy"] = float(finite.min()) if finite.size else None
+        if best.ndim:
+            summary["best_energy_per_run"] = best.reshape(grid + best.shape[1:]) if grid is not None else best
+    write_summary(out / "summary.json", summary)
 
 
 def _refuse_tracers(**args: Any) -> None:

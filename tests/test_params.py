@@ -175,6 +175,12 @@ def test_a_sweep_writes_its_rows_with_the_grid_axes(tmp_path):
     res = cj.simulate(dyn, x0, 0, 5, num_runs=2, params=g, out=tmp_path / "m", log_every=1, chunk_size=3)
     rows = [json.loads(r) for r in (tmp_path / "m" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    # and a summary.json beside them: steps, best energy per grid point and run, the environment
+    summary = json.loads((tmp_path / "m" / "summary.json").read_text())
+    assert summary["steps"] == 5 and "environment" in summary
+    np.testing.assert_allclose(np.asarray(summary["best_energy_per_run"]), np.asarray(res.state.best_energy),
+                               rtol=1e-6)
+    assert summary["best_energy"] == pytest.approx(float(np.min(res.state.best_energy)), rel=1e-6)
     for i, row in enumerate(rows):
         for k in ("best_energy", "alpha", "active"):
             np.testing.assert_allclose(np.asarray(row[k], float), np.asarray(res.history[k][i], float), rtol=1e-6)
