@@ -83,16 +83,15 @@ RECORDED: dict[str, Recorded] = {
         "(batch clip at the same ε diverges)",
         "cbo-jax reproduce fedsgld-synthetic", "benchmarks/RESULTS_fedsgld.md", "2026-11-23"),
     "fedcb2o-attack": Recorded(
-        "small scale (T=30, 3 seeds), α per method (FedCB²O 2, FedCBO 10): ASR FedCB²O 1.63, FedCBO 1.81 (ratio "
-        "0.90; both at Oracle Min's 1.80 floor: MNIST 7→1 does not separate them at α = 10); source acc. FedCB²O "
-        "89.78, Oracle Min 89.82; both at α = 2 (seed 0): ratio 0.45",
-        _DATA + "cbo-jax reproduce fedcb2o-attack --scale small --per-cluster-images", "benchmarks/RESULTS_fedcb2o.md",
-        "2026-11-23"),
+        "small scale (T=30, 3 seeds), α per method (FedCB²O 2, FedCBO 10): ASR FedCB²O 1.64, FedCBO 1.82 (ratio "
+        "0.901; both at Oracle Min's 1.77 floor: MNIST 7→1 does not separate them at α = 10); source acc. FedCB²O "
+        "89.61, Oracle Min 89.68; both at α = 2: ratio 0.490",
+        _DATA + "cbo-jax reproduce fedcb2o-attack --scale small --no-sensitivity", "benchmarks/RESULTS_fedcb2o.md",
+        "2026-11-27"),
     "fedcb2o-tg": Recorded(
-        "small scale (T=30), T_G 0/20/30/40 of 150 (0/4/6/8 of 30): overall 89.03/90.27/90.46/90.62, "
-        "ASR 1.86/1.69/1.64/1.63",
-        _DATA + "cbo-jax reproduce fedcb2o-tg --scale small --per-cluster-images", "benchmarks/RESULTS_fedcb2o.md",
-        "2026-11-24"),
+        "small scale (T=30), T_G 0/20/30/40 of 150 (0/4/6/8 of 30): overall 89.10/90.27/90.45/90.60, "
+        "ASR 1.81/1.69/1.66/1.64",
+        _DATA + "cbo-jax reproduce fedcb2o-tg --scale small", "benchmarks/RESULTS_fedcb2o.md", "2026-11-27"),
 }
 
 # Paths (tuples of keys) into a reproduction's summary.json that make its headline.
