@@ -277,7 +277,7 @@ def test_run_names_data_of_the_wrong_kind():
     # FedCB2O and DFedAvgM take the attack benchmark's groups: an AttributeError ('AgentData' object
     # has no attribute 'benign') before
     cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=1, local=LOCAL), [0, 0, 1, 1], [False] * 4)
-    with pytest.raises(ValueError, match="fedcb2o takes an AttackData .* got AgentData"):
+    with pytest.raises(ValueError, match="fedcb2o takes an AttackData .* got AgentData: .*fl.AttackData.from_lists"):
         fl.run(cb2o, data, 1, jax.random.key(0), progress=False)
     dfed = fl.dfedavgm(model, fl.DFedAvgMConfig(M=1, local=LOCAL), [0, 0, 1, 1])
     with pytest.raises(ValueError, match="dfedavgm takes an AttackData .* got AgentData"):
@@ -307,6 +307,32 @@ def test_pooled_metrics_of_a_regression_model_and_of_models_that_are_not_one_ser
     assert 0 <= row["train_acc"] <= 100 and 0 <= row["test_acc"] <= 100
     with pytest.raises(ValueError, match="pooled measures one server model .* exposes 4 agent models"):
         fl.run(_local(clf), data, 1, jax.random.key(0), metrics=[metric], progress=False)
+
+
+def test_fedcb2o_and_dfedavgm_on_your_own_per_agent_arrays():
+    """fl.AttackData.from_lists: training and validation splits of unequal sizes, with and
+    without attackers, run through fl.run with the public API only."""
+    xs, ys = _lists(sizes=(6, 3, 5, 4))
+    vxs, vys = _lists(sizes=(2, 3, 1, 2), seed=3)
+    mxs, mys = _lists(sizes=(7, 5), seed=4)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    attacked = fl.AttackData.from_lists(xs, ys, vxs, vys, mxs, mys)
+    assert (attacked.benign.num_agents, attacked.val.num_agents, attacked.malicious.num_agents) == (4, 4, 2)
+    np.testing.assert_array_equal(np.asarray(attacked.val.counts), [2, 3, 1, 2])
+    cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=2, local=LOCAL), [0, 0, 1, 1, 0, 1], [False] * 4 + [True] * 2)
+    res = fl.run(cb2o, attacked, 2, jax.random.key(0), progress=False)
+    assert res.history[-1]["round"] == 2
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree_util.tree_leaves(res.state.params))
+    clean = fl.AttackData.from_lists(xs, ys, vxs, vys)
+    assert clean.malicious.num_agents == 0 and clean.num_agents == 4
+    fl.run(fl.fedcb2o(model, fl.FedCB2OConfig(M=2, local=LOCAL), [0, 0, 1, 1], [False] * 4), clean, 1,
+           jax.random.key(0), progress=False)
+    fl.run(fl.dfedavgm(model, fl.DFedAvgMConfig(M=1, local=LOCAL), [0, 0, 1, 1]), clean, 1, jax.random.key(0),
+           progress=False)
+    with pytest.raises(ValueError, match="every benign agent needs a validation split: 4 training splits, 3"):
+        fl.AttackData.from_lists(xs, ys, vxs[:3], vys[:3])
+    with pytest.raises(ValueError, match="must pair up"):
+        fl.AttackData.from_lists(xs, ys, vxs, vys, mxs, mys[:1])
 
 
 def test_pooled_metrics_ignore_nan_padding_rows_eager_and_jitted():

@@ -13,14 +13,15 @@ from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
                                           fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
+from cbo_jax.federated.attacks import AttackData
 from cbo_jax.federated.data import AgentData, FederatedData, rotated_mnist
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.runner import RunResult, run
 from cbo_jax.federated.selection import SelectionRule, epsilon_greedy, prob_sampling, uniform
 from cbo_jax.models import Model, from_flax
 
-__all__ = ["AgentData", "Algorithm", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig", "FedPDConfig",
-           "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model", "RunResult",
-           "SGLDConfig", "SelectionRule", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg", "fedcb2o",
-           "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
+__all__ = ["AgentData", "Algorithm", "AttackData", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
+           "FedPDConfig", "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model",
+           "RunResult", "SGLDConfig", "SelectionRule", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
+           "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
            "prob_sampling", "rotated_mnist", "run", "uniform"]

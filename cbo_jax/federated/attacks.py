@@ -156,6 +156,40 @@ class AttackData(NamedTuple):
     def num_agents(self) -> int:
         return self.benign.num_agents + self.malicious.num_agents
 
+    @classmethod
+    def from_lists(cls, train_x, train_y, val_x, val_y, malicious_x=(), malicious_y=()) -> "AttackData":
+        """Your own data for FedCB²O (and DFedAvgM): per-agent arrays of unequal sizes,
+        zero-padded as :meth:`~cbo_jax.federated.data.FederatedData.from_lists` does.
+
+        ``train_x``/``train_y``: the benign agents' training splits; ``val_x``/``val_y``:
+        their validation splits, one per benign agent in the same order (FedCB²O weighs
+        downloads by losses on them); ``malicious_x``/``malicious_y``: the attackers' data
+        as they train on it (poisoned already), none for a run without attackers. The
+        agents are the benign ones, then the attackers: build the algorithm with
+        ``malicious = [False] * len(train_x) + [True] * len(malicious_x)``.
+        """
+        from cbo_jax.federated.data import _stack_pairs
+
+        if len(train_x) != len(train_y) or len(val_x) != len(val_y) or len(malicious_x) != len(malicious_y):
+            raise ValueError(f"inputs and labels must pair up: {len(train_x)}/{len(train_y)} training, "
+                             f"{len(val_x)}/{len(val_y)} validation, {len(malicious_x)}/{len(malicious_y)} attackers' "
+                             "arrays")
+        if len(val_x) != len(train_x):
+            raise ValueError(f"every benign agent needs a validation split: {len(train_x)} training splits, "
+                             f"{len(val_x)} validation splits")
+
+        def group(xs, ys, what):
+            x, y, counts = _stack_pairs(xs, ys, (f"{what}_x", f"{what}_y"), f"{what} agent")
+            return AgentData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
+
+        benign, val = group(train_x, train_y, "train"), group(val_x, val_y, "val")
+        if len(malicious_x):
+            malicious = group(malicious_x, malicious_y, "malicious")
+        else:  # no attackers: a group of none, with the benign inputs' per-sample shape
+            malicious = AgentData(jnp.zeros((0, 1) + benign.x.shape[2:], benign.x.dtype),
+                                  jnp.zeros((0, 1) + benign.y.shape[2:], benign.y.dtype), jnp.zeros((0,), jnp.int32))
+        return cls(benign, val, malicious)
+
     @property
     def groups(self) -> tuple[AgentData, ...]:
         """The training groups in agent order (benign, then the attackers if any)."""
@@ -294,7 +328,9 @@ def check_split(data: AttackData, benign: int, attackers: int, who: str) -> None
     benign agents when there are none."""
     if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'benign')
         raise ValueError(f"{who} takes an AttackData (benign training splits, their validation splits, the "
-                         f"attackers' data: AttackDataset.attack_data()), got {type(data).__name__}")
+                         f"attackers' data), got {type(data).__name__}: build one from your per-agent arrays with "
+                         f"fl.AttackData.from_lists(train_x, train_y, val_x, val_y[, malicious_x, malicious_y]), "
+                         f"or take the benchmark's AttackDataset.attack_data()")
     b, m, v = data.benign.num_agents, data.malicious.num_agents, data.val.num_agents
     ok = (b == benign and m >= attackers) if attackers else (b >= benign and m == 0)
     if v != benign or not ok:

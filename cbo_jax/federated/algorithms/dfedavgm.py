@@ -106,8 +106,9 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
 
     def round_fn(state: DFedAvgMState, data: AttackData):
         if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'groups')
-            raise ValueError(f"{name} takes an AttackData (the agents' groups: AttackDataset.attack_data()), got "
-                             f"{type(data).__name__}")
+            raise ValueError(f"{name} takes an AttackData (the agents' groups), got {type(data).__name__}: "
+                             f"fl.AttackData.from_lists(...) builds one from per-agent arrays, "
+                             f"AttackDataset.attack_data() from the benchmark")
         if data.num_agents < n:  # static shapes: named at trace time (Oracle Min's data needs its benign groups)
             raise ValueError(f"the data holds {data.num_agents} agents ({data.benign.num_agents} benign, "
                              f"{data.malicious.num_agents} attackers), but {name} was built for groups of {n} agents")
