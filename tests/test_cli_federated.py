@@ -98,7 +98,15 @@ def test_run_records_the_mnist_it_resolved(tmp_path, monkeypatch, capsys):
     (mnist_dir / "train-images-idx3-ubyte.gz").unlink()
     capsys.readouterr()
     assert run(tmp_path / "idx" / "config.json", "gone") == 2
-    assert "train-images-idx3-ubyte" in capsys.readouterr().err and "gone" not in read
+    err = capsys.readouterr().err
+    assert "train-images-idx3-ubyte" in err and "gone" not in read
+    assert "CBO_JAX_DATA_DIR" not in err  # the directory came from the config file
+    # a directory that came from CBO_JAX_DATA_DIR: the error names the variable and the way out
+    monkeypatch.setenv("CBO_JAX_DATA_DIR", str(mnist_dir))
+    assert run(cfg, "from_env") == 2
+    err = capsys.readouterr().err
+    assert f"CBO_JAX_DATA_DIR={str(mnist_dir)!r} names this directory" in err and "--source bundled" in err
+    monkeypatch.delenv("CBO_JAX_DATA_DIR")
 
 
 def _read_events(path):

@@ -210,7 +210,17 @@ def resolve_data(data: RotatedMNISTConfig) -> RotatedMNISTConfig:
 
 def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
     """Rotated MNIST as configured (the MNIST :func:`resolve_data` names)."""
-    source = mnist.load_mnist(data.source, data.data_dir)
+    import os
+
+    try:
+        source = mnist.load_mnist(data.source, data.data_dir)
+    except mnist.DataError as err:
+        env = os.environ.get("CBO_JAX_DATA_DIR")
+        # resolve_data made $CBO_JAX_DATA_DIR explicit: say where the directory came from
+        if data.source == "idx" and env and data.data_dir and Path(env).absolute() == Path(data.data_dir).absolute():
+            raise mnist.DataError(f"{err}; CBO_JAX_DATA_DIR={env!r} names this directory: unset it, or pass "
+                                  "--source bundled, to use the bundled subset") from None
+        raise
     return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed,
                                subset=data.subset)
 
