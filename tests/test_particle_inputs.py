@@ -309,3 +309,14 @@ def test_max_evals_near_int32_max_still_stops_the_run():
     assert int(state.evals) == top - 4 and not bool(state.active)
     frozen = step(state)
     assert int(frozen.evals) == top - 4 and int(frozen.step) == int(state.step)
+
+
+def test_a_one_particle_objective_returning_shape_1_is_told_to_return_a_scalar():
+    """``f(one particle)`` of shape ``(1,)`` (``keepdims=True``) is neither a population
+    function nor a scalar one: the error says to return a scalar."""
+    f = lambda x: jnp.sum((x - 1.0) ** 2, keepdims=True)  # noqa: E731
+    with pytest.raises(ValueError, match=r"shape \(100,\); got \(1, 1\)\. On one particle it returns an array of "
+                                         r"one element, not a scalar: return a scalar \(drop keepdims=True"):
+        cj.minimize(f, dim=2, num_steps=1)
+    res = cj.minimize(lambda x: jnp.sum((x - 1.0) ** 2), dim=2, num_steps=1)  # the scalar form is lifted
+    assert res.steps == 1

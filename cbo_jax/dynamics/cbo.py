@@ -344,6 +344,10 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
         if looks_single_particle(objective, single):
             hint = (" It looks like an objective of ONE particle (it maps one particle to a scalar): lift it with "
                     "cbo_jax.population.per_agent(f) (cbo_jax.minimize does this by itself).")
+        elif _one_particle_size_one(objective, single):
+            hint = (" On one particle it returns an array of one element, not a scalar: return a scalar (drop "
+                    "keepdims=True, or end with .squeeze()) and it is taken as an objective of one particle, or "
+                    "return one energy per row of the population.")
         raise ValueError(f"{what} must return one energy per particle, shape ({n},); got {tuple(out.shape)}."
                          + hint)
     if not (jnp.issubdtype(out.dtype, jnp.floating) or jnp.issubdtype(out.dtype, jnp.integer)):
@@ -354,6 +358,16 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
         raise ValueError(f"{gradient}: the gradient terms differentiate the {what}, which returns {out.dtype} "
                          "energies; return floats (a differentiable objective), or build the dynamics without "
                          "gradient terms")
+
+
+def _one_particle_size_one(objective, population: PyTree) -> bool:
+    """Whether ``objective`` maps one particle to an array of one element (``(1,)``, ``(1, 1)``)."""
+    row = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], jnp.float32), population)
+    try:
+        out = jax.eval_shape(objective, row)
+    except Exception:  # noqa: BLE001 - any failure means "no"
+        return False
+    return out.ndim > 0 and int(np.prod(out.shape)) == 1
 
 
 def looks_single_particle(objective, population: PyTree) -> bool:
