@@ -451,6 +451,33 @@ def _tiny_local_run(seed):
     return data, alg
 
 
+class _Act(nn.Module):
+    act: str = "relu"
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(3)(getattr(nn, self.act)(nn.Dense(4)(x)))
+
+
+def test_a_resume_with_another_model_is_refused_and_the_model_is_recorded(tmp_path):
+    """The fingerprint holds the model (name, classes, loss, parameter shapes, a hash of its
+    traced apply): the same shapes with another activation are another run."""
+    import json
+
+    data, _ = _tiny_local_run(0)
+    cfg = fl.LocalConfig(local=fl.LocalSGDConfig(epochs=1, batch_size=4))
+    ex = np.zeros((1, 2), np.float32)
+    relu, tanh = (fl.local_only(fl.from_flax(_Act(a), ex, name="act-mlp"), cfg, 4) for a in ("relu", "tanh"))
+    kw = dict(progress=False, plots=False, checkpoint_every=1)
+    fl.run(relu, data, 1, jax.random.key(0), out=tmp_path / "r", **kw)
+    fp = json.loads((tmp_path / "r" / "fingerprint.json").read_text())
+    assert fp["model"] == "act-mlp" and fp["model.num_classes"] == 3 and len(fp["model.parameters"]) == 4
+    with pytest.raises(ValueError, match=r"(?s)cannot resume .* another run.*model.apply_sha256"):
+        fl.run(tanh, data, 2, jax.random.key(0), out=tmp_path / "r", resume=True, extend=True, **kw)
+    res = fl.run(relu, data, 2, jax.random.key(0), out=tmp_path / "r", resume=True, extend=True, **kw)
+    assert res.history[-1]["round"] == 2
+
+
 def test_checkpoint_every_is_honoured_between_evaluations_and_a_resume_from_one_equals_the_whole_run(tmp_path,
                                                                                                       monkeypatch):
     from cbo_jax import checkpoint as ckpt

@@ -181,7 +181,8 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         A run stopped after round r and resumed ends in exactly the state, and writes
         exactly the rows, of an uninterrupted run. The checkpoint records the run's
         fingerprint (algorithm, its config, ``rounds``, ``every``, the key, a hash of
-        the data); a resume with any other is refused with the differing fields listed.
+        the data, the model: its name, classes, loss, parameter shapes and a hash of its
+        traced ``apply``); a resume with any other is refused with the differing fields listed.
       extend: with ``resume``, allow a different ``rounds`` (continue a finished run).
       overwrite: replace the results already in ``out`` (without ``resume`` or
         ``overwrite``, a directory holding results is refused; a second run into a
@@ -274,7 +275,8 @@ def _fingerprint_hash(fp: dict) -> str:
 
 
 def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: int) -> dict:
-    """What makes a run the run it is: algorithm, its config, rounds, every, key, data (a hash)."""
+    """What makes a run the run it is: algorithm, its config, rounds, every, key, data (a hash)
+    and the model (:func:`_model_fingerprint`)."""
     h = hashlib.sha256()
     for leaf in jax.tree_util.tree_leaves(data):
         a = np.ascontiguousarray(np.asarray(leaf))
@@ -285,7 +287,31 @@ def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: 
           "data_sha256": h.hexdigest()}
     fp.update(_flatten("config", json.loads(json.dumps(json_safe(to_python(_config_dict(algorithm.config))),
                                                        default=str))))
+    fp.update(_model_fingerprint(getattr(algorithm, "model", None), data))
     return fp
+
+
+def _model_fingerprint(model, data) -> dict:
+    """The model a run trains: its name, classes and loss, its parameters' shapes, and a hash
+    of the computation ``apply`` traces on one input (a changed activation changes it)."""
+    if model is None:
+        return {}
+    loss = getattr(model.loss, "__name__", type(model.loss).__name__)
+    out: dict[str, Any] = {"model": model.name, "model.num_classes": model.num_classes, "model.loss": loss}
+    x = getattr(data, "x", None)
+    if x is None and hasattr(data, "benign"):
+        x = data.benign.x
+    try:
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        out["model.parameters"] = [f"{jax.tree_util.keystr(p)}: {leaf.dtype}{list(leaf.shape)}"
+                                   for p, leaf in jax.tree_util.tree_leaves_with_path(params)]
+        if x is not None:
+            one = jax.ShapeDtypeStruct((1,) + tuple(np.shape(x))[2:], x.dtype)
+            jaxpr = str(jax.make_jaxpr(model.apply)(params, one))
+            out["model.apply_sha256"] = hashlib.sha256(jaxpr.encode()).hexdigest()[:16]
+    except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not hashed
+        pass
+    return out
 
 
 def _flatten(prefix: str, value) -> dict:
@@ -300,6 +326,8 @@ def _flatten(prefix: str, value) -> dict:
 def _resume_differences(saved: dict, now: dict, extend: bool) -> list[str]:
     out = []
     for k in sorted(set(saved) | set(now)):
+        if k.startswith("model") and k not in saved:  # a run recorded before the model was fingerprinted
+            continue
         if saved.get(k) != now.get(k) and not (extend and k == "rounds"):
             out.append(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now")
     return out

@@ -1,8 +1,6 @@
 """FedCB²O: consensus-based bi-level optimization against attacks (FedCB²O Algorithms 1–2).
 
-García Trillos, Akash, Li, Riedl and Zhu, "Defending against diverse attacks in
-federated learning through consensus-based bi-level optimization" (REFERENCE_NOTES
-§2.2). Per round ``n``:
+García Trillos, Akash, Li, Riedl and Zhu (REFERENCE_NOTES §2.2). Per round ``n``:
 
 1. LocalUpdate: every agent trains τ epochs of mini-batch SGD on its own training data
    (the benign agents on their training split, the attackers on their flipped data).
@@ -12,22 +10,19 @@ federated learning through consensus-based bi-level optimization" (REFERENCE_NOT
       those, when at most ``M`` are left), then ``∝ P^{j,i}``;
    b. download ``θ_i, i ∈ A_n``; evaluate them on ``j``'s VALIDATION split: the mean
       loss ``L_j^i`` and the class-wise losses ``L_{j,c}(θ_i)``;
-   c. ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)`` (the first observation sets it);
+   c. ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)``, eq. (3.12) (``P_start``);
    d. robustness criterion, eq. (3.15):
       ``G^i = max_c [ L_{j,c}(θ_i) - L_{j,c}(θ_j) ]`` over the classes present in the
       validation split (upper-level objective of the bi-level problem);
    e. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α G^i)`` over the downloads
       (eq. (3.13)), and ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` (eq. (3.14));
-   f. before round ``T_G`` the energy is the mean validation loss ``L_j^i`` instead of
-      ``G^i`` (as FedCBO): models must first become good before class-wise comparisons
-      mean anything.
+   f. before round ``T_G`` the energy is the mean validation loss ``L_j^i`` (as FedCBO).
 3. The attackers follow their own strategy (:mod:`cbo_jax.federated.attacks`).
 
-``criterion="loss"``: FedCBO with ProbSampling, the paper's attacked baseline. Steps a, c:
+``criterion="loss"``: FedCBO with ProbSampling, the attacked baseline. Steps a, c:
 :mod:`cbo_jax.federated.selection`; step e: :mod:`cbo_jax.federated.aggregation` (a NaN/inf
-download weighs nothing; no usable download: the agent keeps its model). Default: the
-paper's form; :meth:`FedCB2OConfig.reference_code`: the reference code's (own model
-averaged in with the largest weight after T_G, one shared initial model, α = 2).
+download weighs nothing; no usable download: the agent keeps its model).
+:meth:`FedCB2OConfig.reference_code`: the reference code's form.
 """
 
 from __future__ import annotations
@@ -59,20 +54,16 @@ CRITERIA = ("G", "loss")
 
 @dataclasses.dataclass(frozen=True)
 class FedCB2OConfig:
-    """FedCB²O parameters (defaults: the paper's experiment, REFERENCE_NOTES §2.2, except
-    the aggregation step).
+    """FedCB²O parameters (defaults: the paper's experiment, REFERENCE_NOTES §2.2, but λ1 γ).
 
     Attributes:
       M: downloads per benign agent per round.
-      lambda1, gamma: the aggregation step is ``λ1 γ`` (default 10 · 0.1 = 1: the model is
-        replaced by its consensus point, as in the reference code). The paper's numbers read
-        literally (λ1 = 10, λ2 = 1 and a local step ``λ2 γ`` equal to its learning rate
-        0.004) give ``γ = 0.004`` and a step of 0.04: pass ``gamma=0.004`` for that form.
+      lambda1, gamma: the aggregation step ``λ1 γ``: 10 · 0.1 = 1, the reference code's
+        (the paper's numbers read literally give γ = 0.004, a step of 0.04; the guide).
       alpha: α of ``μ = exp(-α G)``.
       kappa, zeta: ProbSampling's ``P ← (1-ζ) P + ζ exp(-κ L)``, eq. (3.12).
-      P_start: an agent's first observation: ``"first"`` sets ``P`` to ``exp(-κ L)``
-        (REFERENCE_NOTES §2.2), ``"zero"`` applies (3.12) to the paper's ``P_0 = 0``
-        (:func:`~cbo_jax.federated.selection.update_prob_likelihood`).
+      P_start: ``"first"`` (the first observation sets ``P = exp(-κ L)``) or ``"zero"``
+        (the paper's ``P_0 = 0``; :func:`~cbo_jax.federated.selection.update_prob_likelihood`).
       T_G: rounds before which the mean validation loss replaces ``G``.
       criterion: ``"G"`` (FedCB²O) or ``"loss"`` (FedCBO with ProbSampling).
       include_self: put the agent's own model into its average (reference code).
@@ -123,9 +114,8 @@ class FedCB2OConfig:
 
     @classmethod
     def reference_code(cls, **overrides) -> "FedCB2OConfig":
-        """The FedCB²O reference script's form: own model in the average with the largest
-        weight after T_G, replaced by the average (λ1 γ = 1, also this class's default),
-        one shared initial model, α = 2."""
+        """The FedCB²O reference script's form: own model in the average with the largest weight
+        after T_G, replaced by the average (λ1 γ = 1, the default), one shared initial model, α = 2."""
         kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0,
                                   gamma=0.1)
         kw.update(overrides)

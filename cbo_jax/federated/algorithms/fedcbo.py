@@ -23,9 +23,8 @@ Steps b–c are :func:`cbo_jax.federated.aggregation.consensus_downloads` (or, w
 energy ``L_j^i`` (log-space weights; a non-finite download gets weight zero, and an
 agent with no usable download keeps its own model). Steps a and e are a selection rule
 (:mod:`cbo_jax.federated.selection`): ε-greedy, uniform, or FedCB²O's ProbSampling.
-How many downloads are evaluated at once, and how they travel between devices, are the
-``eval_chunk`` and ``downloads`` options (:mod:`cbo_jax.federated.memory` plans the
-first, :func:`cbo_jax.federated.exchange.exchange_downloads` is the second on a mesh).
+``eval_chunk`` (:mod:`cbo_jax.federated.memory`): downloads evaluated at once; ``downloads``
+(:func:`cbo_jax.federated.exchange.exchange_downloads`): how they travel on a mesh.
 """
 
 from __future__ import annotations
@@ -85,10 +84,8 @@ class FedCBOConfig:
         (:func:`~cbo_jax.federated.aggregation.consensus_by_model`): the same results up to
         float rounding, faster on a CPU, and no per-agent copy of the ``M`` downloads.
       local: the local SGD configuration.
-      kappa, zeta: κ and ζ of ProbSampling (unused otherwise).
-      P_start: ProbSampling's first observation of an agent: ``"first"`` sets ``P`` to
-        ``exp(-κ L)`` (REFERENCE_NOTES), ``"zero"`` applies eq. (3.12) to the FedCB²O
-        paper's ``P_0 = 0`` (:func:`~cbo_jax.federated.selection.update_prob_likelihood`).
+      kappa, zeta, P_start: κ, ζ and the first observation's rule of ProbSampling (unused
+        otherwise; :func:`~cbo_jax.federated.selection.update_prob_likelihood`).
     """
 
     M: int = 200
@@ -174,9 +171,8 @@ def loss_energy(model: Model, cfg: FedCBOConfig):
     """The energy of eq. (19) for :func:`~cbo_jax.federated.aggregation.consensus_downloads`:
     ``L_j^i``, the loss of each download on agent ``j``'s data (``cfg.loss_reduction``)."""
     def energy(models, theta_j, x, y, c):
-        def loss_of(p):
-            return agent_loss(model, p, x, y, c, batch_size=cfg.local.batch_size, reduction=cfg.loss_reduction)
-
+        loss_of = lambda p: agent_loss(model, p, x, y, c, batch_size=cfg.local.batch_size,  # noqa: E731
+                                       reduction=cfg.loss_reduction)
         loss = jax.vmap(loss_of)(models)
         own = loss_of(theta_j)
         return Energy(loss, loss, own, own)
