@@ -27,7 +27,21 @@ import time
 from pathlib import Path
 
 from cbo_jax.experiments import jax_seed as _seed  # one argparse type for JAX-only seeds
+from cbo_jax.experiments import nonnegative_int as _nonnegative_int
 from cbo_jax.experiments import positive_int as _positive_int  # one argparse type for counts
+
+
+class _Defaults(argparse.HelpFormatter):
+    """Help that shows an option's default where it has one to show (not ``None`` or a switch's
+    ``False``) and its help does not state it already."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        shown = not (default is None or default is False or default is argparse.SUPPRESS)  # 0 and 0.0 are shown
+        if action.option_strings and shown and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 from cbo_jax.experiments import seed as _run_seed  # a run's seed (NumPy and JAX): 0 .. 2**32 - 1
 
 
@@ -35,15 +49,15 @@ def _add_optimize(sub) -> None:
     from cbo_jax.mirror_maps import MIRROR_MAPS
     from cbo_jax.objectives import OBJECTIVES
 
-    p = sub.add_parser("optimize", help="minimise a test objective with CBO",
+    p = sub.add_parser("optimize", help="minimise a test objective with CBO", formatter_class=_Defaults,
                        description="Minimise a batched test objective with CBO (FedCBO eq. (4)/(15) with one objective).")
-    p.add_argument("--objective", default="rastrigin", choices=sorted(OBJECTIVES))
+    p.add_argument("--objective", default="rastrigin", choices=sorted(OBJECTIVES), help="the test function")
     p.add_argument("--dim", type=_positive_int, default=20, help="dimension d")
     p.add_argument("--shift", type=float, default=0.0, help="move the minimiser by this amount in every coordinate")
     p.add_argument("--particles", "-N", type=_positive_int, default=100, help="particles per run N")
     p.add_argument("--runs", "-M", type=_positive_int, default=1, help="independent runs, vmapped")
-    p.add_argument("--steps", type=int, default=2000)
-    p.add_argument("--dt", type=float, default=0.01)
+    p.add_argument("--steps", type=_nonnegative_int, default=2000, help="steps of the Euler–Maruyama scheme")
+    p.add_argument("--dt", type=float, default=0.01, help="time step dt")
     p.add_argument("--lambda1", type=float, default=1.0, help="consensus drift λ1")
     p.add_argument("--sigma1", type=float, default=1.0, help="consensus noise σ1")
     p.add_argument("--dynamic", default="cbo",
@@ -60,19 +74,21 @@ def _add_optimize(sub) -> None:
     p.add_argument("--lambda2", type=float, default=0.0, help="gradient drift λ2")
     p.add_argument("--sigma2", type=float, default=0.0, help="gradient noise σ2")
     p.add_argument("--alpha", type=float, default=30.0, help="α (initial α for schedules)")
-    p.add_argument("--alpha-schedule", default="multiplicative", choices=["constant", "multiplicative", "ess"])
+    p.add_argument("--alpha-schedule", default="multiplicative", choices=["constant", "multiplicative", "ess"],
+                   help="how α changes over the steps")
     p.add_argument("--alpha-factor", type=float, default=None,
                    help="α's factor per step for --alpha-schedule multiplicative (default 1.05)")
     p.add_argument("--alpha-max", type=float, default=None,
                    help="α's cap for --alpha-schedule multiplicative or ess (default 1e5)")
     p.add_argument("--ess-eta", type=float, default=None,
                    help="target effective sample size share for --alpha-schedule ess (default 0.5)")
-    p.add_argument("--init-low", type=float, default=-3.0)
-    p.add_argument("--init-high", type=float, default=3.0)
-    p.add_argument("--energy-tol", type=float, default=None)
-    p.add_argument("--diff-tol", type=float, default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--init-low", type=float, default=-3.0, help="lower bound of the uniform initial particles")
+    p.add_argument("--init-high", type=float, default=3.0, help="upper bound of the uniform initial particles")
+    p.add_argument("--energy-tol", type=float, default=None, help="stop a run once its best energy is below this")
+    p.add_argument("--diff-tol", type=float, default=None,
+                   help="stop a run once its consensus point moves less than this in a step")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating-point precision")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the initial particles and the noise")
     p.add_argument("--output", type=Path, default=None,
                    help="directory for summary.json, history.npz and metrics.jsonl (one row per logged step)")
     p.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
@@ -122,6 +138,7 @@ def _cmd_optimize(args) -> int:
         _checks.finite_number(flag, value, f32=args.dtype == "float32")
     if not args.init_low < args.init_high:
         raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
+    _checks.non_negative("--alpha", args.alpha, f32=args.dtype == "float32")  # was named alpha0, the config's field
     # Flags of a schedule other than the one chosen were accepted and had no effect; so were
     # --tensorboard and --log-every without --output (nothing is written).
     uses = {"--alpha-factor": ("multiplicative",), "--alpha-max": ("multiplicative", "ess"), "--ess-eta": ("ess",)}

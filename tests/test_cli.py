@@ -37,6 +37,19 @@ def test_optimize_bad_input_is_a_clear_error(capsys):
     assert "sigma1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["optimize", "--particles", "0"])
+    # errors name the flags (the config's alpha0 and num_steps were named before)
+    assert main(["optimize", "--alpha", "-5", "--no-progress"]) == 2
+    assert "--alpha must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["optimize", "--steps", "-1"])
+    assert "--steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # and the help shows the defaults
+        main(["optimize", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("--steps STEPS steps of the Euler–Maruyama scheme (default: 2000)", "(default: rastrigin)",
+                  "--seed SEED seed of the initial particles and the noise (default: 0)"):
+        assert shown in text, shown
+    assert "(default: None)" not in text
 
 
 def test_reproduce_list_names_every_entry(capsys, tmp_path):
