@@ -427,6 +427,8 @@ def _cmd_reproduce(args) -> int:
             raise
         if options is not None:  # after the runs: a resume of a directory without the record wrote none before
             options()
+        elif not exp.resumable:  # the record of what ran (reproduce --list names the options that differ)
+            _check_options(out_dir, args, False)
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if resume:  # wall_seconds is this command's: the runs read back cost nothing here
             result["resumed"] = True

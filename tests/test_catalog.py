@@ -47,3 +47,23 @@ def test_recorded_entry_cites_a_file_with_its_numbers_and_a_real_command(name):
 
 def test_every_reproduction_has_a_recorded_entry_or_says_why():
     assert set(registry()) <= set(RECORDED)
+
+
+def test_last_run_names_the_options_that_differ_from_the_defaults(tmp_path):
+    """A shortened run (--runs 3 --steps 200) is shown as such beside its headline, not as
+    the default run the recorded number comes from."""
+    import json
+
+    from cbo_jax.experiments.catalog import last_run
+
+    run_dir = tmp_path / "rastrigin-success"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"successes": 0, "runs": 3}))
+    assert "(with" not in last_run("rastrigin-success", tmp_path)[0]  # no options.json: nothing added
+    parser = __import__("argparse").ArgumentParser()
+    registry()["rastrigin-success"].add_arguments(parser)
+    options = {a.dest: a.default for a in parser._actions if a.option_strings and a.dest != "help"}
+    options.update(name="rastrigin-success", runs=3, steps=200)
+    (run_dir / "options.json").write_text(json.dumps(options))
+    text = last_run("rastrigin-success", tmp_path)[0]
+    assert text.endswith("(with --runs 3 --steps 200)"), text

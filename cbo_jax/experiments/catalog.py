@@ -165,7 +165,31 @@ def last_run(name: str, results_root: str | Path = "results") -> tuple[str, str]
         return f"unreadable: {err}", stamp
     if not isinstance(summary, dict):
         return "unreadable: not a JSON object", stamp
-    return headline(name, summary), stamp
+    return headline(name, summary) + _given_options(name, path.parent / "options.json"), stamp
+
+
+def _given_options(name: str, path: Path) -> str:
+    """`` (with --runs 3 --steps 200)``: the options of the run in ``path`` (``options.json``,
+    written by ``cbo-jax reproduce``) that differ from the reproduction's defaults, so a
+    shortened run is not read as the default one; empty when there are none or no record."""
+    import argparse
+
+    from cbo_jax.experiments import registry
+
+    try:
+        saved = json.loads(path.read_text())
+        parser = argparse.ArgumentParser(add_help=False)
+        registry()[name].add_arguments(parser)
+    except Exception:  # noqa: BLE001 - no record (or an unreadable one): nothing to add
+        return ""
+    if not isinstance(saved, dict):
+        return ""
+    flags = []
+    for action in parser._actions:
+        if action.dest in saved and saved[action.dest] != action.default and action.option_strings:
+            value = saved[action.dest]
+            flags.append(action.option_strings[0] + ("" if value is True else f" {value}"))
+    return f" (with {' '.join(flags)})" if flags else ""
 
 
 def entries(results_root: str | Path | None = "results") -> list[dict]:
