@@ -478,6 +478,26 @@ def test_a_resume_with_another_model_is_refused_and_the_model_is_recorded(tmp_pa
     assert res.history[-1]["round"] == 2
 
 
+def test_a_run_recorded_before_the_model_fingerprint_is_still_read_back_and_resumed(tmp_path):
+    """Results written before the fingerprint held the model (no model keys) are read back as
+    finished, and resumed, as they were: the model keys they lack are not compared."""
+    import json
+
+    from cbo_jax.federated import runner
+
+    data, alg = _tiny_local_run(0)
+    kw = dict(progress=False, plots=False)
+    fl.run(alg, data, 2, jax.random.key(0), out=tmp_path / "r", checkpoint_every=1, **kw)
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+    fp = json.loads((tmp_path / "r" / "fingerprint.json").read_text())
+    old = {k: v for k, v in fp.items() if not k.startswith("model")}
+    (tmp_path / "r" / "fingerprint.json").write_text(json.dumps(old))
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    summary["fingerprint"] = runner._fingerprint_hash(old)
+    (tmp_path / "r" / "summary.json").write_text(json.dumps(summary))
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+
+
 def test_checkpoint_every_is_honoured_between_evaluations_and_a_resume_from_one_equals_the_whole_run(tmp_path,
                                                                                                       monkeypatch):
     from cbo_jax import checkpoint as ckpt

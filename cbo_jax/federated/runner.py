@@ -253,6 +253,8 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         return None
     _check_data(algorithm, data)
     fp = fingerprint(algorithm, _train_view(data), key, rounds, every)
+    if isinstance(saved, dict):  # a run recorded before the model was fingerprinted: compared without it
+        fp = {k: v for k, v in fp.items() if not (k.startswith("model") and k not in saved)}
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
     if recorded != _config_record(algorithm, config, rounds, every):
