@@ -298,7 +298,7 @@ def simulate(
                         bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
                 if stopped:
                     break
-            if writer is not None:
+            if writer is not None and out is not None:
                 _write_summary(Path(out), state, done, time.perf_counter() - t0, grid)
         finally:
             if bar is not None:
