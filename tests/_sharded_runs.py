@@ -147,6 +147,12 @@ def poisoned_agents(self, size):
     return d._replace(x=d.x.at[n:].set(5.0), y=d.y.at[n:].set(1), counts=d.counts.at[n:].set(d.x.shape[1]))
 
 
+from cbo_jax.federated import runner as frunner  # noqa: E402
+
+# the runner pads through one jitted function per layout, compiled by the clean runs above:
+# a fresh one traces the poisoned pad_state (restored below)
+clean_jit_pad = frunner._pad_state
+frunner._pad_state = jax.jit(lambda state, layout: layout.pad_state(state), static_argnums=1)
 fpad.Layout.pad_state, AgentData.pad = poisoned_state, poisoned_agents
 try:
     for name in ("fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld", "fedcb2o_G",
@@ -158,6 +164,7 @@ try:
                                                               for k in ref_h])
 finally:
     fpad.Layout.pad_state, AgentData.pad = clean_pad_state, clean_agent_pad
+    frunner._pad_state = clean_jit_pad
 out["fed_poisoned_padding_used"] = bool(seen) and all(v == 16 for v in seen)
 
 # The exchange: only requested rows move; equals the global gather, also when the
