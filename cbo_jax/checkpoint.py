@@ -155,10 +155,11 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
-    if int(step) in steps(path):  # orbax raised its own StepAlreadyExistsError
+    held = steps(path)
+    if int(step) in held:  # orbax raised its own StepAlreadyExistsError
         if not overwrite:
             raise CheckpointError(f"{path} already holds step {int(step)}: pass overwrite=True to replace it, or "
-                                  f"save another step (steps there: {steps(path)})")
+                                  f"save another step (steps there: {held})")
         with _manager(path, keep, create=True) as mgr:
             mgr.delete(int(step))
     with _manager(path, keep, create=True) as mgr:

@@ -528,8 +528,7 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
     from cbo_jax import population as pop
     from cbo_jax.dynamics.cbo import cbo
 
-    _checks.known_keywords("cbo", cfg_kw, [f.name for f in dataclasses.fields(CBOConfig)])
-    # the resolved config is the key: CBOConfig(alpha=30), alpha=30 and CBOConfig() + alpha=30 are one setting
+    # cfg_kw holds CBOConfig fields only (minimize split them off); the resolved config is the key: CBOConfig(alpha=30), alpha=30 and CBOConfig() + alpha=30 are one setting
     config = dataclasses.replace(config, **cfg_kw) if config is not None else CBOConfig(**cfg_kw)
 
     def build() -> Dynamics:

@@ -341,10 +341,11 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
         raise ValueError(f"{what} failed on a population shaped like {name}: {err}") from err
     if tuple(out.shape) != (n,):
         hint = ""
-        if looks_single_particle(objective, single):
+        one = _one_particle_shape(objective, single)
+        if one == ():
             hint = (" It looks like an objective of ONE particle (it maps one particle to a scalar): lift it with "
                     "cbo_jax.population.per_agent(f) (cbo_jax.minimize does this by itself).")
-        elif _one_particle_size_one(objective, single):
+        elif one is not None and len(one) > 0 and int(np.prod(one)) == 1:
             hint = (" On one particle it returns an array of one element, not a scalar: return a scalar (drop "
                     "keepdims=True, or end with .squeeze()) and it is taken as an objective of one particle, or "
                     "return one energy per row of the population.")
@@ -360,20 +361,16 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
                          "gradient terms")
 
 
-def _one_particle_size_one(objective, population: PyTree) -> bool:
-    """Whether ``objective`` maps one particle to an array of one element (``(1,)``, ``(1, 1)``)."""
+def _one_particle_shape(objective, population: PyTree) -> tuple[int, ...] | None:
+    """The shape ``objective`` returns on one particle (one row of ``population``); ``None`` when it fails
+    there."""
     row = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], jnp.float32), population)
     try:
-        out = jax.eval_shape(objective, row)
-    except Exception:  # noqa: BLE001 - any failure means "no"
-        return False
-    return out.ndim > 0 and int(np.prod(out.shape)) == 1
+        return tuple(jax.eval_shape(objective, row).shape)
+    except Exception:  # noqa: BLE001 - any failure means "not an objective of one particle"
+        return None
 
 
 def looks_single_particle(objective, population: PyTree) -> bool:
     """Whether ``objective`` maps one particle (one row of ``population``) to a scalar."""
-    row = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], jnp.float32), population)
-    try:
-        return jax.eval_shape(objective, row).shape == ()
-    except Exception:  # noqa: BLE001 - any failure means "no"
-        return False
+    return _one_particle_shape(objective, population) == ()
