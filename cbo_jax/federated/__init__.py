@@ -13,6 +13,7 @@ from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
                                           fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
+from cbo_jax.federated.algorithms.fedcb2o import class_losses, robustness_criterion
 from cbo_jax.federated.attacks import AttackData
 from cbo_jax.federated.data import AgentData, FederatedData, rotated_mnist
 from cbo_jax.federated.local import LocalSGDConfig
@@ -22,6 +23,6 @@ from cbo_jax.models import Model, from_flax
 
 __all__ = ["AgentData", "Algorithm", "AttackData", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
            "FedPDConfig", "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model",
-           "RunResult", "SGLDConfig", "SelectionRule", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
+           "RunResult", "SGLDConfig", "SelectionRule", "class_losses", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
            "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
-           "prob_sampling", "rotated_mnist", "run", "uniform"]
+           "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform"]

@@ -3,12 +3,11 @@ import jax.numpy as jnp
 import cbo_jax.federated as fl
 from cbo_jax import models
 from cbo_jax.federated import attacks, mnist
-from cbo_jax.federated.algorithms.fedcb2o import robustness_criterion
 
 # Eq. (3.15): G^i = max_c [L_{j,c}(θ_i) - L_{j,c}(θ_j)] over the classes present
 l_c_down = jnp.array([[0.2, 0.3, 2.0], [0.4, 0.5, 0.6]])   # (M, C) class losses of 2 downloads
 l_c_own = jnp.array([0.3, 0.4, 0.5])                        # (C,) the agent's own model
-print(robustness_criterion(l_c_down, l_c_own, jnp.array([True, True, True])))   # [1.5 0.1]
+print(fl.robustness_criterion(l_c_down, l_c_own, jnp.array([True, True, True])))   # [1.5 0.1]
 
 # ProbSampling (Algorithm 2) as a selection rule: never-observed agents first, then ∝ P
 rule = fl.prob_sampling(M=2, kappa=2.0, zeta=0.5)

@@ -144,12 +144,12 @@ class FedCB2OInfo(NamedTuple):
     valid: jax.Array | None  # (R, M) slots that hold a download (ProbSampling may fill fewer than M)
 
 
-def class_losses(model: Model, params: PyTree, x, y, count, num_classes: int):
-    """Validation losses of one model on one agent's data.
+def class_losses(model: Model, params: PyTree, x: jax.Array, y: jax.Array, count: jax.Array,
+                 num_classes: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Validation losses of one model on one agent's data (``count`` real rows of ``x``, ``y``).
 
-    Returns ``(L_c (C,), present (C,), L (,))``: the mean loss over the real samples of
-    each class (0 where a class is absent), which classes are present, and the mean
-    over all real samples.
+    Returns ``(L_c (C,), present (C,), L (,))``: the mean loss over the real samples of each
+    class (0 where a class is absent), which classes are present, and the mean over all of them.
     """
     per = model.loss(model.apply(params, x), y)
     real = jnp.arange(x.shape[0]) < count
