@@ -478,6 +478,25 @@ def test_a_resume_with_another_model_is_refused_and_the_model_is_recorded(tmp_pa
     assert res.history[-1]["round"] == 2
 
 
+def test_a_model_hashed_under_another_jax_is_compared_without_its_hash(tmp_path, monkeypatch):
+    """The model's hash is of a printed jaxpr, which a JAX upgrade may print otherwise: a run
+    recorded under another JAX version is resumed and read back as finished, with a warning
+    that its traced computation was not compared (under the same version, it is: the test
+    above)."""
+    from cbo_jax.federated import runner
+
+    data, alg = _tiny_local_run(0)
+    kw = dict(progress=False, plots=False, checkpoint_every=1)
+    fl.run(alg, data, 2, jax.random.key(0), out=tmp_path / "r", **kw)
+    monkeypatch.setattr(jax, "__version__", "99.0.0")
+    monkeypatch.setattr(runner, "_apply_hash", lambda *a: "printed-otherwise")
+    with pytest.warns(UserWarning, match="traced computation is not"):
+        assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+    with pytest.warns(UserWarning, match=r"recorded its model under JAX .* this is JAX 99\.0\.0"):
+        res = fl.run(alg, data, 3, jax.random.key(0), out=tmp_path / "r", resume=True, extend=True, **kw)
+    assert res.history[-1]["round"] == 3
+
+
 def test_a_run_recorded_before_the_model_fingerprint_is_still_read_back_and_resumed(tmp_path):
     """Results written before the fingerprint held the model (no model keys) are read back as
     finished, and resumed, as they were: the model keys they lack are not compared."""

@@ -253,8 +253,8 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         return None
     _check_data(algorithm, data)
     fp = fingerprint(algorithm, _train_view(data), key, rounds, every)
-    if isinstance(saved, dict):  # a run recorded before the model was fingerprinted: compared without it
-        fp = {k: v for k, v in fp.items() if not (k.startswith("model") and k not in saved)}
+    if isinstance(saved, dict):
+        fp = _comparable(saved, fp, out, 2)
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
     if recorded != _config_record(algorithm, config, rounds, every):
@@ -309,11 +309,32 @@ def _model_fingerprint(model, data) -> dict:
                                    for p, leaf in jax.tree_util.tree_leaves_with_path(params)]
         if x is not None:
             one = jax.ShapeDtypeStruct((1,) + tuple(np.shape(x))[2:], x.dtype)
-            jaxpr = str(jax.make_jaxpr(model.apply)(params, one))
-            out["model.apply_sha256"] = hashlib.sha256(jaxpr.encode()).hexdigest()[:16]
+            out["model.apply_sha256"] = _apply_hash(model, params, one)
+            out["model.apply_jax"] = jax.__version__  # the hash is of a printed jaxpr: comparable within a version
     except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not hashed
         pass
     return out
+
+
+def _apply_hash(model, params, one) -> str:
+    return hashlib.sha256(str(jax.make_jaxpr(model.apply)(params, one)).encode()).hexdigest()[:16]
+
+
+def _comparable(saved: dict, now: dict, out, stacklevel: int) -> dict:
+    """``now`` as it compares with a recorded fingerprint ``saved``: without the model keys a
+    run recorded before the model was fingerprinted lacks, and, when ``saved`` hashed the
+    model's ``apply`` under another JAX version (whose jaxprs may print otherwise), without
+    that hash (a warning says the computation was not compared)."""
+    now = {k: v for k, v in now.items() if not (k.startswith("model") and k not in saved)}
+    then = saved.get("model.apply_jax")
+    if then is not None and now.get("model.apply_jax") not in (None, then):
+        warnings.warn(f"{out} recorded its model under JAX {then}, this is JAX {now['model.apply_jax']}: the "
+                      "model's name, classes, loss and parameter shapes are compared, its traced computation is "
+                      "not", stacklevel=stacklevel + 1)
+        now = {**now, "model.apply_jax": then}
+        if "model.apply_sha256" in saved and "model.apply_sha256" in now:
+            now["model.apply_sha256"] = saved["model.apply_sha256"]
+    return now
 
 
 def _flatten(prefix: str, value) -> dict:
@@ -325,11 +346,10 @@ def _flatten(prefix: str, value) -> dict:
     return {prefix: value}
 
 
-def _resume_differences(saved: dict, now: dict, extend: bool) -> list[str]:
+def _resume_differences(saved: dict, now: dict, extend: bool, where) -> list[str]:
+    now = _comparable(saved, now, where, 4)
     out = []
     for k in sorted(set(saved) | set(now)):
-        if k.startswith("model") and k not in saved:  # a run recorded before the model was fingerprinted
-            continue
         if saved.get(k) != now.get(k) and not (extend and k == "rounds"):
             out.append(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now")
     return out
@@ -361,7 +381,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         if saved is None and read_jsonl(out / "metrics.jsonl"):
             raise ValueError(f"cannot resume {out}: it holds results of a run that recorded no fingerprint; "
                              f"overwrite them instead")
-        diffs = _resume_differences(saved, fp, extend) if saved is not None else []
+        diffs = _resume_differences(saved, fp, extend, out) if saved is not None else []
         if diffs:
             hint = " (extend=True / --extend allows more rounds)" if any(d.startswith("rounds:") for d in diffs) else ""
             raise ValueError(f"cannot resume {out}: it holds another run{hint}:\n  " + "\n  ".join(diffs))
