@@ -261,3 +261,19 @@ def test_reproduction_json_has_every_variant(tmp_path):
                                                                    rel=1e-6)
     assert res["high_noise"]["variants"]["paper_start_per_sample_clip"]["epsilon"] <= 10
     assert (tmp_path / "training_loss_high_noise.png").is_file()
+    # the equal-variance control: less noise than noisy FedPD's, so a larger privacy epsilon
+    eq, noisy = res["high_noise"]["noisy_fedpd_equal_variance"], res["high_noise"]["noisy_fedpd"]
+    assert eq["noise"] < noisy["noise"] == exp.HIGH_NOISE and eq["epsilon"] > noisy["epsilon"]
+    assert isinstance(res["high_noise"]["fedsgld_lower_loss_than_noisy_fedpd_equal_variance"], bool)
+
+
+def test_equal_variance_noise_is_fedsglds_injected_variance_per_round():
+    """Noisy FedPD's control: ``ε'² Q η = ε² Σ_q η_q``, the steps ``η`` for ``q ≤ Q0`` and
+    ``η (q - Q0)^(-1/3)`` after (closed form, float64); 0.757 of the variance at the defaults."""
+    from cbo_jax.experiments.fedsgld_synthetic import SyntheticRunConfig, equal_variance_noise
+
+    for steps, burn_in, lr in ((40, 20, 0.01), (7, 3, 0.2)):
+        cfg = SyntheticRunConfig(steps=steps, burn_in=burn_in, lr=lr)
+        total = lr * (burn_in + sum(k ** (-1.0 / 3.0) for k in range(1, steps - burn_in + 1)))
+        assert equal_variance_noise(cfg, 0.5) == pytest.approx(0.5 * np.sqrt(total / (steps * lr)), rel=1e-6)
+    assert (equal_variance_noise(SyntheticRunConfig(), 0.5) / 0.5) ** 2 == pytest.approx(0.75656, abs=1e-5)

@@ -37,9 +37,10 @@ Clipping: Algorithm 2 clips the whole ``h`` (``SGLDConfig(clipping="batch")``, t
 ``λ_i + γ (x - x0_i)`` unclipped, with per-device privacy accounting (:mod:`cbo_jax.federated.privacy`).
 
 The "noisy FedPD" baseline of the paper's high-noise case is :func:`fedpd` with
-``noise > 0``: the same per-step noise ``sqrt(η) ε ξ`` (and the same clipping and Poisson
+``noise > 0``: the noise ``sqrt(η) ε ξ`` at the same ``ε`` (and the same clipping and Poisson
 batches) injected into FedPD's local SGD, but without the Langevin sampling structure:
-fixed step, no running average, the last iterate is sent.
+fixed step, no running average, the last iterate is sent. With its step fixed at ``η`` it
+injects more noise per round than FedSGLD, whose steps decay after the burn-in.
 """
 
 from __future__ import annotations
