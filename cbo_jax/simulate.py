@@ -73,12 +73,19 @@ def _record_cbo(state) -> dict:
 
 
 def _record(state, record, observe, with_consensus: bool) -> dict:
-    rec = dict(record(state))
+    rec = _as_dict("the dynamics' record(state)", record(state))
     if with_consensus:
         rec["consensus"] = state.consensus
     if observe is not None:
-        rec.update(observe(state))
+        rec.update(_as_dict("observe(state)", observe(state)))
     return rec
+
+
+def _as_dict(what: str, value) -> dict:
+    if not isinstance(value, dict):
+        got = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type(value).__name__
+        raise TypeError(f"{what} must return a dict of arrays (name -> value, e.g. {{'spread': ...}}), got {got}")
+    return value
 
 
 def _vmapped(fn, levels: int):
@@ -189,8 +196,21 @@ def simulate(
       log_every: write every this many steps (default: about 1000 rows for the whole run), and
         the first and the last step taken (a stop, or ``num_steps`` not a multiple).
     """
+    if not isinstance(dynamics, Dynamics):
+        hint = (": to minimise an objective, call cbo_jax.minimize(objective, ...), or build the dynamics with "
+                "cbo_jax.cbo(objective, ...)") if callable(dynamics) else ""
+        raise TypeError(f"simulate takes dynamics (a cbo_jax.Dynamics, e.g. cbo_jax.cbo(objective)), got "
+                        f"{type(dynamics).__name__}{hint}")
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    if observe is not None and not callable(observe):
+        raise TypeError(f"observe must be a function observe(state) -> dict, got {type(observe).__name__}")
+    if out is None:
+        unused = [f"{name}={value!r}" for name, value, default in (("tensorboard", tensorboard, False),
+                                                                   ("log_every", log_every, None),
+                                                                   ("overwrite", overwrite, False)) if value != default]
+        if unused:
+            raise ValueError(f"{', '.join(unused)} concern the files of out=DIRECTORY, and out is not given")
     _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
     _checks.positive_int("chunk_size", chunk_size)
     if log_every is not None:

@@ -456,3 +456,17 @@ def test_non_finite_padding_rows_change_no_gradient(target):
     mask = jnp.arange(x.shape[0]) < 1
     _leaves_equal(jax.grad(lambda p: models.masked_loss(model, p, x, y, mask))(params),
                   jax.grad(lambda p: models.masked_loss(model, p, cx, cy, mask))(params))
+
+
+@pytest.mark.parametrize("which,fn,got", [("metrics", lambda ev: 0.5, "float"),
+                                          ("round_metrics", lambda info: info.train_loss, r"an array of shape \(4,\)")])
+def test_a_metric_that_returns_no_dict_is_named(which, fn, got):
+    """A metric returning a number failed with "'float' object is not iterable", a round
+    metric returning an array with "iteration over a 0-d array" or "unhashable type:
+    'DynamicJaxprTracer'"."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    alg = _local(fl.from_flax(Classifier(), xs[0][:1]))
+    what = "the metric" if which == "metrics" else "the round metric"
+    with pytest.raises(TypeError, match=rf"{what} '<lambda>' must return a dict .* got {got}"):
+        fl.run(alg, data, 1, jax.random.key(0), progress=False, **{which: [fn]})

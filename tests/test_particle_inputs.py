@@ -320,3 +320,22 @@ def test_a_one_particle_objective_returning_shape_1_is_told_to_return_a_scalar()
         cj.minimize(f, dim=2, num_steps=1)
     res = cj.minimize(lambda x: jnp.sum((x - 1.0) ** 2), dim=2, num_steps=1)  # the scalar form is lifted
     assert res.steps == 1
+
+
+def test_simulate_names_what_it_takes_and_what_a_hook_returns(tmp_path):
+    """An objective passed as the dynamics failed with "'Rastrigin' object has no attribute
+    'record'"; an ``observe`` returning an array with "cannot convert dictionary update
+    sequence element"; ``observe=5`` inside the trace; and the options of ``out=`` without it
+    were ignored."""
+    x0 = np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32)
+    obj = cj.objectives.Rastrigin()
+    with pytest.raises(TypeError, match=r"simulate takes dynamics .* got Rastrigin: .*cbo_jax.minimize"):
+        cj.simulate(obj, x0, 0, 3)
+    dyn = cj.cbo(obj)
+    with pytest.raises(TypeError, match=r"observe\(state\) must return a dict .* got an array of shape \(2,\)"):
+        cj.simulate(dyn, x0, 0, 3, observe=lambda s: s.consensus)
+    with pytest.raises(TypeError, match="observe must be a function"):
+        cj.simulate(dyn, x0, 0, 3, observe=5)
+    with pytest.raises(ValueError, match=r"tensorboard=True, log_every=2 concern the files of out="):
+        cj.simulate(dyn, x0, 0, 3, tensorboard=True, log_every=2)
+    assert cj.simulate(dyn, x0, 0, 3, out=tmp_path / "r", log_every=2).steps == 3

@@ -58,10 +58,15 @@ class RunResult(NamedTuple):
     summary: dict
 
 
-def _merge(fns: Sequence[Callable], arg) -> dict:
+def _merge(fns: Sequence[Callable], arg, what: str) -> dict:
     out: dict = {}
     for fn in fns:
-        out.update(fn(arg))
+        row = fn(arg)
+        if not isinstance(row, dict):
+            got = f"an array of shape {tuple(row.shape)}" if hasattr(row, "shape") else type(row).__name__
+            raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} must return a dict (metric name -> value, e.g. "
+                            f"{{'loss': ...}}), got {got}")
+        out.update(row)
     return out
 
 
@@ -76,7 +81,7 @@ def _pad_state(state, layout):
 def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int):
     def body(s, _):
         s, info = round_fn(s, data)
-        return s, _merge(metrics, layout.trim_info(info))
+        return s, _merge(metrics, layout.trim_info(info), "the round metric")
 
     return jax.lax.scan(body, state, None, length=length)
 
@@ -449,7 +454,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             evaluate = done % every == 0 or done == rounds
             if evaluate:
                 kind, params = algorithm.eval_models(user)
-                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params))
+                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params), "the metric")
             r = start
             for length, rec in recs:
                 for i in range(length):
