@@ -470,3 +470,35 @@ def test_a_metric_that_returns_no_dict_is_named(which, fn, got):
     what = "the metric" if which == "metrics" else "the round metric"
     with pytest.raises(TypeError, match=rf"{what} '<lambda>' must return a dict .* got {got}"):
         fl.run(alg, data, 1, jax.random.key(0), progress=False, **{which: [fn]})
+
+
+def test_test_accuracy_checks_the_test_sets_when_built():
+    """``test_accuracy`` took test sets of another sample shape, mismatched labels, NaN
+    inputs or fractional counts, and failed (or scored NaN) at the first evaluation, after
+    the first rounds had trained; ``from_arrays`` took a cluster array of another length and
+    the error blamed a ``test_of`` never passed."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    rng = np.random.default_rng(0)
+    tx, ty = rng.normal(size=(2, 7, 4)).astype(np.float32), rng.integers(0, 3, (2, 7))
+    x, y = data.x, data.y
+    cases = [(dict(test_x=tx[..., :3], test_y=ty), r"test sets must be \(T, n_test\) \+ the samples' shape \(4,\)"),
+             (dict(test_x=tx, test_y=ty[:, :3]), "test sets must be"),
+             (dict(test_x=np.full_like(tx, np.nan), test_y=ty), "test_x hold NaN"),
+             (dict(test_x=tx, test_y=ty, test_counts=np.array([3.5, 7.0])), "integer counts"),
+             (dict(test_x=tx, test_y=ty + 3), "test_y")]
+    cases.append((dict(test_x=np.where(np.arange(7)[None, :, None] == 6, np.nan, tx), test_y=ty,
+                       test_counts=np.array([7, 7])), "test_x hold NaN"))
+    for kw, match in cases:
+        bad = fl.FederatedData.from_arrays(x, y, counts=data.counts, cluster=[0, 0, 1, 1], **kw)
+        with pytest.raises(ValueError, match=match):
+            fl.metrics.test_accuracy(model, bad)
+    # padding past test_counts (and past test_size) is never evaluated: NaN there is fine
+    padded = np.where(np.arange(7)[None, :, None] == 6, np.nan, tx).astype(np.float32)
+    fl.metrics.test_accuracy(model, fl.FederatedData.from_arrays(x, y, counts=data.counts, cluster=[0, 0, 1, 1],
+                                                                 test_x=padded, test_y=ty, test_counts=np.array([6, 6])))
+    fl.metrics.test_accuracy(model, fl.FederatedData.from_arrays(x, y, counts=data.counts, cluster=[0, 0, 1, 1],
+                                                                 test_x=padded, test_y=ty), test_size=6)
+    with pytest.raises(ValueError, match=r"cluster must have one entry per agent \(4\), got shape \(3,\)"):
+        fl.FederatedData.from_arrays(x, y, cluster=[0, 1, 0], test_x=tx, test_y=ty)

@@ -144,6 +144,18 @@ class FederatedData(NamedTuple):
             return np.arange(n, dtype=np.int32)
         raise ValueError(f"cannot tell which of the {t} test sets each of the {n} agents uses: pass test_of")
 
+    def check_test_shapes(self) -> None:
+        """The test sets against the training samples' shapes, and integer ``test_counts``
+        (what :func:`~cbo_jax.federated.metrics.test_accuracy` checks when it is built)."""
+        if self.test_x is None or self.test_y is None:
+            return
+        x, y, tx, ty = (np.shape(a) for a in (self.x, self.y, self.test_x, self.test_y))
+        if tx[2:] != x[2:] or ty[:2] != tx[:2] or ty[2:] != y[2:]:
+            raise ValueError(f"test sets must be (T, n_test) + the samples' shape {x[2:]} with labels (T, n_test) + "
+                             f"{y[2:]}; got test_x {tx}, test_y {ty}")
+        if self.test_counts is not None and not np.issubdtype(np.asarray(self.test_counts).dtype, np.integer):
+            raise ValueError(f"test_counts must hold integer counts, got {np.asarray(self.test_counts)}")
+
     @classmethod
     def from_arrays(cls, x, y, *, counts=None, cluster=None, test_x=None, test_y=None, test_counts=None,
                     test_of=None) -> "FederatedData":
@@ -156,6 +168,8 @@ class FederatedData(NamedTuple):
         if x.ndim < 2:
             raise ValueError(f"x must be (N, n_samples, ...) stacked per agent, got shape {x.shape}")
         counts = np.full(x.shape[0], x.shape[1], np.int32) if counts is None else np.asarray(counts)
+        if cluster is not None and np.shape(cluster) != (x.shape[0],):
+            raise ValueError(f"cluster must have one entry per agent ({x.shape[0]}), got shape {np.shape(cluster)}")
         if (test_x is None) != (test_y is None):
             raise ValueError("give both test_x and test_y, or neither")
         if test_x is not None:
@@ -206,13 +220,13 @@ class FederatedData(NamedTuple):
                 raise ValueError(f"cluster must hold one integer id >= 0 per agent ({n}), got {c.shape} {c.dtype}")
         if self.test_x is not None:
             tx, ty = np.asarray(self.test_x), np.asarray(self.test_y)
-            if tx.shape[2:] != x.shape[2:] or ty.shape[:2] != tx.shape[:2] or ty.shape[2:] != y.shape[2:]:
-                raise ValueError(f"test sets must be (T, n_test) + the samples' shape {x.shape[2:]} with labels "
-                                 f"(T, n_test) + {y.shape[2:]}; got test_x {tx.shape}, test_y {ty.shape}")
+            self.check_test_shapes()
             if self.test_counts is not None:
                 tc = np.asarray(self.test_counts)
-                if tc.shape != (tx.shape[0],) or tc.min(initial=1) < 1 or tc.max(initial=0) > tx.shape[1]:
-                    raise ValueError(f"test_counts must hold one count in [1, {tx.shape[1]}] per test set, got {tc}")
+                if (tc.shape != (tx.shape[0],) or not np.issubdtype(tc.dtype, np.integer) or tc.min(initial=1) < 1
+                        or tc.max(initial=0) > tx.shape[1]):
+                    raise ValueError(f"test_counts must hold one integer count in [1, {tx.shape[1]}] per test set, "
+                                     f"got {tc}")
             if self.test_of is not None and not np.issubdtype(np.asarray(self.test_of).dtype, np.integer):
                 raise ValueError(f"test_of must hold integer test-set indices, got {np.asarray(self.test_of).dtype}")
             real = (np.arange(tx.shape[1])[None, :] < np.asarray(self.test_counts)[:, None]

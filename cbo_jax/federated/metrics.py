@@ -325,6 +325,8 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     """
     if data.test_x is None:
         raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
+    if hasattr(data, "check_test_shapes"):  # now, not at the first evaluation after the first rounds
+        data.check_test_shapes()
     _checks.positive_int("chunk", chunk)
     if test_size is not None:  # a slice bound: -1 would silently drop each set's last sample
         _checks.positive_int("test_size", test_size)
@@ -345,6 +347,12 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     cluster = None if data.cluster is None else _checks.cluster_ids("cluster", data.cluster)
     if cluster is not None and cluster.shape != (n,):
         raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
+    evaluated = np.arange(test_x.shape[1])[None, :] < (test_x.shape[1] if counts is None else np.asarray(counts)[:, None])
+    for name, arr in (("test inputs test_x", data.test_x), ("test targets test_y", data.test_y)):
+        arr = np.asarray(arr[:, :test_size])  # NaN test inputs scored a NaN loss and an accuracy of chance
+        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).reshape(arr.shape[:2] + (-1,)).all(-1)[
+                np.broadcast_to(evaluated, arr.shape[:2])].all():
+            raise ValueError(f"the {name} hold NaN or infinite values")
     if model.num_classes is not None:  # a classifier
         # Float (or one-hot) test labels failed inside the loss at the first evaluation.
         if not np.issubdtype(np.asarray(data.test_y).dtype, np.integer) or np.ndim(data.test_y) != 2:
