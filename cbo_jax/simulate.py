@@ -275,6 +275,8 @@ def simulate(
             state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
         else:
             state = _init(x0, key, init=dynamics.init, batched=batched)
+        if initial_state is None:
+            _check_some_energy_finite(state, levels)
         chunks: list[dict] = []
         done = 0
         bar = _progress_bar(num_steps, desc) if progress else None
@@ -341,6 +343,20 @@ def simulate(
         history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
                    for k, h in history.items()}
     return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _check_some_energy_finite(state, levels: int) -> None:
+    """Refuse a start where the objective is NaN or infinite at every particle of a run: its
+    consensus weights are all zero, and the run would go on as NaN without a word."""
+    energy = getattr(state, "energy", None)
+    if not isinstance(energy, jax.Array) or energy.ndim <= levels:
+        return
+    some = jnp.any(jnp.isfinite(energy).reshape(energy.shape[:levels] + (-1,)), axis=-1)
+    if not bool(jnp.all(some)):  # on device: a sharded state may span hosts
+        which = "" if levels == 0 else f" (of {int(jnp.sum(~some))} of the {some.size} runs or grid points)"
+        raise ValueError(f"the objective is NaN or infinite at every particle of x0{which}: the consensus point "
+                         "would be NaN. Start the particles where the objective is finite (inside its domain, at "
+                         "magnitudes where it does not overflow)")
 
 
 def _write_summary(out: Path, state, steps: int, seconds: float, grid) -> None:

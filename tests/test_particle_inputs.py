@@ -339,3 +339,19 @@ def test_simulate_names_what_it_takes_and_what_a_hook_returns(tmp_path):
     with pytest.raises(ValueError, match=r"tensorboard=True, log_every=2 concern the files of out="):
         cj.simulate(dyn, x0, 0, 3, tensorboard=True, log_every=2)
     assert cj.simulate(dyn, x0, 0, 3, out=tmp_path / "r", log_every=2).steps == 3
+
+
+def test_a_start_where_the_objective_is_nowhere_finite_is_refused():
+    """A log objective started at negative x0, or Rastrigin at 1e30 (inf in float32), ran to
+    NaN particles and a NaN consensus and reported success; one finite particle is enough."""
+    x0 = np.random.default_rng(0).uniform(-3, -1, (12, 2)).astype(np.float32)
+    log = cj.cbo(lambda X: jnp.sum(jnp.log(X), -1))
+    with pytest.raises(ValueError, match="NaN or infinite at every particle of x0: the consensus point would be NaN"):
+        cj.simulate(log, x0, 0, 3)
+    with pytest.raises(ValueError, match=r"every particle of x0 \(of 1 of the 2 runs"):
+        cj.simulate(log, np.stack([-x0, x0]), 0, 3, num_runs=2)
+    with pytest.raises(ValueError, match="every particle of x0"):
+        cj.minimize(cj.objectives.Rastrigin(), np.full((12, 2), 1e30, np.float32), key=0, num_steps=3)
+    one = x0.copy()
+    one[0] = 1.0
+    assert np.isfinite(cj.simulate(log, one, 0, 3).state.best_energy)
