@@ -207,10 +207,37 @@ def as_key(name: str, key: Any) -> jax.Array:
     if dtype is not None:
         if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
             return key
-        if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in (2, 4):
-            return key  # raw key data (jax.random.PRNGKey), accepted by jax.random as it is
+        # raw key data (jax.random.PRNGKey), accepted by jax.random as it is: threefry's 2 words, rbg's 4
+        words = {"threefry2x32": (2,), "rbg": (4,), "unsafe_rbg": (4,)}.get(jax.config.jax_default_prng_impl, (2, 4))
+        if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in words:
+            return key
     raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"
                      + (f" of dtype {dtype}" if dtype is not None else ""))
+
+
+def single_key(key: Any, why: str) -> None:
+    """Refuse a batch of keys where one key is split by the callee (``why`` says how); a batch
+    failed inside ``jax.random.split`` ("split accepts a single key")."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if np.ndim(key) != (0 if typed else 1):
+        raise ValueError(f"key must be a single PRNG key, got a key array of shape {tuple(np.shape(key))}"
+                         f"{'' if typed else ' (raw key data)'}: {why}")
+
+
+def config_with(where: str, cls, config, overrides: dict):
+    """A builder's config: ``config`` (default ``cls()``) with the keyword ``overrides``
+    replaced, the keywords checked against ``cls``'s fields. A dict (a config read from JSON)
+    is refused with the call that takes it."""
+    import dataclasses
+
+    known_keywords(where, overrides, [f.name for f in dataclasses.fields(cls)])
+    if config is None:
+        return cls(**overrides)
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        hint = f": pass {cls.__name__}(**config), or the fields as keywords ({where}(f, **config))" if isinstance(
+            config, dict) else ""
+        raise TypeError(f"{where}: config must be a {cls.__name__}, got {type(config).__name__}{hint}")
+    return dataclasses.replace(config, **overrides)
 
 
 def known_keywords(where: str, given, valid) -> None:

@@ -227,7 +227,8 @@ def simulate(
     config = dynamics.config
     if initial_state is None:
         key = _checks.as_key("key", key)
-        _check_single_key(key)
+        _checks.single_key(key, "with num_runs=M, simulate splits the key into the M runs' keys itself (run r "
+                                "uses jax.random.split(key, M)[r])")
         if dynamics.check is not None:
             n = dynamics.check("x0", x0, num_runs)
         else:
@@ -389,15 +390,6 @@ def _refuse_tracers(**args: Any) -> None:
                 "host loop of compiled chunks and cannot itself be traced. Batch runs with num_runs= and "
                 "parameters with params= (both vmapped inside simulate), or transform the pure pair "
                 "dynamics.init / dynamics.step yourself (e.g. jax.lax.scan over dynamics.step)")
-
-
-def _check_single_key(key: Any) -> None:
-    """``simulate`` splits one key into its runs' keys; a batch of keys failed inside ``jax.random.split``."""
-    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
-    if np.ndim(key) != (0 if typed else 1):
-        raise ValueError(f"key must be a single PRNG key, got a key array of shape {tuple(np.shape(key))}"
-                         f"{'' if typed else ' (raw key data)'}: with num_runs=M, simulate splits the key into the "
-                         "M runs' keys itself (run r uses jax.random.split(key, M)[r])")
 
 
 def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False, grid: tuple | None = None) -> None:
@@ -634,6 +626,7 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
     _checks.known_keywords("minimize", kwargs, own + fields + list(_SIMULATE_OPTIONS))
     cfg_kw = {k: v for k, v in kwargs.items() if k in fields}
     sim_kw = {k: v for k, v in kwargs.items() if k not in fields}
+    _checks.config_with("minimize", CBOConfig, config, {})  # a CBOConfig (a dict is refused, naming the fix)
     key = _checks.as_key("key", key)
     num_runs = sim_kw.get("num_runs")
     if x0 is None:

@@ -502,3 +502,22 @@ def test_test_accuracy_checks_the_test_sets_when_built():
                                                                  test_x=padded, test_y=ty), test_size=6)
     with pytest.raises(ValueError, match=r"cluster must have one entry per agent \(4\), got shape \(3,\)"):
         fl.FederatedData.from_arrays(x, y, cluster=[0, 1, 0], test_x=tx, test_y=ty)
+
+
+def test_run_names_a_server_algorithm_built_for_other_agents_and_a_batch_of_keys():
+    """FedAvg and IFCA (no agent axis in their state) ran on data of any number of agents;
+    a batch of keys failed in jax.random.split, raw key data of the wrong width in JAX."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    for alg in (fl.fedavg(model, fl.FedAvgConfig(local=LOCAL), 100), fl.ifca(model, fl.IFCAConfig(k=2, local=LOCAL), 100)):
+        with pytest.raises(ValueError, match=rf"{alg.name} was built for 100 agents \(num_agents\) but the data holds 4"):
+            fl.run(alg, data, 1, jax.random.key(0), progress=False)
+    alg = _local(model)
+    with pytest.raises(ValueError, match=r"key must be a single PRNG key, got a key array of shape \(2,\): run splits"):
+        fl.run(alg, data, 1, jax.random.split(jax.random.key(0)), progress=False)
+    with pytest.raises(ValueError, match="key must be a PRNG key"):
+        fl.run(alg, data, 1, np.zeros(4, np.uint32), progress=False)
+    train = data.train  # counts as a Python list failed inside the compiled round (a pytree of scalars)
+    with pytest.raises(ValueError, match=r"counts must be an array, got list: pass np.asarray\(counts\)"):
+        fl.run(alg, fl.AgentData(train.x, train.y, [int(c) for c in train.counts]), 1, 0, progress=False)

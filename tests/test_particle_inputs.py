@@ -355,3 +355,21 @@ def test_a_start_where_the_objective_is_nowhere_finite_is_refused():
     one = x0.copy()
     one[0] = 1.0
     assert np.isfinite(cj.simulate(log, one, 0, 3).state.best_energy)
+
+
+def test_a_config_given_as_a_dict_and_a_key_that_is_none_are_named():
+    """``cbo(f, {"alpha": 30})`` failed in dataclasses.replace, ``minimize(config={...})`` with
+    "'dict' object has no attribute 'dtype'"; ``init(x0, 0.5)`` stored 0.5 as the key and
+    failed at the first step."""
+    obj = cj.objectives.Rastrigin()
+    with pytest.raises(TypeError, match=r"cbo: config must be a CBOConfig, got dict: pass CBOConfig\(\*\*config\)"):
+        cj.cbo(obj, {"alpha": 30.0})
+    with pytest.raises(TypeError, match=r"polar_cbo: config must be a PolarCBOConfig, got dict"):
+        cj.polar_cbo(obj, {"alpha": 30.0})
+    with pytest.raises(TypeError, match=r"minimize: config must be a CBOConfig, got dict"):
+        cj.minimize(obj, dim=2, num_steps=2, config={"alpha": 30.0})
+    x0 = np.zeros((4, 2), np.float32)
+    for bad in (0.5, None):
+        with pytest.raises(ValueError, match="key must be a PRNG key"):
+            cj.cbo(obj).init(x0, bad)
+    assert cj.cbo(obj).init(x0, 3).key.shape == ()

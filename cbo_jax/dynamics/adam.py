@@ -72,8 +72,7 @@ class AdamCBOConfig(core.FamilyConfig):
 def adam_cbo(objective: Callable[[PyTree], jax.Array], config: AdamCBOConfig | None = None,
              **overrides: Any) -> Dynamics:
     """AdamCBO (see the module docstring)."""
-    _checks.known_keywords("adam_cbo", overrides, [f.name for f in dataclasses.fields(AdamCBOConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else AdamCBOConfig(**overrides)
+    config = _checks.config_with("adam_cbo", AdamCBOConfig, config, overrides)
     quiet = config.noise_kind == "none"
 
     def move(ctx: core.Move):

@@ -190,8 +190,7 @@ def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = Non
     :mod:`cbo_jax.dynamics.core`, which owns batches, clipping, best tracking, schedules,
     resampling and termination for the whole CBX family.
     """
-    _checks.known_keywords("cbo", overrides, [f.name for f in dataclasses.fields(CBOConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else CBOConfig(**overrides)
+    config = _checks.config_with("cbo", CBOConfig, config, overrides)
     return core.build(objective, config, cbo_kernel(objective, config))
 
 

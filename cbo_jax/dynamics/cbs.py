@@ -59,8 +59,7 @@ class CBSConfig(core.FamilyConfig):
 def cbs(objective: Callable[[PyTree], jax.Array], config: CBSConfig | None = None,
         **overrides: Any) -> Dynamics:
     """Consensus-based sampling / optimisation (see the module docstring)."""
-    _checks.known_keywords("cbs", overrides, [f.name for f in dataclasses.fields(CBSConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else CBSConfig(**overrides)
+    config = _checks.config_with("cbs", CBSConfig, config, overrides)
 
     def check(x0, n, cfg):
         if cfg.noise_kind != "covariance" or cfg.mode != "sampling":

@@ -264,8 +264,7 @@ def clustered(
     Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics`. ``init(p, key)`` takes a
     :class:`Particles` (from :func:`particles`); :func:`cbo_jax.simulate` runs it.
     """
-    _checks.known_keywords("clustered", overrides, [f.name for f in dataclasses.fields(ClusteredConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else ClusteredConfig(**overrides)
+    config = _checks.config_with("clustered", ClusteredConfig, config, overrides)
     lower = _as_objective_list("objectives", objectives)
     k_classes = len(lower)
     uppers = None if upper is None else _as_objective_list("upper", upper)
@@ -309,7 +308,7 @@ def clustered(
         return consensus_point(x, energy, alpha, mask)
 
     def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
-        key = _checks.as_key("key", key) if isinstance(key, (int, np.integer)) else key  # an integer seed (64 bits)
+        key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
         loss, grad = evaluate(x0, p.label)

@@ -113,10 +113,7 @@ class DriftConstrainedConfig(core.FamilyConfig):
 def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: DriftConstrainedConfig | None = None,
                           **overrides: Any) -> Dynamics:
     """Drift-constrained CBO (see the module docstring)."""
-    _checks.known_keywords("drift_constrained_cbo", overrides,
-                           [f.name for f in dataclasses.fields(DriftConstrainedConfig)])
-    config = (dataclasses.replace(config, **overrides) if config is not None
-              else DriftConstrainedConfig(**overrides))
+    config = _checks.config_with("drift_constrained_cbo", DriftConstrainedConfig, config, overrides)
     cs = config.constraints
     structured = cons.scaled_identity(cs)
     quiet = config.noise_kind == "none"
@@ -214,8 +211,7 @@ class HypersurfaceConfig(core.FamilyConfig):
 def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: HypersurfaceConfig | None = None,
                      **overrides: Any) -> Dynamics:
     """Hypersurface CBO (see the module docstring)."""
-    _checks.known_keywords("hypersurface_cbo", overrides, [f.name for f in dataclasses.fields(HypersurfaceConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else HypersurfaceConfig(**overrides)
+    config = _checks.config_with("hypersurface_cbo", HypersurfaceConfig, config, overrides)
     s = config.surface
     tangent, proj, grad, lap = s.tangent, s.proj, s.grad, s.laplacian
     aniso = config.noise_kind == "anisotropic"
@@ -285,9 +281,7 @@ def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCom
                         **overrides: Any) -> Dynamics:
     """Regularised-combination CBO (see the module docstring). The dynamics' ``objective`` is the
     penalised one, ``f + (1/ν) Σ g_k²``."""
-    _checks.known_keywords("reg_combination_cbo", overrides,
-                           [f.name for f in dataclasses.fields(RegCombinationConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else RegCombinationConfig(**overrides)
+    config = _checks.config_with("reg_combination_cbo", RegCombinationConfig, config, overrides)
     cs = config.constraints
     penalised = cons.penalty(objective, cs, 1.0 / config.nu)
     structured = cons.scaled_identity(cs)

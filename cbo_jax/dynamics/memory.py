@@ -112,8 +112,7 @@ def cbo_memory(objective: Callable[[PyTree], jax.Array], config: CBOMemoryConfig
 
     Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics` for :func:`cbo_jax.simulate`.
     """
-    _checks.known_keywords("cbo_memory", overrides, [f.name for f in dataclasses.fields(CBOMemoryConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else CBOMemoryConfig(**overrides)
+    config = _checks.config_with("cbo_memory", CBOMemoryConfig, config, overrides)
     quiet = config.noise_kind == "none"
 
     def move(ctx: core.Move):

@@ -55,8 +55,7 @@ class MirrorCBOConfig(core.FamilyConfig):
 def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig | None = None,
                **overrides: Any) -> Dynamics:
     """MirrorCBO (see the module docstring)."""
-    _checks.known_keywords("mirror_cbo", overrides, [f.name for f in dataclasses.fields(MirrorCBOConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else MirrorCBOConfig(**overrides)
+    config = _checks.config_with("mirror_cbo", MirrorCBOConfig, config, overrides)
     mm = config.mirror_map
     quiet = config.noise_kind == "none"
 

@@ -234,8 +234,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
 def polar_cbo(objective: Callable[[PyTree], jax.Array], config: PolarCBOConfig | None = None,
               **overrides: Any) -> Dynamics:
     """Polarized CBO (see the module docstring). Needs an ``(N, d)`` array population."""
-    _checks.known_keywords("polar_cbo", overrides, [f.name for f in dataclasses.fields(PolarCBOConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else PolarCBOConfig(**overrides)
+    config = _checks.config_with("polar_cbo", PolarCBOConfig, config, overrides)
     quiet = config.noise_kind == "none"
     cov = config.noise_kind == "covariance"
 

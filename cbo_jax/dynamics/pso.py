@@ -107,8 +107,7 @@ class PSOConfig(core.FamilyConfig):
 def pso(objective: Callable[[PyTree], jax.Array], config: PSOConfig | None = None,
         **overrides: Any) -> Dynamics:
     """Particle swarm optimisation (CBXpy's ``PSO``; see the module docstring)."""
-    _checks.known_keywords("pso", overrides, [f.name for f in dataclasses.fields(PSOConfig)])
-    config = dataclasses.replace(config, **overrides) if config is not None else PSOConfig(**overrides)
+    config = _checks.config_with("pso", PSOConfig, config, overrides)
     quiet = config.noise_kind == "none"
     cbx = config.formulation == "cbxpy"
 

@@ -75,7 +75,11 @@ def layout(n: int, mesh=None) -> Layout:
 
 
 def check_agents(algorithm, state_shapes, n: int) -> None:
-    """Raise a clear ``ValueError`` when ``algorithm``'s state does not hold ``n`` agents."""
+    """Raise a clear ``ValueError`` when ``algorithm``'s state does not hold ``n`` agents (or,
+    without an agent axis, its ``num_agents`` is another number)."""
+    built = getattr(algorithm, "num_agents", None)
+    if built is not None and built != n:
+        raise ValueError(f"{algorithm.name} was built for {built} agents (num_agents) but the data holds {n}")
     for f in agent_fields(state_shapes):
         for leaf in jax.tree_util.tree_leaves(getattr(state_shapes, f)):
             if leaf.shape[:1] != (n,):

@@ -116,6 +116,10 @@ def _check_data(algorithm: Algorithm, data) -> None:
     else:  # another container of the caller's own algorithm
         return
     for prefix, group, first in parts:
+        for field in ("x", "y", "counts"):  # a list is a pytree of scalars inside the compiled round
+            if not hasattr(getattr(group, field), "shape"):
+                raise ValueError(f"{prefix + '.' if prefix else ''}{field} must be an array, got "
+                                 f"{type(getattr(group, field)).__name__}: pass np.asarray({field})")
         check_training(group.x, group.y, group.counts, getattr(group, "valid", None), model=model, prefix=prefix,
                        first=first)
 
@@ -200,6 +204,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
     key = _checks.as_key("key", key)
+    _checks.single_key(key, "run splits the key into the rounds' keys itself (several runs: one run call per key)")
     metrics, round_metrics = _metric_fns("metrics", metrics), _metric_fns("round_metrics", round_metrics)
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("every", every)

@@ -62,6 +62,8 @@ class Algorithm(NamedTuple):
 
     ``model``: the agents' :class:`~cbo_jax.models.Model` (``None``: not known). The runner
     reads only its ``num_classes``, to refuse labels out of range before the first round.
+    ``num_agents``: the agents it was built for, where its state has no agent axis to tell
+    (FedAvg, IFCA); the runner refuses data of another number.
     """
 
     name: str
@@ -70,6 +72,7 @@ class Algorithm(NamedTuple):
     eval_models: Callable[[Any], tuple[str, PyTree]]
     config: Any
     model: Any = None
+    num_agents: int | None = None
 
 
 def per_agent_fields(*fields: str) -> Callable[[type[_T]], type[_T]]:

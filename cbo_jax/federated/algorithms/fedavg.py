@@ -67,4 +67,4 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss)
 
     return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
-                     cfg, model=model)
+                     cfg, model=model, num_agents=num_agents)

@@ -86,4 +86,4 @@ def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
             state.params)
         return IFCAState(params, state.round + 1, key), IFCAInfo(active, assignment, trained.loss)
 
-    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg, model=model)
+    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg, model=model, num_agents=num_agents)
