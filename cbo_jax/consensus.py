@@ -54,6 +54,9 @@ def _real_energy(energy) -> jax.Array:
 def _alpha_col(alpha, energy):
     alpha = jnp.asarray(alpha, dtype=energy.dtype)
     # A scalar alpha, or one alpha per row of a batched energy (shape energy.shape[:-1]).
+    if alpha.ndim and alpha.shape != energy.shape[:-1]:  # it broadcast into a (3, 3) "consensus" of one row
+        raise ValueError(f"alpha must be a scalar or one value per row of the energies, shape {energy.shape[:-1]}; "
+                         f"got shape {alpha.shape} for energies of shape {energy.shape}")
     return alpha if alpha.ndim == 0 else alpha[..., None]
 
 
@@ -80,6 +83,15 @@ def _gibbs_exponent_jvp(primals, tangents):
     return out, jnp.broadcast_to(tangent, out.shape).astype(out.dtype)
 
 
+def _bool_mask(mask, shape: tuple) -> jax.Array:
+    """``mask`` checked: boolean, of (or broadcasting to) the energies' ``shape``."""
+    mask = jnp.asarray(mask)
+    if mask.dtype != jnp.bool_ or jnp.broadcast_shapes(mask.shape, shape) != tuple(shape):
+        raise ValueError(f"mask must be boolean, of the energies' shape {tuple(shape)}; got {mask.dtype} {mask.shape}"
+                         + (" (a 0/1 array: mask.astype(bool))" if mask.dtype != jnp.bool_ else ""))
+    return mask
+
+
 def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = None) -> jax.Array:
     """Normalised log-weights ``log(ω_i / Σ_j ω_j)`` along the last axis.
 
@@ -94,7 +106,7 @@ def log_consensus_weights(energy: jax.Array, alpha, mask: jax.Array | None = Non
     energy = _real_energy(energy)
     valid = jnp.isfinite(energy)
     if mask is not None:
-        valid = valid & mask
+        valid = valid & _bool_mask(mask, energy.shape)
     e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
     shifted = jnp.where(valid, energy - e_min, 0.0)  # >= 0 on valid agents
     logw = jnp.where(valid, gibbs_exponent(_alpha_col(alpha, energy), shifted), -jnp.inf)
@@ -128,7 +140,11 @@ def consensus_point(population: PyTree, energy: jax.Array, alpha: ArrayLike,
     Returns a pytree without agent axis (``energy`` 1-D) or with leading axis K.
     Agents with non-finite parameters or energies get weight zero.
     """
-    population, mask = _finite_population(population, mask)
+    n = pop.num_agents(population)
+    if jnp.ndim(energy) not in (1, 2) or jnp.shape(energy)[-1] != n:  # a length-1 energy broadcast to the mean
+        raise ValueError(f"energy must be (N,) or (K, N) for the population's N = {n} agents, got shape "
+                         f"{jnp.shape(energy)}")
+    population, mask = _finite_population(population, None if mask is None else _bool_mask(mask, jnp.shape(energy)))
     return pop.weighted_mean(population, consensus_weights(energy, alpha, mask))
 
 
