@@ -373,3 +373,13 @@ def test_a_config_given_as_a_dict_and_a_key_that_is_none_are_named():
         with pytest.raises(ValueError, match="key must be a PRNG key"):
             cj.cbo(obj).init(x0, bad)
     assert cj.cbo(obj).init(x0, 3).key.shape == ()
+
+
+@pytest.mark.parametrize("x0,match", [(np.array([["1", "2"], ["3", "4"]]), "dtype <U1"),
+                                      (np.array([[1.0, None], [2.0, 3.0]], dtype=object), "dtype object"),
+                                      (np.array([[1 + 5j, 2], [3, 4j]], np.complex64), "dtype complex64: take the real part")])
+def test_x0_of_strings_objects_or_complex_numbers_is_named(x0, match):
+    """Strings and objects failed in NumPy's isfinite ("ufunc 'isfinite' not supported"),
+    naming no argument; a complex x0 ran with its imaginary part dropped."""
+    with pytest.raises(ValueError, match=rf"x0 must hold real numbers \(float or integer\), got {match}"):
+        cj.simulate(cj.cbo(cj.objectives.Rastrigin()), x0, 0, 2)

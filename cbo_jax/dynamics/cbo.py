@@ -314,6 +314,12 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     n = pop.num_agents(single)
     if n < 1:
         raise ValueError(f"{name} needs at least one particle (N >= 1), got N={n}")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(x0):  # strings failed in isfinite, complex lost its part
+        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
+        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
+            raise ValueError(f"{name}{jax.tree_util.keystr(path)} must hold real numbers (float or integer), got "
+                             f"dtype {dtype}" + (": take the real part or split it into two real coordinates"
+                                                 if jnp.issubdtype(dtype, jnp.complexfloating) else ""))
     _checks.all_finite(name, x0)
     if extra is not None:
         extra(single, n)
