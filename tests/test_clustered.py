@@ -221,3 +221,21 @@ def test_time_is_step_times_dt():
     s = jax.jit(lambda s: jax.lax.fori_loop(0, 3000, lambda i, s: dyn.step(s), s))(s)
     assert int(s.step) == 3000
     assert float(s.time) == float(np.float32(3000) * np.float32(0.01))
+
+
+def test_particles_refuse_fractional_ids_and_masks_and_marks_without_attackers():
+    """``particles`` truncated ids 1.9 to 1 and took 0.5 and 2 as malicious; particles marked
+    malicious in dynamics without an attackers' SDE moved as benign ones, without a word;
+    stacked runs got "label must have shape (2,)" with no hint."""
+    x = np.random.default_rng(0).uniform(-3, 3, (6, 2)).astype(np.float32)
+    with pytest.raises(ValueError, match="pid must hold integers, got dtype float64"):
+        particles(x, pid=[0.5, 1.9, 2, 3, 4, 5])
+    with pytest.raises(ValueError, match="malicious must be a boolean mask, got dtype float64$"):
+        particles(x, malicious=[0.5, 0, 0, 0, 0, 2])
+    with pytest.raises(ValueError, match=r"malicious must be a boolean mask.*malicious.astype\(bool\)"):
+        particles(x, malicious=[1, 0, 0, 0, 0, 0])
+    with pytest.raises(ValueError, match=r"x has 2 rows: for runs stacked"):
+        particles(np.stack([x, x]), label=np.zeros(6, int))
+    dyn = clustered([objectives.Rastrigin()], ClusteredConfig(alpha=10.0))
+    with pytest.raises(ValueError, match="marks 1 particles malicious, but these dynamics have no attackers' SDE"):
+        cj.simulate(dyn, particles(x, malicious=[True] + [False] * 5), 0, 2)

@@ -176,9 +176,15 @@ def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | 
     pid = np.arange(n, dtype=np.int32) if pid is None else np.asarray(pid)
     for name, arr in (("label", label), ("malicious", malicious), ("pid", pid)):
         if arr.shape != (n,):
-            raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}")
-    if not np.issubdtype(label.dtype, np.integer):
-        raise ValueError(f"label must hold integers, got dtype {label.dtype}")
+            hint = (f" (x has {n} rows: for runs stacked (M, N, ...), build the Particles of one run and stack "
+                    f"each field)" if arr.ndim == 1 and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
+            raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}{hint}")
+    for name, arr in (("label", label), ("pid", pid)):  # 1.9 was truncated to 1
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if malicious.dtype != np.bool_:  # 0.5 and 2 became True
+        raise ValueError(f"malicious must be a boolean mask, got dtype {malicious.dtype}"
+                         + (" (a 0/1 array: malicious.astype(bool))" if np.isin(malicious, (0, 1)).all() else ""))
     return Particles(x=x, label=jnp.asarray(label, jnp.int32), malicious=jnp.asarray(malicious, bool),
                      pid=jnp.asarray(pid, jnp.int32))
 
@@ -440,6 +446,9 @@ def clustered(
         benign = ~np.asarray(p.malicious, bool)
         if not benign.any():
             raise ValueError(f"{name} has no benign particle")
+        if malicious is None and not benign.all():  # the marks would change nothing: they moved as benign ones
+            raise ValueError(f"{name} marks {int((~benign).sum())} particles malicious, but these dynamics have no "
+                             "attackers' SDE: build them with malicious=Malicious(drift, diffusion)")
         return n
 
     def record(state: ClusteredState) -> dict:
