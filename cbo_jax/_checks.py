@@ -125,6 +125,13 @@ def normal_vector(where: str, a: Any) -> tuple[np.ndarray, float]:
     return a, norm
 
 
+def flags(**values: Any) -> None:
+    """Refuse a switch that is not a bool (``progress="no"`` was true)."""
+    for name, value in values.items():
+        if not isinstance(value, (bool, np.bool_)) and not (is_integer(value) and value in (0, 1)):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def is_integer(value: Any) -> bool:
     """A Python or NumPy integer, not a bool (``True`` is an ``int`` to Python, never a count here)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

@@ -518,6 +518,8 @@ def test_run_names_a_server_algorithm_built_for_other_agents_and_a_batch_of_keys
         fl.run(alg, data, 1, jax.random.split(jax.random.key(0)), progress=False)
     with pytest.raises(ValueError, match="key must be a PRNG key"):
         fl.run(alg, data, 1, np.zeros(4, np.uint32), progress=False)
+    with pytest.raises(ValueError, match="progress must be True or False, got 'no'"):
+        fl.run(alg, data, 1, 0, progress="no")
     train = data.train  # counts as a Python list failed inside the compiled round (a pytree of scalars)
     with pytest.raises(ValueError, match=r"counts must be an array, got list: pass np.asarray\(counts\)"):
         fl.run(alg, fl.AgentData(train.x, train.y, [int(c) for c in train.counts]), 1, 0, progress=False)

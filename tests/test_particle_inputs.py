@@ -338,6 +338,8 @@ def test_simulate_names_what_it_takes_and_what_a_hook_returns(tmp_path):
         cj.simulate(dyn, x0, 0, 3, observe=5)
     with pytest.raises(ValueError, match=r"tensorboard=True, log_every=2 concern the files of out="):
         cj.simulate(dyn, x0, 0, 3, tensorboard=True, log_every=2)
+    with pytest.raises(ValueError, match="record_consensus must be True or False, got 'no'"):
+        cj.simulate(dyn, x0, 0, 3, record_consensus="no")  # a non-empty string was true
     assert cj.simulate(dyn, x0, 0, 3, out=tmp_path / "r", log_every=2).steps == 3
 
 

@@ -203,6 +203,8 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
+    _checks.flags(resume=resume, extend=extend, overwrite=overwrite, progress=progress, tensorboard=tensorboard,
+                  plots=plots)
     key = _checks.as_key("key", key)
     _checks.single_key(key, "run splits the key into the rounds' keys itself (several runs: one run call per key)")
     metrics, round_metrics = _metric_fns("metrics", metrics), _metric_fns("round_metrics", round_metrics)
