@@ -179,7 +179,7 @@ def simulate(
         function object across calls to reuse the compiled chunk.
       initial_state: continue from this state (for example one restored with
         :func:`cbo_jax.checkpoint.restore`) instead of initialising from ``x0`` and
-        ``key`` (both may then be ``None``); ``num_runs`` must match it. The state
+        ``key`` (both must then be ``None``); ``num_runs`` must match it. The state
         carries its own PRNG key, so a run split at any step equals the whole run.
       mesh: a :func:`cbo_jax.sharding.agent_mesh`: shard the agent axis over its
         devices. ``N`` is padded to a multiple of the device count with inactive
@@ -219,6 +219,9 @@ def simulate(
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
     grid = None
+    if initial_state is not None and (x0 is not None or key is not None):  # they were ignored
+        raise ValueError("initial_state carries the population and its PRNG key: pass x0=None and key=None with it "
+                         "(simulate(dynamics, None, None, num_steps, initial_state=state))")
     if params is not None:
         if initial_state is not None:
             raise ValueError("params and initial_state exclude each other: the state carries its own params")

@@ -340,7 +340,10 @@ def test_simulate_names_what_it_takes_and_what_a_hook_returns(tmp_path):
         cj.simulate(dyn, x0, 0, 3, tensorboard=True, log_every=2)
     with pytest.raises(ValueError, match="record_consensus must be True or False, got 'no'"):
         cj.simulate(dyn, x0, 0, 3, record_consensus="no")  # a non-empty string was true
-    assert cj.simulate(dyn, x0, 0, 3, out=tmp_path / "r", log_every=2).steps == 3
+    res = cj.simulate(dyn, x0, 0, 3, out=tmp_path / "r", log_every=2)
+    assert res.steps == 3
+    with pytest.raises(ValueError, match="initial_state carries the population and its PRNG key: pass x0=None"):
+        cj.simulate(dyn, x0 + 1, 0, 3, initial_state=res.state)  # x0 and the key were ignored
 
 
 def test_a_start_where_the_objective_is_nowhere_finite_is_refused():
