@@ -168,6 +168,8 @@ def _dts_taken(before, history) -> np.ndarray:
 
 
 def _grid_values(objective: Callable, bounds: Bounds, resolution: int):
+    if not (_checks.is_integer(resolution) and resolution >= 2):
+        raise ValueError(f"resolution must be an integer >= 2 (grid points per axis), got {resolution!r}")
     (x0, x1), (y0, y1) = bounds
     gx, gy = np.meshgrid(np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution))
     pts = jnp.asarray(np.stack([gx.ravel(), gy.ravel()], axis=1), jnp.float32)

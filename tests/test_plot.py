@@ -61,6 +61,7 @@ def _history(runs=None):
                                                                          r"one run"),
     (lambda h, p: plot.snapshots(objectives.Sphere(), _history(runs=2), run=0.5), "run must be an integer"),
     (lambda h, p: plot.animate(objectives.Sphere(), h, p / "a.gif", fps=0), "fps must be > 0"),
+    (lambda h, p: plot.contour(objectives.Sphere(), resolution=0), r"resolution must be an integer >= 2"),  # matplotlib
 ])
 def test_bad_frames_runs_and_rates_are_named(tmp_path, call, match):
     # were ZeroDivisionError (no frames, ncols=0, fps=0) and NumPy's IndexError
