@@ -16,7 +16,10 @@ JAX, which device and which command produced it:
 * ``date_utc``: when the summary was written;
 * ``git_commit`` and ``git_dirty``: only when the package is imported from the root of
   a git checkout (an editable install of a clone); ``git_dirty`` says tracked files
-  differ from that commit, so the commit alone does not reproduce the run.
+  differ from that commit, so the commit alone does not reproduce the run. They are read
+  when the command, :func:`cbo_jax.federated.run` or :func:`cbo_jax.simulate` started
+  (:func:`started`), not when the summary is written: a commit made while a long run
+  went on is not the code it ran.
 
 Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
 Scripts of one's own record the same block with
@@ -43,19 +46,39 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["command", "cpu_model", "describe", "environment", "git_state"]
+__all__ = ["command", "cpu_model", "describe", "environment", "git_state", "started"]
 
 _COMMAND: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("cbo_jax_command", default=None)
 
 
+_GIT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("cbo_jax_git", default=None)
+
+
 @contextlib.contextmanager
 def command(argv: list[str]) -> Iterator[None]:
-    """Within the block, :func:`environment` records ``argv`` as the command (the CLI sets it)."""
+    """Within the block, :func:`environment` records ``argv`` as the command (the CLI sets it),
+    and the git state of the block's start (:func:`started`)."""
     token = _COMMAND.set(list(argv))
+    try:
+        with started():
+            yield
+    finally:
+        _COMMAND.reset(token)
+
+
+@contextlib.contextmanager
+def started() -> Iterator[None]:
+    """Within the block, :func:`environment` records the git state (:func:`git_state`) read
+    at the block's start: the code a run ran, not the checkout when its summary is
+    written. An enclosing block's state stands (a command's runs record the command's start)."""
+    if _GIT.get() is not None:
+        yield
+        return
+    token = _GIT.set(git_state())
     try:
         yield
     finally:
-        _COMMAND.reset(token)
+        _GIT.reset(token)
 
 
 def git_state(path: str | Path | None = None) -> dict[str, Any]:
@@ -139,5 +162,6 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         "command": shlex.join(argv),
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    env.update(git_state())
+    at_start = _GIT.get()
+    env.update(git_state() if at_start is None else at_start)
     return env

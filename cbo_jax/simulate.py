@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
+from cbo_jax import provenance
 from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
@@ -272,7 +273,8 @@ def simulate(
         key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
     # The library's dynamics enter config.rng's layout in init/step themselves; this context also
     # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
-    with rng_context(config):
+    # With out, summary.json names the code of the run's start (the git state read now), not of its end.
+    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
         elif grid is not None:  # swept: one flattened sweep axis (a single point is a grid of shape ())

@@ -75,3 +75,24 @@ def test_write_summary_adds_the_environment_and_leaves_the_summary(tmp_path):
     assert got["best_energy"] == 0.5 and got["per_run"] == [1.0, None] and got["nan"] is None  # valid JSON
     assert got["environment"]["cbo_jax"] == cbo_jax.__version__
     assert "environment" not in summary  # what a command prints stays the result alone
+
+
+def test_the_git_state_is_read_when_a_run_starts_not_when_its_summary_is_written(tmp_path, monkeypatch):
+    """A commit made while a long run went on was recorded as the run's code (the FedSGLD
+    reproduction of 2026-11-28 named a commit made after it started). The state is read at
+    the start of a command, of ``fl.run`` and of ``simulate`` with ``out``; an enclosing
+    block's state stands."""
+    calls = iter(range(1, 100))
+    monkeypatch.setattr(provenance, "git_state", lambda path=None: {"git_commit": f"c{next(calls)}", "git_dirty": False})
+    assert provenance.environment()["git_commit"] == "c1"  # no run: read when asked
+    with provenance.started():  # reads c2
+        assert provenance.environment()["git_commit"] == "c2"
+        with provenance.started():
+            assert provenance.environment()["git_commit"] == "c2"
+    with provenance.command(["cbo-jax", "demo"]):  # reads c3
+        provenance.git_state()  # a commit made meanwhile: c4
+        assert provenance.environment()["git_commit"] == "c3"
+    x0 = np.random.default_rng(0).normal(size=(8, 2)).astype(np.float32)
+    meanwhile = lambda state: (provenance.git_state(), {})[1]  # noqa: E731 - a commit during the run (traced): c6
+    cbo_jax.simulate(cbo_jax.cbo(cbo_jax.objectives.Sphere()), x0, 0, 3, out=tmp_path / "s", observe=meanwhile)
+    assert json.loads((tmp_path / "s" / "summary.json").read_text())["environment"]["git_commit"] == "c5"

@@ -42,6 +42,7 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
+from cbo_jax import provenance
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -228,7 +229,9 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     guard: contextlib.AbstractContextManager = contextlib.nullcontext()
     if out is not None:
         guard = ResultsDir(out, resume=resume, overwrite=overwrite)
-    with guard, jax.threefry_partitionable(True):
+    # summary.json names the code of the run's start (git state read now), not of its end
+    started = provenance.started() if out is not None else contextlib.nullcontext()
+    with guard, jax.threefry_partitionable(True), started:
         # Row j's random numbers must not depend on the rows after it (padding agents):
         # JAX's partitionable threefry (its default since 0.5) guarantees that.
         res = _run(algorithm, data, rounds, key, fp, metrics=metrics, round_metrics=round_metrics,
