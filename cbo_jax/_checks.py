@@ -261,3 +261,12 @@ def known_keywords(where: str, given, valid) -> None:
         hints.append(f"{k!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
     raise ValueError(f"{where}: unknown keyword{'s' if len(unknown) > 1 else ''} {', '.join(hints)}; "
                      f"valid keywords: {', '.join(valid)}")
+
+
+def returns_dict(what: str, value: Any, example: str) -> dict:
+    """``value`` (what a user's ``observe``/metric function returned) as a dict, or a
+    ``TypeError`` naming ``what`` and what it returned instead (an array's shape)."""
+    if not isinstance(value, dict):
+        got = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type(value).__name__
+        raise TypeError(f"{what} must return a dict ({example}), got {got}")
+    return value

@@ -83,10 +83,7 @@ def _record(state, record, observe, with_consensus: bool) -> dict:
 
 
 def _as_dict(what: str, value) -> dict:
-    if not isinstance(value, dict):
-        got = f"an array of shape {tuple(value.shape)}" if hasattr(value, "shape") else type(value).__name__
-        raise TypeError(f"{what} must return a dict of arrays (name -> value, e.g. {{'spread': ...}}), got {got}")
-    return value
+    return _checks.returns_dict(what, value, "of arrays: name -> value, e.g. {'spread': ...}")
 
 
 def _vmapped(fn, levels: int):

@@ -62,12 +62,8 @@ class RunResult(NamedTuple):
 def _merge(fns: Sequence[Callable], arg, what: str) -> dict:
     out: dict = {}
     for fn in fns:
-        row = fn(arg)
-        if not isinstance(row, dict):
-            got = f"an array of shape {tuple(row.shape)}" if hasattr(row, "shape") else type(row).__name__
-            raise TypeError(f"{what} {getattr(fn, '__name__', fn)!r} must return a dict (metric name -> value, e.g. "
-                            f"{{'loss': ...}}), got {got}")
-        out.update(row)
+        out.update(_checks.returns_dict(f"{what} {getattr(fn, '__name__', fn)!r}", fn(arg),
+                                        "metric name -> value, e.g. {'loss': ...}"))
     return out
 
 
