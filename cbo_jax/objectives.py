@@ -126,7 +126,10 @@ class Objective:
 
     def __post_init__(self):
         try:
-            shift = np.asarray(self.shift, np.float64)
+            given = np.asarray(self.shift)
+            if given.dtype.kind not in "iuf":  # "1" read as 1.0, True as 1, complex dropping its part
+                raise TypeError
+            shift = given.astype(np.float64)
         except (TypeError, ValueError):
             raise ValueError(f"shift must be a number or a vector of numbers, got {self.shift!r}") from None
         if shift.ndim > 1 or not np.all(np.isfinite(shift)):

@@ -260,6 +260,11 @@ def test_objectives_refuse_or_promote_odd_inputs():
     with pytest.raises(ValueError, match="shift has 3 coordinates"):
         objectives.Sphere(shift=[1.0, 2.0, 3.0]).minimiser(2)
     assert objectives.Sphere(shift=[0.5])(jnp.ones((4, 2))).shape == (4,)  # a (1,) shift still broadcasts
+    # a shift that is not numbers is refused, not read as one ("1" was 1.0, True was 1)
+    for bad in ("1", True, 1j, [1.0, "a"], None):
+        with pytest.raises(ValueError, match="shift must be a number or a vector of numbers"):
+            objectives.Rastrigin(shift=bad)
+    assert objectives.Rastrigin(shift=np.int64(2)).minimiser(2).tolist() == [2.0, 2.0]
     # a product of no factors is the constant 1, not one energy per particle
     with pytest.raises(ValueError, match="alpha must be a non-empty sequence"):
         objectives.RastriginMultimodal(alpha=())
