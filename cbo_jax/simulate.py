@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import math
 import threading
 import time
 from pathlib import Path
@@ -650,9 +651,15 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         wide = dtype == "float64" and jax.config.jax_enable_x64  # type: ignore[attr-defined]
         x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
     elif dim is not None:
-        leaf = jax.tree_util.tree_leaves(x0)[0]
-        if isinstance(x0, (np.ndarray, jax.Array)) and np.shape(leaf)[-1] != dim:
-            raise ValueError(f"dim={dim} does not match x0's last axis ({np.shape(leaf)[-1]})")
+        if isinstance(x0, (np.ndarray, jax.Array)):
+            if np.shape(x0)[-1:] != (dim,):
+                raise ValueError(f"dim={dim} does not match x0's last axis (x0 has shape {np.shape(x0)})")
+        else:  # a pytree population: dim counts the numbers of one particle, over every leaf
+            lead = 1 if num_runs is None else 2
+            size = sum(math.prod(np.shape(leaf)[lead:]) for leaf in jax.tree_util.tree_leaves(x0))
+            if size != dim:
+                raise ValueError(f"dim={dim} does not match x0, a pytree population of {size} numbers per particle "
+                                 "(dim is only needed without x0)")
     single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(

@@ -68,6 +68,10 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
     assert list(sim._MINIMIZE_DYNAMICS) == keys
 
 
+def _tree_sphere(p):
+    return jnp.sum(p["w"] ** 2, axis=-1) + jnp.sum(p["b"] ** 2, axis=-1)
+
+
 @pytest.mark.parametrize("call,match", [
     (lambda: cj.minimize(objectives.Sphere(), dim=2, sigma=1.0), r"unknown keyword 'sigma' \(did you mean .*sigma1"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, steps=10), r"valid keywords: .*num_steps"),
@@ -79,6 +83,13 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
     (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(0, 1, 2)), r"init_bounds must be a pair"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, init_bounds=(-1e39, 1e39)), r"init_bounds.*overflows float32"),
     (lambda: cj.minimize(objectives.Sphere(), dim=2, key="zero"), "integer seed"),
+    (lambda: cj.minimize(objectives.Sphere(), np.zeros((4, 3), np.float32), dim=2),
+     r"dim=2 does not match x0's last axis \(x0 has shape \(4, 3\)\)"),
+    # a pytree population's dim is its numbers per particle (2 + 3 here), with or without num_runs
+    (lambda: cj.minimize(_tree_sphere, {"w": np.zeros((4, 2)), "b": np.zeros((4, 3))}, dim=4),
+     "dim=4 does not match x0, a pytree population of 5 numbers per particle"),
+    (lambda: cj.minimize(_tree_sphere, {"w": np.zeros((2, 4, 2)), "b": np.zeros((2, 4, 3))}, dim=6, num_runs=2),
+     "pytree population of 5 numbers per particle"),
     (lambda: cj.simulate(cj.cbo(objectives.Sphere()), np.zeros((4, 2), np.float32), 1.5, 1), "integer seed"),
     (lambda: cj.simulate(cj.cbo(lambda x: jnp.sum(x**2)), np.zeros((4, 2), np.float32), 0, 1),
      r"one energy per particle.*per_agent"),
@@ -86,6 +97,11 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
 def test_bad_input_is_explained(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_matching_dim_is_accepted_with_a_pytree_population():
+    x0 = {"w": np.ones((4, 2), np.float32), "b": np.ones((4, 3), np.float32)}
+    assert cj.minimize(_tree_sphere, x0, dim=5, num_steps=2).state.x["b"].shape == (4, 3)
 
 
 def test_zero_steps_gives_the_history_keys_with_no_rows():
