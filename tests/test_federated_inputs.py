@@ -523,3 +523,41 @@ def test_run_names_a_server_algorithm_built_for_other_agents_and_a_batch_of_keys
     train = data.train  # counts as a Python list failed inside the compiled round (a pytree of scalars)
     with pytest.raises(ValueError, match=r"counts must be an array, got list: pass np.asarray\(counts\)"):
         fl.run(alg, fl.AgentData(train.x, train.y, [int(c) for c in train.counts]), 1, 0, progress=False)
+
+
+def test_pooled_and_attack_accuracy_check_their_test_sets_when_built():
+    """``pooled`` (FedSGLD's metrics) and ``attack_accuracy`` (FedCB²O's) took test sets of
+    another sample shape, NaN inputs, labels past the classes, cluster ids past the test sets
+    or an attack class the model does not have, and failed (or scored NaN, or clamped an
+    index silently) at the first evaluation, after the first rounds had trained."""
+    from _federated_variants import TINY4, attack_dataset
+
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    clf = fl.from_flax(Classifier(), xs[0][:1])
+    rng = np.random.default_rng(0)
+    tx, ty = rng.normal(size=(1, 7, 4)).astype(np.float32), rng.integers(0, 3, (1, 7))
+    for (bx, by, counts), match in [((tx[..., :3], ty, None), r"test sets must be \(T, n_test\) \+ the samples' shape"),
+                                    ((tx, ty[:, :5], None), "test sets must be"),
+                                    ((np.full_like(tx, np.inf), ty, None), "test inputs test_x hold NaN or infinite"),
+                                    ((tx, ty + 3, None), r"test_y holds labels outside \[0, 3\)"),
+                                    ((tx, ty.astype(np.float32), None), "integer test labels"),
+                                    ((tx, ty, np.array([7, 7])), "test_counts must hold integer counts, one per")]:
+        with pytest.raises(ValueError, match=match):
+            fl.metrics.pooled(clf, data.train, bx, by, counts)
+    fl.metrics.pooled(clf, data.train, np.where(np.arange(7)[None, :, None] == 6, np.nan, tx), ty,
+                      np.array([6]))  # NaN past the counts is padding, never evaluated
+
+    ds = attack_dataset()
+    fl.metrics.attack_accuracy(TINY4, ds)
+    k = ds.test_x.shape[0]
+    for bad, match in [(dict(source=4), r"the attack's source class must be in \[0, 4\)"),
+                       (dict(target=-1), "target class must be in"),
+                       (dict(cluster=np.full_like(ds.cluster, k)), rf"a cluster id in \[0, {k}\)"),
+                       (dict(test_x=np.full(ds.test_x.shape, np.nan, np.float32)), "test_x hold NaN"),
+                       (dict(test_y=ds.test_y + 4), "test_y holds labels outside"),
+                       (dict(test_y=ds.test_y[:, :3]), "test sets must be")]:
+        with pytest.raises(ValueError, match=match):
+            fl.metrics.attack_accuracy(TINY4, ds._replace(**bad))
+    with pytest.raises(ValueError, match="cluster id"):
+        fl.metrics.attack_accuracy(TINY4, ds, ds.cluster[:2])  # fewer ids than benign agents

@@ -147,14 +147,8 @@ class FederatedData(NamedTuple):
     def check_test_shapes(self) -> None:
         """The test sets against the training samples' shapes, and integer ``test_counts``
         (what :func:`~cbo_jax.federated.metrics.test_accuracy` checks when it is built)."""
-        if self.test_x is None or self.test_y is None:
-            return
-        x, y, tx, ty = (np.shape(a) for a in (self.x, self.y, self.test_x, self.test_y))
-        if tx[2:] != x[2:] or ty[:2] != tx[:2] or ty[2:] != y[2:]:
-            raise ValueError(f"test sets must be (T, n_test) + the samples' shape {x[2:]} with labels (T, n_test) + "
-                             f"{y[2:]}; got test_x {tx}, test_y {ty}")
-        if self.test_counts is not None and not np.issubdtype(np.asarray(self.test_counts).dtype, np.integer):
-            raise ValueError(f"test_counts must hold integer counts, got {np.asarray(self.test_counts)}")
+        if self.test_x is not None and self.test_y is not None:
+            check_test_sets(self.test_x, self.test_y, self.test_counts, np.shape(self.x)[2:], np.shape(self.y)[2:])
 
     @classmethod
     def from_arrays(cls, x, y, *, counts=None, cluster=None, test_x=None, test_y=None, test_counts=None,
@@ -246,6 +240,22 @@ class FederatedData(NamedTuple):
             check_labels(test_y, None if self.test_counts is None else np.asarray(self.test_counts),
                          model.num_classes, "test_y", model=f"model {model.name}", unit="test set")
         return self
+
+
+def check_test_sets(test_x: Any, test_y: Any, test_counts: Any, sample_shape: tuple, label_shape: tuple | None = None
+                    ) -> None:
+    """Refuse test sets that are not ``(T, n_test) + sample_shape`` with labels ``(T, n_test)``
+    (``+ label_shape`` where given), or ``test_counts`` that are not one integer per set."""
+    tx, ty = np.shape(test_x), np.shape(test_y)
+    if (len(tx) < 2 or tx[2:] != tuple(sample_shape) or ty[:2] != tx[:2]
+            or (label_shape is not None and ty[2:] != tuple(label_shape))):
+        labels = "(T, n_test)" + ("" if label_shape is None else f" + {tuple(label_shape)}")
+        raise ValueError(f"test sets must be (T, n_test) + the samples' shape {tuple(sample_shape)} with labels "
+                         f"{labels}; got test_x {tx}, test_y {ty}")
+    if test_counts is not None and (np.shape(test_counts) != tx[:1]
+                                    or not np.issubdtype(np.asarray(test_counts).dtype, np.integer)):
+        raise ValueError(f"test_counts must hold integer counts, one per test set ({tx[0]}), got "
+                         f"{np.asarray(test_counts)}")
 
 
 def check_labels(y: Any, counts: Any, num_classes: int, name: str = "y", *, model: str = "", unit: str = "agent",

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.federated.data import _BOOL_HINT, check_labels
+from cbo_jax.federated.data import _BOOL_HINT, check_labels, check_test_sets
 from cbo_jax.models import Model, zero_padding
 
 PyTree = Any
@@ -306,6 +306,27 @@ _MAX_GROUPS = 64
 _server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
 
 
+def _check_test_values(model: Model, test_x, test_y, counts, test_size: int | None = None) -> None:
+    """The evaluated test samples (the first ``test_size`` of each set, within ``counts``):
+    finite inputs and targets, and a classifier's labels integers in ``[0, C)``. Checked when
+    a metric is built: at the first evaluation, after the first rounds, NaN inputs scored a
+    NaN loss and an accuracy of chance, and float labels failed inside the loss."""
+    n_test = np.shape(test_x)[1] if test_size is None else min(test_size, np.shape(test_x)[1])
+    evaluated = np.arange(n_test)[None, :] < (n_test if counts is None else np.asarray(counts)[:, None])
+    for name, arr in (("test inputs test_x", test_x), ("test targets test_y", test_y)):
+        arr = np.asarray(arr[:, :test_size])
+        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).reshape(arr.shape[:2] + (-1,)).all(-1)[
+                np.broadcast_to(evaluated, arr.shape[:2])].all():
+            raise ValueError(f"the {name} hold NaN or infinite values")
+    if model.num_classes is not None:  # a classifier
+        if not np.issubdtype(np.asarray(test_y).dtype, np.integer) or np.ndim(test_y) != 2:
+            bool_hint = _BOOL_HINT if np.asarray(test_y).dtype == np.bool_ else ""
+            raise ValueError(f"a classifier needs integer test labels test_y of shape (T, n_test), got "
+                             f"{np.asarray(test_y).dtype} {np.shape(test_y)} (model {model.name}){bool_hint}")
+        check_labels(test_y[:, :test_size], None if counts is None else np.asarray(counts), model.num_classes,
+                     "test_y", model=f"model {model.name}", unit="test set")
+
+
 def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None = None) -> Callable:
     """Test accuracy (%) and loss in the paper's convention (module docstring).
 
@@ -347,22 +368,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     cluster = None if data.cluster is None else _checks.cluster_ids("cluster", data.cluster)
     if cluster is not None and cluster.shape != (n,):
         raise ValueError(f"cluster must hold one id per agent ({n}), got {cluster.shape[0]}")
-    evaluated = np.arange(test_x.shape[1])[None, :] < (test_x.shape[1] if counts is None else np.asarray(counts)[:, None])
-    for name, arr in (("test inputs test_x", data.test_x), ("test targets test_y", data.test_y)):
-        arr = np.asarray(arr[:, :test_size])  # NaN test inputs scored a NaN loss and an accuracy of chance
-        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).reshape(arr.shape[:2] + (-1,)).all(-1)[
-                np.broadcast_to(evaluated, arr.shape[:2])].all():
-            raise ValueError(f"the {name} hold NaN or infinite values")
-    if model.num_classes is not None:  # a classifier
-        # Float (or one-hot) test labels failed inside the loss at the first evaluation.
-        if not np.issubdtype(np.asarray(data.test_y).dtype, np.integer) or np.ndim(data.test_y) != 2:
-            bool_hint = _BOOL_HINT if np.asarray(data.test_y).dtype == np.bool_ else ""
-            raise ValueError(f"a classifier needs integer test labels test_y of shape (T, n_test), got "
-                             f"{np.asarray(data.test_y).dtype} {np.shape(data.test_y)} (model {model.name})"
-                             f"{bool_hint}")
-        # the samples evaluated only (the first test_size of each set)
-        check_labels(data.test_y[:, :test_size], None if counts is None else np.asarray(counts), model.num_classes,
-                     "test_y", model=f"model {model.name}", unit="test set")
+    _check_test_values(model, data.test_x, data.test_y, None if counts is None else np.asarray(counts), test_size)
     ids = () if cluster is None else tuple(range(int(cluster.max(initial=-1)) + 1))
     has = {k: bool(np.any(cluster == k)) for k in ids}
     t = test_x.shape[0]
@@ -462,7 +468,20 @@ def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test
     if test_size is not None:
         _checks.positive_int("test_size", test_size)
     nb = dataset.num_benign
-    c_benign = np.asarray(dataset.cluster if cluster is None else cluster)[:nb]
+    c_benign = _checks.cluster_ids("cluster", dataset.cluster if cluster is None else cluster)[:nb]
+    # checked now, not at the first evaluation after the first rounds
+    k = np.shape(dataset.test_x)[0]
+    if c_benign.shape != (nb,) or c_benign.max(initial=0) >= k:
+        raise ValueError(f"attack_accuracy needs a cluster id in [0, {k}) (one test set each) for each of the {nb} "
+                         f"benign agents, got {c_benign.tolist()[:10]}{' ...' if c_benign.size > 10 else ''}")
+    if model.num_classes is None:
+        raise ValueError(f"attack_accuracy measures a classifier; model {model.name} has no classes")
+    for name, c in (("source", dataset.source), ("target", dataset.target)):
+        if not _checks.is_integer(c) or not 0 <= int(c) < model.num_classes:
+            raise ValueError(f"the attack's {name} class must be in [0, {model.num_classes}) for model {model.name}, "
+                             f"got {c!r}")
+    check_test_sets(dataset.test_x, dataset.test_y, None, np.shape(dataset.test_x)[2:])
+    _check_test_values(model, dataset.test_x, dataset.test_y, None)
 
     def metric(ev: Evaluation) -> dict:
         benign = jax.tree_util.tree_map(lambda a: a[:nb], ev.params)
@@ -498,6 +517,9 @@ def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
     For algorithms with one server model (FedSGLD, FedPD, FedAvg); per-agent models or
     several server models (FedCBO, IFCA) are refused at the first evaluation rather than
     reported as agent 0's or server model 0's."""
+    # checked now, not at the first evaluation after the first rounds
+    check_test_sets(test_x, test_y, test_counts, np.shape(train.x)[2:])
+    _check_test_values(model, test_x, test_y, test_counts)
     train = jax.tree_util.tree_map(jnp.asarray, train)
     test_x = jnp.asarray(test_x)
     counts = jnp.full(test_x.shape[:1], test_x.shape[1], jnp.int32) if test_counts is None else test_counts
