@@ -211,6 +211,7 @@ def test_fewer_participants_than_m(sel, eval_by):
             th_w, th_b = np.asarray(params["w"][j], np.float64), float(params["b"][j])
             if not active[j]:  # a non-participant keeps its model and its likelihoods
                 np.testing.assert_array_equal(np.asarray(new.params["w"][j]), np.asarray(state.params["w"][j]))
+                assert not bool(info.fallback[j])  # it downloaded nothing: not a fallback to its own model
                 continue
             A = [i for i in G if i != j]
             unexplored = [i for i in A if np.isnan(P_old[j, i])]
@@ -221,9 +222,10 @@ def test_fewer_participants_than_m(sel, eval_by):
             mu = np.exp(-alpha * (L - L.min()))
             m_w = sum(mu_i * np.asarray(params["w"][i], np.float64) for mu_i, i in zip(mu, A)) / mu.sum()
             m_b = sum(mu_i * float(params["b"][i]) for mu_i, i in zip(mu, A)) / mu.sum()
-            np.testing.assert_allclose(np.asarray(new.params["w"][j]), th_w - cfg.step * (th_w - m_w),
+            lam_gamma = cfg.lambda1 * cfg.gamma  # eq. (20)'s λ1 γ from the parameters, not the config's own property
+            np.testing.assert_allclose(np.asarray(new.params["w"][j]), th_w - lam_gamma * (th_w - m_w),
                                        rtol=1e-5, atol=1e-5)
-            np.testing.assert_allclose(float(new.params["b"][j]), th_b - cfg.step * (th_b - m_b), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(float(new.params["b"][j]), th_b - lam_gamma * (th_b - m_b), rtol=1e-5, atol=1e-5)
             own = _losses(params, data, j, j)
             for i, l_ji in zip(A, L):
                 touched[j, i] = True

@@ -1,0 +1,67 @@
+"""Mutation-testing gaps in the baselines (cbo_jax.federated.algorithms.ifca)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cbo_jax import models
+from cbo_jax import population as pop
+from cbo_jax.federated.algorithms import IFCAConfig, ifca
+from cbo_jax.federated.algorithms.base import AgentData
+from cbo_jax.federated.local import LocalSGDConfig, local_train
+
+
+def test_ifca_server_models_average_only_the_participants():
+    """IFCA (Ghosh et al.; the FedCBO paper's baseline) with partial participation: server
+    model k becomes the data-size-weighted mean of the locally trained models of the agents
+    of G_n whose estimate is k; a model no participant chose is kept. Float64 NumPy reference
+    from the round's trained models (recomputed from its key split). The pinned IFCA run has
+    full participation, where a mutant averaging the non-participants too survived."""
+    model = models.logistic_regression(2, 2)
+    rng = np.random.default_rng(0)
+    n = 6
+    data = AgentData(jnp.asarray(rng.normal(size=(n, 5, 2)), jnp.float32),
+                     jnp.asarray(rng.integers(0, 2, (n, 5)), jnp.int32), jnp.asarray([5, 3, 4, 2, 5, 1], jnp.int32))
+    local = LocalSGDConfig(epochs=1, batch_size=2, lr=0.2, momentum=0.0)
+    alg = ifca(model, IFCAConfig(k=2, participation=0.5, local=local), n)
+    state = alg.init(jax.random.key(3))
+    new, info = jax.jit(alg.round)(state, data)
+    _, _, k_local = jax.random.split(state.key, 3)
+    assignment = np.asarray(info.assignment)
+    trained = jax.jit(lambda p, a: local_train(model, local, pop.gather(p, a), None, data, k_local).params)(
+        state.params, jnp.asarray(assignment))
+    active = np.asarray(info.active)
+    assert 0 < active.sum() < n
+    counts = np.asarray(data.counts, np.float64)
+    for leaf_new, leaf_old, leaf_tr in zip(*(jax.tree_util.tree_leaves(t) for t in (new.params, state.params, trained))):
+        t = np.asarray(leaf_tr, np.float64)
+        for k in range(2):
+            members = active & (assignment == k)
+            if not members.any():
+                np.testing.assert_array_equal(np.asarray(leaf_new[k]), np.asarray(leaf_old[k]))
+                continue
+            w = counts * members
+            want = np.tensordot(w / w.sum(), t, axes=1)
+            np.testing.assert_allclose(np.asarray(leaf_new[k]), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fedavg_keeps_its_model_when_every_participant_diverged():
+    """FedAvg's server average weighs only finite trained models; when no participant's model
+    is usable (all diverged: non-finite inputs make every local model NaN), the server keeps
+    its model instead of an average over nothing. A mutant that always took the (empty)
+    average survived (the existing test has only one diverged agent)."""
+    from cbo_jax.federated.algorithms import FedAvgConfig, fedavg
+
+    model = models.logistic_regression(2, 2)
+    n = 3
+    data = AgentData(jnp.full((n, 4, 2), jnp.inf, jnp.float32), jnp.zeros((n, 4), jnp.int32),
+                     jnp.full((n,), 4, jnp.int32))
+    alg = fedavg(model, FedAvgConfig(local=LocalSGDConfig(epochs=1, batch_size=2, lr=0.1)), n)
+    state = alg.init(jax.random.key(0))
+    rng = np.random.default_rng(1)  # a server model away from zero (the logistic model starts at zeros)
+    state = state._replace(params=jax.tree_util.tree_map(
+        lambda a: jnp.asarray(rng.normal(1.0, 0.5, a.shape), a.dtype), state.params))
+    new, _ = jax.jit(alg.round)(state, data)
+    for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(state.params)):
+        assert np.all(np.isfinite(np.asarray(b))) and np.all(np.asarray(b) != 0)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
