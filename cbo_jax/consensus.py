@@ -24,6 +24,7 @@ import jax
 from jax.typing import ArrayLike
 import jax.numpy as jnp
 
+from cbo_jax import _checks
 from cbo_jax import population as pop
 
 PyTree = Any
@@ -126,6 +127,12 @@ def _finite_population(population: PyTree, mask):
     return clean, ok if mask is None else mask & ok
 
 
+def _check_energy_shape(energy, n: int) -> None:
+    if jnp.ndim(energy) not in (1, 2) or jnp.shape(energy)[-1] != n:  # a length-1 energy broadcast to the mean
+        raise ValueError(f"energy must be (N,) or (K, N) for the population's N = {n} agents, got shape "
+                         f"{jnp.shape(energy)}")
+
+
 def consensus_point(population: PyTree, energy: jax.Array, alpha: ArrayLike,
                     mask: jax.Array | None = None) -> PyTree:
     """Consensus point ``m_α`` of a population (FedCBO eq. (4), CB²O eq. (1.3)).
@@ -140,10 +147,7 @@ def consensus_point(population: PyTree, energy: jax.Array, alpha: ArrayLike,
     Returns a pytree without agent axis (``energy`` 1-D) or with leading axis K.
     Agents with non-finite parameters or energies get weight zero.
     """
-    n = pop.num_agents(population)
-    if jnp.ndim(energy) not in (1, 2) or jnp.shape(energy)[-1] != n:  # a length-1 energy broadcast to the mean
-        raise ValueError(f"energy must be (N,) or (K, N) for the population's N = {n} agents, got shape "
-                         f"{jnp.shape(energy)}")
+    _check_energy_shape(energy, pop.num_agents(population))
     population, mask = _finite_population(population, None if mask is None else _bool_mask(mask, jnp.shape(energy)))
     return pop.weighted_mean(population, consensus_weights(energy, alpha, mask))
 
@@ -165,13 +169,14 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
     parameters or energies, or masked out, get weight zero, as in :func:`consensus_point`.
     """
     n = pop.num_agents(population)
-    if chunk < 1 or n % chunk:
+    if not _checks.is_integer(chunk) or chunk < 1 or n % chunk:
         raise ValueError(f"N={n} must be a positive multiple of chunk={chunk}")
+    _check_energy_shape(energy, n)
     energy = _real_energy(energy)
     ok_rows = pop.tree_isfinite_rows(population)
     valid = jnp.isfinite(energy) & ok_rows
     if mask is not None:
-        valid = valid & mask
+        valid = valid & _bool_mask(mask, energy.shape)
     e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
     a = _alpha_col(alpha, energy)
     num_chunks = n // chunk

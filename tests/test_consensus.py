@@ -1,5 +1,7 @@
 """Consensus kernels against float64 NumPy references and their limits."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -326,10 +328,13 @@ def test_alpha_derivative_at_alpha_zero_is_minus_the_uniform_covariance():
         np.testing.assert_allclose(np.asarray(cj.consensus_point(x[:2], spread, 0.0)), xn[:2].mean(0))
 
 
-def test_consensus_point_names_energies_alpha_and_mask_of_the_wrong_shape():
+@pytest.mark.parametrize("streaming", [False, True])
+def test_consensus_point_names_energies_alpha_and_mask_of_the_wrong_shape(streaming):
     """An energy of length 1 for N = 5 broadcast to the plain mean; an α of shape (3,) with one
-    row of energies gave a (3, 3) result; a 0/1 float mask failed in ``&``."""
-    consensus_point = consensus.consensus_point
+    row of energies gave a (3, 3) result; a 0/1 float mask failed in ``&``. The streaming
+    form (one pass over chunks of agents) names them the same way."""
+    consensus_point = (functools.partial(consensus.streaming_consensus_point, chunk=5) if streaming
+                       else consensus.consensus_point)
     x = np.random.default_rng(0).normal(size=(5, 3)).astype(np.float32)
     e = np.arange(5.0, dtype=np.float32)
     for bad in (e[:1], e[:4], np.zeros((2, 2, 5), np.float32)):
@@ -341,4 +346,4 @@ def test_consensus_point_names_energies_alpha_and_mask_of_the_wrong_shape():
         consensus_point(x, e, 1.0, mask=np.array([1.0, 0, 1, 0, 1]))
     assert consensus_point(x, np.stack([e, e]), np.ones(2)).shape == (2, 3)  # K points, one alpha each
     masked = consensus_point(x, e, 1.0, mask=np.array([True, False, True, False, True]))
-    np.testing.assert_allclose(masked, consensus_point(x[::2], e[::2], 1.0), rtol=1e-6)
+    np.testing.assert_allclose(masked, consensus.consensus_point(x[::2], e[::2], 1.0), rtol=1e-6, atol=1e-7)
