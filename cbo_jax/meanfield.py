@@ -233,7 +233,8 @@ def sliced_wasserstein(x, y, key: jax.Array, *, num_projections: int = 64, p: fl
       y: ``(R, d)`` samples.
 
     To compare many samples with one large reference, see :class:`SlicedReference`
-    (the reference is projected and sorted once).
+    (the reference is projected and sorted once). A NaN or infinite sample gives a NaN or
+    infinite distance: it is not dropped, since a diverged particle is part of what is measured.
     """
     return SlicedReference(y, key, num_projections=num_projections, p=p).distance(x)
 
