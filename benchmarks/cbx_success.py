@@ -1,6 +1,6 @@
 """Success rates of cbo_jax and CBXpy on CBXpy's benchmark settings.  Issue 15.
 
-CBXpy's reference check (REFERENCE_NOTES §4): Rastrigin (un-normalised) in d = 20,
+CBXpy's reference check: Rastrigin (un-normalised) in d = 20,
 N = 40 particles, 100 independent runs, x0 ~ U[-3, 3]^20, anisotropic noise σ = 10.1,
 λ = 1, dt = 0.01, α0 = 30 multiplied by 1.05 per step up to 1e5, 5000 steps; a run
 succeeds when its final consensus point is within 0.25 of the minimiser in the ∞-norm.

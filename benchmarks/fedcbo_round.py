@@ -1,6 +1,6 @@
 """Cost of one FedCBO round on CPU: local training and aggregation, against a matmul ceiling.
 
-Setting (FedCBO paper, rotated MNIST, REFERENCE_NOTES §1.3 local settings): N agents
+Setting (FedCBO paper §2.4, rotated MNIST, its local settings): N agents
 (default 240) with n = 200 training images each, MLP 784-200-10 (P = 159,010
 parameters), M downloads per agent (default 40), local SGD with tau epochs (default
 10), batch 128, lr 0.1, momentum 0.9; eps-greedy / uniform selection does not matter

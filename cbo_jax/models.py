@@ -271,7 +271,7 @@ def mlp_mnist(hidden: tuple[int, ...] = (200,), num_classes: int = 10, input_sha
 class LogisticRegression(nn.Module):
     """Multinomial logistic regression: ``logits = x W + b`` on flattened float inputs.
 
-    The FedProx synthetic(α, β) benchmark's model (REFERENCE_NOTES §3). Inputs keep
+    The FedProx synthetic(α, β) benchmark's model (FedSGLD paper §6). Inputs keep
     their floating dtype (no ``uint8`` scaling); ``zero_init`` starts from ``W = 0,
     b = 0``, the usual start for this convex problem.
     """
@@ -297,7 +297,7 @@ def logistic_regression(num_features: int = 60, num_classes: int = 10, zero_init
 
 
 class CNN(nn.Module):
-    """The FedCB²O paper's CNN (REFERENCE_NOTES §2.2): conv 32 (5×5) → max-pool 2 →
+    """The FedCB²O paper's CNN (§3.5): conv 32 (5×5) → max-pool 2 →
     conv 64 (5×5) → max-pool 2 → dense 2048 → dense ``num_classes``, ReLU, ``SAME``
     padding (28×28 inputs give 7·7·64 = 3136 features before the dense layers)."""
 

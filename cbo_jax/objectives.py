@@ -9,7 +9,7 @@ minimisers are built (for example the clustered system's K objectives).
 Two Rastrigin forms are provided and named apart, because libraries disagree:
 
 * :class:`Rastrigin` -- CBXpy's un-normalised form ``10 d + Σ_i (x_i² - 10 cos 2π x_i)``
-  (used by its reference success check, REFERENCE_NOTES §4);
+  (used by CBXpy's reference success check, :mod:`cbo_jax.experiments.rastrigin_success`);
 * :class:`RastriginNormalized` -- the ``1/d``-normalised form
   ``(1/d) Σ_i (x_i² - 10 cos 2π x_i + 10)`` common in the CBO literature.
 

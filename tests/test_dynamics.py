@@ -24,7 +24,7 @@ def _x0(shape, seed=0):
 
 
 def test_rastrigin_success_small():
-    """CBXpy's reference check (REFERENCE_NOTES §4) on 20 runs instead of 100."""
+    """CBXpy's reference check on 20 runs instead of 100."""
     res = cj.simulate(cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG), _x0((20, 40, 20)), jax.random.key(0), 5000, num_runs=20)
     dist = np.max(np.abs(np.asarray(res.state.consensus)), axis=-1)
     assert np.sum(dist < 0.25) >= 19

@@ -535,7 +535,7 @@ def test_run_refuses_attack_labels_outside_the_model_classes(ds):
 
 
 def test_clusters_rotate_one_shared_subset_of_the_images():
-    """The paper (and its reference code, REFERENCE_NOTES §2.2) rotates one subset of the
+    """The paper (§3.5, and its authors' reference code) rotates one subset of the
     training images for both clusters; each cluster drew its own subset before
     (``shared_images=False`` keeps that). Within a cluster the agents' images stay disjoint."""
     images = _images(n_train=200)

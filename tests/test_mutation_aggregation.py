@@ -19,7 +19,7 @@ def _toy_energy(models, theta_j, target, own_e):
 
 @pytest.mark.parametrize("self_largest", [False, True])
 def test_include_self_with_self_largest_caps_the_own_energy_at_the_lowest_download(self_largest):
-    """FedCB²O reference-code form (REFERENCE_NOTES §2.2, FedCB2OConfig.self_largest): with
+    """FedCB²O reference-code form (FedCB2OConfig.self_largest): with
     ``include_self`` the own model enters eq. (3.13)'s average with energy
     ``min(min_i E_j^i, E_j^own)`` when ``self_largest`` (so it gets the largest weight), else
     with ``E_j^own``. Guards the ``jnp.minimum`` in ``_weigh`` (a mutant dropping it survived

@@ -54,7 +54,7 @@ def _round_zero():
 
 
 def test_attacker_average_ignores_the_slots_its_cluster_cannot_fill():
-    """The attackers' strategy (FedCB²O §4, attacks.attacker_average): the average of the own
+    """The attackers' strategy (FedCB²O §3.5, attacks.attacker_average): the average of the own
     model and the *valid* downloads, weighted by training-set size. A slot marked invalid
     (attacker_selection: the cluster has fewer than M others) holds some other agent and must
     weigh nothing; a mutant that ignored ``valid`` survived the default suite."""

@@ -12,7 +12,7 @@ TINY = models.mlp_mnist(hidden=(3,), num_classes=3, input_shape=(2, 2))
 
 
 def test_reset_optimizer_discards_a_given_momentum_state():
-    """LocalSGDConfig.reset_optimizer (FedCBO reference code, REFERENCE_NOTES §1.3): every
+    """LocalSGDConfig.reset_optimizer (the FedCBO authors' reference script): every
     round's local SGD starts from a fresh optimizer state, so a carried-over momentum trace
     must not matter: training with a stale state equals training with none. With
     ``reset_optimizer=False`` the stale state is used (the results differ). A mutant that

@@ -24,7 +24,7 @@ def test_selection_rate_divides_by_the_filled_slots_of_each_agent():
 
 
 def test_pooled_objective_is_the_mean_of_the_devices_mean_losses():
-    """FedSGLD's consensus objective (1/N) Σ_i F_i (REFERENCE_NOTES §3, ``F_i`` the mean loss of
+    """FedSGLD's consensus objective (1/N) Σ_i F_i (FedSGLD paper §3, ``F_i`` the mean loss of
     node i): with unequal device sizes it differs from the pooled mean over every training
     sample (``train_loss``). Float64 NumPy reference for a logistic-regression server model;
     a mutant reporting the pooled loss as the objective survived the default suite."""

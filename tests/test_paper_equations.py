@@ -1,5 +1,5 @@
 """The federated algorithms checked equation by equation against the papers, on tiny inputs
-with float64 NumPy references (FedCBO, FedCB²O, FedSGLD; REFERENCE_NOTES §1-3)."""
+with float64 NumPy references (FedCBO, FedCB²O, FedSGLD)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""FedCB²O under a label-flipping attack (FedCB²O paper §4, Table 2; REFERENCE_NOTES §2.2).
+"""FedCB²O under a label-flipping attack (FedCB²O paper §3.5, Table 2).
 
 ``fedcb2o-attack``: FedCB²O, FedCBO (with ProbSampling, same attackers), and the two
 DFedAvgM oracles (Oracle Min: attackers removed; Oracle Max: attackers present but

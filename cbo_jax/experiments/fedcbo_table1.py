@@ -1,4 +1,4 @@
-"""FedCBO paper, Table 1 and Appendix E Table 2 (REFERENCE_NOTES §1.3).
+"""FedCBO paper, §2.4 Table 1 and the JMLR version's Appendix E Table 2.
 
 ``fedcbo-table1``: rotated MNIST with 4 rotations; FedCBO, IFCA, FedAvg and Local
 training, mean test accuracy over agents (%), averaged over seeds.

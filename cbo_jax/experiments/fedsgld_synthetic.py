@@ -1,4 +1,4 @@
-"""FedSGLD paper: synthetic(1, 1), low-noise and high-noise cases (REFERENCE_NOTES §3).
+"""FedSGLD paper: synthetic(1, 1), low-noise and high-noise cases (its §6).
 
 ``fedsgld-synthetic`` trains multinomial logistic regression on the FedProx
 synthetic(1, 1) benchmark (30 devices) with

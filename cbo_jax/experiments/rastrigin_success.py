@@ -1,4 +1,4 @@
-"""CBXpy's reference success check for CBO on Rastrigin (REFERENCE_NOTES §4).
+"""CBXpy's reference success check for CBO on Rastrigin (CBXpy, PyPI ``cbx``).
 
 Rastrigin in d = 20 (CBXpy's un-normalised form), N = 40 particles, 100 independent
 runs, x0 ~ U[-3, 3]^20, anisotropic noise σ = 10.1, λ = 1, dt = 0.01, α0 = 30

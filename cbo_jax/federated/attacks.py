@@ -1,4 +1,4 @@
-"""Label-flipping attacks on clustered federated learning (FedCB²O paper, REFERENCE_NOTES §2.2).
+"""Label-flipping attacks on clustered federated learning (FedCB²O paper §3.1, §3.5).
 
 Data. :func:`label_flip_rotated` builds the paper's attacked benchmark from any
 MNIST-like source: ``K`` clusters (rotations, ``ROTATIONS[K]``); in cluster ``k``,
@@ -254,7 +254,7 @@ class AttackDataset(NamedTuple):
 
 
 def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> AttackDataset:
-    """The attacked rotated benchmark of FedCB²O §4 (see the module docstring).
+    """The attacked rotated benchmark of FedCB²O §3.5 (see the module docstring).
 
     ``images`` is any :class:`~cbo_jax.federated.mnist.MNIST`-like source (MNIST, or
     EMNIST-balanced from :mod:`cbo_jax.federated.emnist`). Raises ``DataError`` when the

@@ -18,7 +18,7 @@ per-agent lists with :meth:`FederatedData.from_arrays` / :meth:`FederatedData.fr
 shape on the host, before anything is compiled.
 
 :func:`rotated_mnist` builds the rotated-MNIST benchmark of the FedCBO paper
-(REFERENCE_NOTES §1.3): ``K`` clusters, cluster ``k`` sees every image rotated by its
+(§2.4, Table 1): ``K`` clusters, cluster ``k`` sees every image rotated by its
 own multiple of 90°, ``N`` agents split evenly over the clusters, each cluster's rotated
 training set randomly partitioned among its agents, and the cluster's test set is the
 whole test set rotated the same way.

@@ -42,7 +42,7 @@ __all__ = ["LocalSGDConfig", "LocalResult", "make_optimizer", "local_train", "ag
 
 @dataclasses.dataclass(frozen=True)
 class LocalSGDConfig:
-    """Local update of FedCBO Algorithm 1, step 2 (REFERENCE_NOTES §1.3 defaults).
+    """Local update of FedCBO Algorithm 1, step 2 (defaults: paper §2.4, reference script).
 
     Attributes:
       epochs: local epochs τ per round.

@@ -15,7 +15,7 @@ kinds, both built by the factories below:
   rounds with the state of the real agents and the models the algorithm exposes
   (``eval_models``). :func:`test_accuracy` (mean test accuracy over agents, as the
   FedCBO paper reports it, or the test loss of a regression model),
-  :func:`attack_accuracy` (FedCB²O §4: overall and source-class accuracy, attack
+  :func:`attack_accuracy` (FedCB²O §3.5: overall and source-class accuracy, attack
   success rate), :func:`pooled` (FedSGLD: the server model's pooled training loss and
   accuracy), :func:`privacy` (FedSGLD's per-device (ε, δ) after the round).
 
@@ -457,7 +457,7 @@ def attack_metrics(model: Model, params: PyTree, test_x, test_y, cluster, source
 
 
 def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test_size: int | None = None) -> Callable:
-    """FedCB²O §4 metrics of the benign agents' own models (the first ``N_b`` rows).
+    """FedCB²O §3.5 metrics of the benign agents' own models (the first ``N_b`` rows).
 
     ``dataset``: the :class:`~cbo_jax.federated.attacks.AttackDataset` (test sets, the
     attack's classes, the benign count); ``cluster``: the population's true clusters

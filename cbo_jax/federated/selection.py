@@ -257,7 +257,7 @@ def _check_m(n: int, m: int) -> None:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={m}")
 
 
-# --- ProbSampling (FedCB²O, Algorithm 2; REFERENCE_NOTES §2.2) ---------------------------------
+# --- ProbSampling (FedCB²O paper §3.4, Algorithm 2, eq. (3.12), Remark 3.5) -------------------
 #
 # ``P[j, i]`` is agent j's estimate of how useful agent i is. An entry that was never
 # observed holds NaN (so "never selected" needs no second matrix), the agent itself holds
@@ -325,13 +325,13 @@ def update_prob_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, kappa:
     """``P[j, i] ← (1 - ζ) P[j, i] + ζ exp(-κ L_j^i)`` for the downloaded ``i`` (FedCB²O
     eq. (3.12)).
 
-    ``start``: how an entry's first observation enters. ``"first"`` (default, REFERENCE_NOTES
-    §2.2) sets it to ``exp(-κ L_j^i)``; ``"zero"`` applies (3.12) to the paper's ``P_0 = 0``
-    (Algorithm 1, Remark 3.5), giving ``ζ exp(-κ L_j^i)``, so that an agent observed fewer
-    times has a smaller ``P``. Either way an entry never observed stays NaN for
-    ProbSampling's "never selected" tier. A non-finite loss gives reward 0. ``idx`` must hold
-    distinct agents per row (as :func:`draw_prob_sampling` returns); rows with ``active``
-    False, and slots with ``valid`` False, are left unchanged.
+    ``start``: how an entry's first observation enters. ``"first"`` (default) starts the
+    moving average at its first observation, ``exp(-κ L_j^i)``; ``"zero"`` applies (3.12)
+    to the paper's ``P_0 = 0`` (Algorithm 1, Remark 3.5), giving ``ζ exp(-κ L_j^i)``, so
+    that an agent observed fewer times has a smaller ``P``. Either way an entry never
+    observed stays NaN for ProbSampling's "never selected" tier. A non-finite loss gives
+    reward 0. ``idx`` must hold distinct agents per row (as :func:`draw_prob_sampling`
+    returns); rows with ``active`` False, and slots with ``valid`` False, are left unchanged.
     """
     _checks.one_of("start", start, P_STARTS)
     reward = jnp.where(jnp.isfinite(loss), jnp.exp(-kappa * jnp.where(jnp.isfinite(loss), loss, 0.0)), 0.0)

@@ -1,7 +1,7 @@
 """The FedProx synthetic(α, β) federated benchmark, stacked for vmapped agents.
 
 Recipe (Li et al., "Federated optimization in heterogeneous networks", 2020; the FedSGLD
-paper's experiment; REFERENCE_NOTES §3). For each of ``N = 30`` devices ``k``, with
+paper's experiment, its §6.0.1). For each of ``N = 30`` devices ``k``, with
 ``d = 60`` features and ``C = 10`` classes:
 
 * ``u_k ~ N(0, α)`` and ``B_k ~ N(0, β)`` (α and β are standard deviations);

@@ -1,5 +1,5 @@
 """DFedAvgM: decentralised FedAvg with momentum (Sun, Li and Wang, "Decentralized federated
-averaging", IEEE TPAMI 2022), the oracle baselines of the FedCB²O paper (REFERENCE_NOTES §2.2).
+averaging", IEEE TPAMI 2022), the oracle baselines of the FedCB²O paper (§3.5).
 
 Per round every agent trains τ local epochs of SGD with heavy-ball momentum on its own
 data, then downloads ``M`` neighbours drawn uniformly at random from its own group and

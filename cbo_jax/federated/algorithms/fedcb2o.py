@@ -1,6 +1,6 @@
 """FedCB²O: consensus-based bi-level optimization against attacks (FedCB²O Algorithms 1–2).
 
-García Trillos, Akash, Li, Riedl and Zhu (REFERENCE_NOTES §2.2). Per round ``n``:
+García Trillos, Akash, Li, Riedl and Zhu (§3.4, Algorithms 1–2). Per round ``n``:
 
 1. LocalUpdate: every agent trains τ epochs of mini-batch SGD on its own training data
    (the benign agents on their training split, the attackers on their flipped data).
@@ -54,7 +54,7 @@ CRITERIA = ("G", "loss")
 
 @dataclasses.dataclass(frozen=True)
 class FedCB2OConfig:
-    """FedCB²O parameters (defaults: the paper's experiment, REFERENCE_NOTES §2.2, but λ1 γ).
+    """FedCB²O parameters (defaults: the paper's experiment, §3.5, but λ1 γ).
 
     Attributes:
       M: downloads per benign agent per round.

@@ -1,7 +1,7 @@
 """FedCBO: consensus-based optimization for clustered federated learning.
 
-Algorithm 1 of Carrillo, García Trillos, Li and Zhu (REFERENCE_NOTES §1.2), the
-splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
+Algorithm 1 of Carrillo, García Trillos, Li and Zhu (§2.3; equation numbers of the arXiv
+version), the splitting scheme eq. (18) of the particle system eq. (4). Per round ``n``:
 
 1. ``G_n``: the participating agents (all of them in the paper).
 2. LocalUpdate: τ epochs of mini-batch SGD (step ``λ2 γ``) on each agent's data.
@@ -55,7 +55,7 @@ LOSS_REDUCTIONS = ("mean", "sum_of_batch_means")
 
 @dataclasses.dataclass(frozen=True)
 class FedCBOConfig:
-    """FedCBO parameters (defaults: REFERENCE_NOTES §1.3 and the reference script).
+    """FedCBO parameters (defaults: the paper's §2.4 and the authors' reference script).
 
     Attributes:
       M: downloads per agent per round (``1 <= M <= N - 1``).

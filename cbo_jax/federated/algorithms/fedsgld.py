@@ -2,7 +2,7 @@
 
 Both algorithms solve the consensus problem ``min_x (1/N) Σ_i F_i(x)`` (``F_i`` the mean
 loss of node ``i``) by an augmented-Lagrangian splitting (FedPD, Zhang et al. 2020;
-the FedSGLD paper's Algorithm 1; REFERENCE_NOTES §3). Per round ``r``, every node ``i``
+the FedSGLD paper's §3, Algorithm 1). Per round ``r``, every node ``i``
 in parallel (vmapped):
 
 1. approximately minimises (FedPD) or samples (FedSGLD) its local objective
@@ -102,7 +102,7 @@ class FedSGLDConfig:
 
 @dataclasses.dataclass(frozen=True)
 class FedPDConfig:
-    """FedPD (Zhang et al. 2020; REFERENCE_NOTES §3, reference code) and its noisy variant.
+    """FedPD (Zhang et al. 2020, as in its authors' reference code) and its noisy variant.
 
     Local step ``x ← x - lr (∇̂F_i(x) + λ + γ (x - x0)) [+ sqrt(lr) ε ξ]`` for ``Q``
     steps; then ``λ += γ (x - x0)``; send ``x + λ/γ``; the server averages.
