@@ -670,3 +670,25 @@ def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
         if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
             a, b = jax.random.key_data(a), jax.random.key_data(b)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_config_json_names_the_model_and_an_earlier_record_without_it_is_still_finished(tmp_path):
+    """Without ``config``, ``config.json`` records the model that was trained (its name,
+    classes, loss and parameter count) next to the algorithm's config; results written
+    before it did (no ``"model"`` key) are still read back as this finished run."""
+    import json
+
+    from cbo_jax.federated import runner
+
+    data, alg = _tiny_local_run(0)
+    fl.run(alg, data, 2, jax.random.key(0), out=tmp_path / "r", progress=False, plots=False)
+    recorded = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert recorded["model"] == {"name": alg.model.name, "num_classes": 3, "loss": "cross_entropy",
+                                 "parameters": 2 * 3 + 3}
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+    earlier = {k: v for k, v in recorded.items() if k != "model"}
+    (tmp_path / "r" / "config.json").write_text(json.dumps(earlier))
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+    other = dict(recorded, model=dict(recorded["model"], parameters=1))  # a record of another model
+    (tmp_path / "r" / "config.json").write_text(json.dumps(other))
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is None

@@ -177,7 +177,8 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       every: rounds between evaluations (and per compiled scan without ``checkpoint_every``).
       out: results directory (``metrics.jsonl``, ``config.json``, ``summary.json``, plots).
       config: what ``config.json`` records (a dataclass or a dict; default: the algorithm's
-        name and config, ``rounds`` and ``every``).
+        name and config, ``rounds``, ``every`` and the model: its name, classes, loss and
+        number of parameters).
       mesh: a :func:`cbo_jax.sharding.agent_mesh` to split the agents over devices.
       checkpoint_every: with ``out``, checkpoint after every round that is a multiple of
         this (whatever ``every``; and after the last) to ``out/checkpoint``
@@ -268,7 +269,8 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         fp = _comparable(saved, fp, out, 2)
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
-    if recorded != _config_record(algorithm, config, rounds, every):
+    if recorded != _config_record(algorithm, config, rounds, every) and (
+            config is not None or recorded != _config_record(algorithm, config, rounds, every, model=False)):
         return None
     rows = read_jsonl(out / "metrics.jsonl")
     if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
@@ -276,11 +278,33 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     return RunResult(None, rows, summary)
 
 
-def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -> Any:
-    """What ``config.json`` records, as JSON reads it back."""
-    cfg = _config_dict(config) if config is not None else {
-        "algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
+def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int, *, model: bool = True) -> Any:
+    """What ``config.json`` records, as JSON reads it back. Without ``config``: the
+    algorithm, ``rounds``, ``every``, the algorithm's config and (``model``) the model it
+    trains (:func:`_model_record`; records written before they held it lack the key)."""
+    if config is not None:
+        cfg = _config_dict(config)
+    else:
+        cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
+        record = _model_record(getattr(algorithm, "model", None)) if model else None
+        if record is not None:
+            cfg["model"] = record
     return json.loads(json.dumps(json_safe(to_python(cfg)), default=str))
+
+
+def _model_record(model) -> dict | None:
+    """The model in ``config.json``: its name, classes, loss and number of parameters (the
+    last when ``init`` traces abstractly); ``None`` for an algorithm without a model."""
+    if model is None:
+        return None
+    out: dict[str, Any] = {"name": model.name, "num_classes": model.num_classes,
+                           "loss": getattr(model.loss, "__name__", type(model.loss).__name__)}
+    try:
+        params = jax.eval_shape(model.init, jax.random.key(0))
+        out["parameters"] = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params))
+    except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not counted
+        pass
+    return out
 
 
 def _fingerprint_hash(fp: dict) -> str:
