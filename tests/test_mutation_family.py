@@ -238,7 +238,7 @@ def test_hypersurface_sphere_step_projects_the_tangent_drift():
 # Noise terms: three steps against CBXpy 1.0.4 with the same draws (cbo_jax._cbx_compare), for
 # dynamics whose noise the default run does not otherwise compare.
 SHORT_CBX = ["pso-anisotropic", "hypersurface_cbo-sphere-anisotropic", "hypersurface_cbo-sphere-isotropic",
-             "cbs-sampling", "polar_cbo-covariance", "cbo-heaviside-reg"]
+             "cbs-sampling", "cbs-optimization", "polar_cbo-covariance", "cbo-heaviside-reg"]
 
 
 @pytest.mark.parametrize("name", SHORT_CBX)
