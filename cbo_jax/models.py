@@ -43,7 +43,7 @@ def preprocess(x: jax.Array) -> jax.Array:
 
 
 class MLP(nn.Module):
-    """Fully connected network with ReLU hidden layers and biases (FedCBO §1.3: 784-200-10)."""
+    """Fully connected network with ReLU hidden layers and biases (FedCBO §2.4: 784-200-10)."""
 
     hidden: tuple[int, ...] = (200,)
     num_classes: int = 10

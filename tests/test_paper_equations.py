@@ -80,7 +80,7 @@ def test_fedcbo_round_with_a_diverged_agent_downloads_distinct_others():
 
 
 def test_epsilon_schedule_values():
-    """Remark 3 / §1.2: ε(n) = max(0.5 - 0.01 n, 0.1) (round n counted from 0)."""
+    """FedCBO Remark 3 and §2.4: ε(n) = max(0.5 - 0.01 n, 0.1) (round n counted from 0)."""
     n = np.arange(0, 60)
     np.testing.assert_allclose(np.asarray(selection.epsilon_schedule(jnp.asarray(n, jnp.float32))),
                                np.maximum(0.5 - 0.01 * n, 0.1), rtol=1e-6)

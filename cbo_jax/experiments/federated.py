@@ -42,7 +42,7 @@ ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig
 
 @dataclasses.dataclass(frozen=True)
 class RotatedMNISTConfig:
-    """The rotated-MNIST benchmark (FedCBO §1.3; defaults: the paper's Table 1).
+    """The rotated-MNIST benchmark (FedCBO §2.4; defaults: the paper's Table 1).
 
     Attributes:
       source: MNIST source: auto (IDX files from data_dir or CBO_JAX_DATA_DIR, else the bundled subset), idx, tfds, bundled.

@@ -13,7 +13,7 @@ synthetic(1, 1) benchmark (30 devices) with
   :func:`equal_variance_noise`, the ``ε`` that gives it FedSGLD's injected variance per
   round.
 
-The paper (§6) and the notes call the two noise levels β = 1e-4 and β = 0.5 without
+The paper (§6) calls the two noise levels β = 1e-4 and β = 0.5 without
 relating β to Algorithm 2's ε; here they are the oracle's ε (the multiplier of
 ``sqrt(η) N(0, I)`` in Algorithm 2, the only noise the algorithms take). Eq. (10)'s
 ``N(0, η β⁻¹ I)`` would make β an inverse temperature, and "a tiny noise of β = 1e-4" a
@@ -21,8 +21,8 @@ step noise of sd 10 at ``η = 0.01``. The paper reports training-loss curves onl
 (FedSGLD lower and smoother than FedPD); this experiment saves those curves
 (``training_loss_*.png``), prints the final training loss (pooled over all training
 samples, server model) and test accuracy (pooled over all test samples), and the
-per-device (ε, δ) from :mod:`cbo_jax.federated.privacy`. The paper's
-hyper-parameters are not in the notes; the defaults below are this project's choices,
+per-device (ε, δ) from :mod:`cbo_jax.federated.privacy`. The paper gives
+no hyper-parameters for them; the defaults below are this project's choices,
 sized to run in minutes on a 2-core CPU.
 
 **FedSGLD variants** (every one is run at both noise levels; :data:`VARIANTS`):

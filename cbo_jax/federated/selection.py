@@ -176,7 +176,7 @@ def draw_uniform(key: jax.Array, num_agents: int, m: int, rows: int | None = Non
 
 
 def epsilon_schedule(n, eps0: float = 0.5, decay: float = 0.01, eps_min: float = 0.1):
-    """ε(n) = max(ε0 - decay·n, ε_min) (FedCBO §1.2; defaults 0.5, 0.01, 0.1)."""
+    """ε(n) = max(ε0 - decay·n, ε_min) (FedCBO §2.4, Remark 3; defaults 0.5, 0.01, 0.1)."""
     return jnp.maximum(eps0 - decay * n, eps_min)
 
 

@@ -25,7 +25,7 @@ momentum, ``x0_i ← x0^new + β (x0^new - x0^old)`` (``β = 0``: FedPD's plain 
 
 The oracle and its Poisson-subsampled gradient are :mod:`cbo_jax.federated.langevin`.
 
-Naming: the notes write η for three things (the oracle step, the dual step and the
+Naming: the paper's Algorithms 1–2 write η for three things (the oracle step, the dual step and the
 momentum coefficient); here they are three parameters, ``lr`` (η), ``dual_lr`` (η_λ,
 default 1 so that ``λ_i ← λ_i + γ (x_i - x0_i)`` as in FedPD) and ``server_momentum``
 (β). The oracle's noise scale ε is called ``noise`` to keep ε for differential privacy.
