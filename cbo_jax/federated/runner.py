@@ -269,8 +269,9 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         fp = _comparable(saved, fp, out, 2)
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
-    if recorded != _config_record(algorithm, config, rounds, every) and (
-            config is not None or recorded != _config_record(algorithm, config, rounds, every, model=False)):
+    record = _config_record(algorithm, config, rounds, every)
+    earlier = {k: v for k, v in record.items() if k != "model"} if config is None else record  # before "model"
+    if recorded not in (record, earlier):
         return None
     rows = read_jsonl(out / "metrics.jsonl")
     if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
@@ -278,17 +279,17 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     return RunResult(None, rows, summary)
 
 
-def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int, *, model: bool = True) -> Any:
+def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -> Any:
     """What ``config.json`` records, as JSON reads it back. Without ``config``: the
-    algorithm, ``rounds``, ``every``, the algorithm's config and (``model``) the model it
-    trains (:func:`_model_record`; records written before they held it lack the key)."""
+    algorithm, ``rounds``, ``every``, the algorithm's config and the model it trains
+    (:func:`_model_record`; records written before they held it lack the key)."""
     if config is not None:
         cfg = _config_dict(config)
     else:
         cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
-        record = _model_record(getattr(algorithm, "model", None)) if model else None
-        if record is not None:
-            cfg["model"] = record
+        model = _model_record(getattr(algorithm, "model", None))
+        if model is not None:
+            cfg["model"] = model
     return json.loads(json.dumps(json_safe(to_python(cfg)), default=str))
 
 
@@ -297,14 +298,17 @@ def _model_record(model) -> dict | None:
     last when ``init`` traces abstractly); ``None`` for an algorithm without a model."""
     if model is None:
         return None
-    out: dict[str, Any] = {"name": model.name, "num_classes": model.num_classes,
-                           "loss": getattr(model.loss, "__name__", type(model.loss).__name__)}
+    out: dict[str, Any] = {"name": model.name, "num_classes": model.num_classes, "loss": _loss_name(model)}
     try:
         params = jax.eval_shape(model.init, jax.random.key(0))
         out["parameters"] = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params))
     except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not counted
         pass
     return out
+
+
+def _loss_name(model) -> str:
+    return getattr(model.loss, "__name__", type(model.loss).__name__)
 
 
 def _fingerprint_hash(fp: dict) -> str:
@@ -333,8 +337,7 @@ def _model_fingerprint(model, data) -> dict:
     of the computation ``apply`` traces on one input (a changed activation changes it)."""
     if model is None:
         return {}
-    loss = getattr(model.loss, "__name__", type(model.loss).__name__)
-    out: dict[str, Any] = {"model": model.name, "model.num_classes": model.num_classes, "model.loss": loss}
+    out: dict[str, Any] = {"model": model.name, "model.num_classes": model.num_classes, "model.loss": _loss_name(model)}
     x = getattr(data, "x", None)
     if x is None and hasattr(data, "benign"):
         x = data.benign.x
