@@ -19,12 +19,10 @@ from cbo_jax.federated.algorithms.base import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, local_train
 from cbo_jax.sde import per_particle_normal
 
+from _reference import f64, logreg_grad
+
 LOGREG = models.logistic_regression(3, 2)
 LOCAL = LocalSGDConfig(epochs=1, batch_size=5, lr=0.5, momentum=0.0)
-
-
-def _f64(tree):
-    return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
 
 
 def _logreg_loss(theta, x, y, count):
@@ -71,7 +69,7 @@ def test_fedcbo_isotropic_aggregation_noise_is_sigma1_sqrt_gamma_times_the_globa
     test is slow; a mutant dropping the √ of γ (or using the anisotropic form) was caught
     only by the pinned runs."""
     cfg, data, k_noise, trained, new, info, _, _ = _fedcbo_noisy_round()
-    t64, idx = _f64(trained), np.asarray(info.idx)
+    t64, idx = f64(trained), np.asarray(info.idx)
     x, y, counts = np.asarray(data.x, np.float64), np.asarray(data.y), np.asarray(data.counts)
     row = lambda i: jax.tree_util.tree_map(lambda a: a[i], t64)  # noqa: E731
     leaves = jax.tree_util.tree_leaves(t64)
@@ -168,7 +166,7 @@ def test_fedcb2o_uses_G_from_round_T_G_and_updates_P_on_filled_slots_only():
     from the round's trained models. Mutants starting G one round late, or updating P on the
     empty slots, were caught only by the pinned runs."""
     cfg, data, P, trained, new, info = _fedcb2o_round_at_T_G()
-    t64 = _f64(trained)
+    t64 = f64(trained)
     row = lambda i: jax.tree_util.tree_map(lambda a: a[i], t64)  # noqa: E731
     vx, vy, vc = np.asarray(data.val.x, np.float64), np.asarray(data.val.y), np.asarray(data.val.counts)
     idx, valid = np.asarray(info.idx), np.asarray(info.valid)
@@ -222,13 +220,9 @@ def test_prob_likelihood_update_leaves_the_rows_of_non_participants():
 
 
 def _logreg_grad(theta, x, y, count):
-    """Float64 gradient of the mean cross-entropy over the ``count`` real samples: (kernel, bias)."""
-    k, b = theta
-    logits = x[:count] @ k + b
-    p = np.exp(logits - logits.max(axis=1, keepdims=True))
-    p /= p.sum(axis=1, keepdims=True)
-    p[np.arange(count), y[:count]] -= 1.0
-    return x[:count].T @ p / count, p.mean(axis=0)
+    """:func:`_reference.logreg_grad` for a ``(kernel, bias)`` pair: the same pair of gradients."""
+    g = logreg_grad({"params": {"Dense_0": {"kernel": theta[0], "bias": theta[1]}}}, x, y, count)
+    return g["params"]["Dense_0"]["kernel"], g["params"]["Dense_0"]["bias"]
 
 
 @pytest.mark.parametrize("name", ["fedsgld", "fedpd"])
@@ -301,7 +295,7 @@ def test_dfedavgm_averages_self_and_neighbours_weighted_by_data_size():
     state = alg.init(jax.random.key(3))
     new, info = jax.jit(alg.round)(state, data)
     _, k_local, _ = jax.random.split(state.key, 3)
-    trained = _f64(jax.jit(lambda p, o: grouped_local_train(LOGREG, cfg.local, p, o, data.groups, k_local).params)(
+    trained = f64(jax.jit(lambda p, o: grouped_local_train(LOGREG, cfg.local, p, o, data.groups, k_local).params)(
         state.params, state.opt_state))
     idx, w = np.asarray(info.idx), np.asarray(sizes, np.float64)
     for leaf, got in zip(jax.tree_util.tree_leaves(trained), jax.tree_util.tree_leaves(new.params)):
@@ -374,7 +368,7 @@ def test_fedavg_server_model_averages_only_the_participants():
     state = alg.init(jax.random.key(2))
     new, info = jax.jit(alg.round)(state, data)
     _, _, k_local = jax.random.split(state.key, 3)
-    trained = _f64(jax.jit(lambda p: local_train(LOGREG, loc, broadcast(p, n), None, data, k_local).params)(
+    trained = f64(jax.jit(lambda p: local_train(LOGREG, loc, broadcast(p, n), None, data, k_local).params)(
         state.params))
     active = np.asarray(info.active)
     assert 0 < active.sum() < n

@@ -19,6 +19,8 @@ from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fed
 from cbo_jax.federated.langevin import SGLDConfig
 from cbo_jax.federated.local import LocalSGDConfig, local_train
 
+from _reference import f64, logreg_grad
+
 TINY = models.mlp_mnist(hidden=(3,), num_classes=3, input_shape=(2, 2))
 
 
@@ -28,10 +30,6 @@ def _tiny_data(n, n_max=6, seed=0):
     y = rng.integers(0, 3, (n, n_max)).astype(np.int32)
     counts = rng.integers(3, n_max + 1, n).astype(np.int32)
     return AgentData(jnp.asarray(x), jnp.asarray(y), jnp.asarray(counts))
-
-
-def _f64(tree):
-    return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
 
 
 # --------------------------------------------------------------------------- FedCBO Remark 3, eq. (21)
@@ -105,9 +103,9 @@ def test_fedcbo_appendix_e_noise_isotropic_uses_the_global_norm(noise_gamma):
         state = alg.init(jax.random.key(3))
         runs[noise] = jax.jit(alg.round)(state, data)[0].params
     _, _, k_local, _, _ = jax.random.split(state.key, 5)
-    theta = _f64(local_train(TINY, LocalSGDConfig(epochs=1, batch_size=3, lr=0.05), state.params, state.opt_state,
+    theta = f64(local_train(TINY, LocalSGDConfig(epochs=1, batch_size=3, lr=0.05), state.params, state.opt_state,
                              data, k_local).params)
-    none, iso, aniso = (_f64(runs[k]) for k in ("none", "isotropic", "anisotropic"))
+    none, iso, aniso = (f64(runs[k]) for k in ("none", "isotropic", "anisotropic"))
     step = 0.4
     scale = sigma1 * math.sqrt(0.1 if noise_gamma is None else noise_gamma)
     diff = jax.tree_util.tree_map(lambda t, a: (t - a) / step, theta, none)  # θ - m
@@ -119,18 +117,6 @@ def test_fedcbo_appendix_e_noise_isotropic_uses_the_global_norm(noise_gamma):
 
 
 # --------------------------------------------------------------------------- FedSGLD Algorithm 1
-
-
-def _logreg_grad(params, x, y, count):
-    """float64 gradient of the mean cross-entropy of logits = x W + b over the first count rows."""
-    w = np.asarray(params["params"]["Dense_0"]["kernel"], np.float64)
-    b = np.asarray(params["params"]["Dense_0"]["bias"], np.float64)
-    x, y = np.asarray(x, np.float64)[:count], np.asarray(y)[:count]
-    logits = x @ w + b
-    p = np.exp(logits - logits.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    d = (p - np.eye(w.shape[1])[y]) / count
-    return {"params": {"Dense_0": {"kernel": x.T @ d, "bias": d.sum(0)}}}
 
 
 def test_fedsgld_round_dual_update_message_and_server_momentum_by_hand():
@@ -152,12 +138,12 @@ def test_fedsgld_round_dual_update_message_and_server_momentum_by_hand():
         lambda a: jnp.asarray(rng.normal(0, s, a.shape), a.dtype), tree)
     state = state._replace(x0=rand(state.x0, 0.3), lam=rand(state.lam, 0.2), server=rand(state.server, 0.3))
     new, _ = jax.jit(alg.round)(state, data)
-    x0, lam, old = _f64(state.x0), _f64(state.lam), _f64(state.server)
+    x0, lam, old = f64(state.x0), f64(state.lam), f64(state.server)
     msgs, lams = [], []
     for i in range(n):
         a_i = jax.tree_util.tree_map(lambda t: t[i], x0)
         l_i = jax.tree_util.tree_map(lambda t: t[i], lam)
-        g = _logreg_grad(a_i, x[i], y[i], int(counts[i]))
+        g = logreg_grad(a_i, x[i], y[i], int(counts[i]))
         x_i = jax.tree_util.tree_map(lambda a, gg, ll: a - lr * (gg + ll), a_i, g, l_i)  # γ (x - x0) = 0 at x0
         l_new = jax.tree_util.tree_map(lambda ll, xx, a: ll + dual_lr * gamma * (xx - a), l_i, x_i, a_i)
         msgs.append(jax.tree_util.tree_map(lambda xx, ll: xx + ll / gamma, x_i, l_new))
@@ -261,7 +247,7 @@ def test_local_sgd_epochs_batches_and_momentum_with_padding_match_numpy():
     key = jax.random.key(7)
     got, _, last_loss = local._train_one(model, cfg, opt, params, opt.init(params), x, y, jnp.int32(count), key)
 
-    p = _f64(params)
+    p = f64(params)
     v = jax.tree_util.tree_map(np.zeros_like, p)
     losses = []
     for ek in jax.random.split(key, epochs):
@@ -274,7 +260,7 @@ def test_local_sgd_epochs_batches_and_momentum_with_padding_match_numpy():
             logits = np.asarray(x, np.float64)[rows] @ w + bias
             lse = logits.max(1) + np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1))
             losses.append(np.mean(lse - logits[np.arange(len(rows)), np.asarray(y)[rows]]))
-            g = _logreg_grad(p, np.asarray(x)[rows], np.asarray(y)[rows], len(rows))
+            g = logreg_grad(p, np.asarray(x)[rows], np.asarray(y)[rows], len(rows))
             v = jax.tree_util.tree_map(lambda gg, vv: gg + mu * vv, g, v)
             p = jax.tree_util.tree_map(lambda pp, vv: pp - lr * vv, p, v)
     for a, want in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(p)):

@@ -1,0 +1,25 @@
+"""Float64 NumPy references shared by the equation-level tests (test_paper_equations.py,
+test_mutation_spec.py)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+
+def f64(tree):
+    """Every leaf of ``tree`` as a float64 NumPy array."""
+    return jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), tree)
+
+
+def logreg_grad(params, x, y, count):
+    """Float64 gradient of the mean cross-entropy of ``logits = x W + b`` over the first
+    ``count`` rows, for Flax's one-``Dense`` parameters ``{"params": {"Dense_0": ...}}``."""
+    w = np.asarray(params["params"]["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["params"]["Dense_0"]["bias"], np.float64)
+    x, y = np.asarray(x, np.float64)[:count], np.asarray(y)[:count]
+    logits = x @ w + b
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    d = (p - np.eye(w.shape[1])[y]) / count
+    return {"params": {"Dense_0": {"kernel": x.T @ d, "bias": d.sum(0)}}}
