@@ -65,3 +65,55 @@ def test_fedavg_keeps_its_model_when_every_participant_diverged():
     for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(state.params)):
         assert np.all(np.isfinite(np.asarray(b))) and np.all(np.asarray(b) != 0)
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _logreg_loss(params, x, y, count):
+    """Float64 mean cross-entropy of ``logits = x W + b`` over the first ``count`` rows."""
+    w = np.asarray(params["params"]["Dense_0"]["kernel"], np.float64)
+    b = np.asarray(params["params"]["Dense_0"]["bias"], np.float64)
+    logits = np.asarray(x, np.float64)[:count] @ w + b
+    logz = logits.max(1) + np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1))
+    return float(np.mean(logz - logits[np.arange(count), np.asarray(y)[:count]]))
+
+
+def test_ifca_agents_estimate_their_cluster_by_the_lowest_loss_and_train_that_model():
+    """IFCA's cluster estimate is the argmin over the k server models of the agent's local
+    loss, and the agent trains the model it chose. With the default zero-initialised
+    logistic regression every server model starts equal, every loss ties and every agent
+    picks model 0: mutants taking the argmax, or training model 0 whatever the estimate,
+    survived every default test. Here the server models differ; float64 NumPy losses."""
+    model = models.logistic_regression(2, 2)
+    rng = np.random.default_rng(1)
+    n, k = 6, 2
+    x = rng.normal(size=(n, 5, 2)).astype(np.float32)
+    y = np.array([[0] * 5, [1] * 5, [0, 0, 0, 1, 0], [1, 1, 0, 1, 1], [0] * 5, [1] * 5], np.int32)
+    data = AgentData(jnp.asarray(x), jnp.asarray(y), jnp.asarray([5, 4, 5, 5, 3, 5], jnp.int32))
+    local = LocalSGDConfig(epochs=1, batch_size=2, lr=0.2, momentum=0.0)
+    alg = ifca(model, IFCAConfig(k=k, participation=1.0, local=local), n)
+    state = alg.init(jax.random.key(0))
+    servers = [{"params": {"Dense_0": {"kernel": rng.normal(scale=0.3, size=(2, 2)).astype(np.float32),
+                                       "bias": np.array(b, np.float32)}}} for b in ([2.0, -2.0], [-2.0, 2.0])]
+    state = state._replace(params=jax.tree_util.tree_map(lambda *p: jnp.stack(p), *servers))
+    new, info = jax.jit(alg.round)(state, data)
+
+    # the round counts, and the key moves on (a round that kept its key drew the same
+    # participants and mini-batches in every round; only the 3-round pin saw it)
+    assert int(new.round) == int(state.round) + 1
+    assert not np.array_equal(jax.random.key_data(new.key), jax.random.key_data(state.key))
+
+    losses = np.array([[_logreg_loss(s, x[j], y[j], int(data.counts[j])) for s in servers] for j in range(n)])
+    want = losses.argmin(1)
+    assert 0 < want.sum() < n  # both models chosen
+    np.testing.assert_array_equal(np.asarray(info.assignment), want)
+
+    # every agent trained the model it chose: the server averages equal those of models
+    # trained from gather(params, want) (the round's own key split), weighted by data size
+    _, _, k_local = jax.random.split(state.key, 3)
+    trained = jax.jit(lambda p: local_train(model, local, pop.gather(p, jnp.asarray(want)), None, data,
+                                            k_local).params)(state.params)
+    counts = np.asarray(data.counts, np.float64)
+    for leaf_new, leaf_tr in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(trained)):
+        for c in range(k):
+            w = counts * (want == c)
+            np.testing.assert_allclose(np.asarray(leaf_new[c]), np.tensordot(w / w.sum(), np.asarray(leaf_tr, np.float64),
+                                                                                axes=1), rtol=1e-5, atol=1e-6)
