@@ -19,19 +19,10 @@ from cbo_jax.federated.algorithms.base import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, local_train
 from cbo_jax.sde import per_particle_normal
 
-from _reference import f64, logreg_grad
+from _reference import f64, logreg_grad, logreg_loss
 
 LOGREG = models.logistic_regression(3, 2)
 LOCAL = LocalSGDConfig(epochs=1, batch_size=5, lr=0.5, momentum=0.0)
-
-
-def _logreg_loss(theta, x, y, count):
-    """Mean cross-entropy of multinomial logistic regression over the ``count`` real samples (float64)."""
-    p = theta["params"]["Dense_0"]
-    logits = x[:count] @ p["kernel"] + p["bias"]
-    top = logits.max(axis=1, keepdims=True)
-    lse = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
-    return float(np.mean(lse - logits[np.arange(count), y[:count]]))
 
 
 def _agents(n=5, n_max=6, seed=0):
@@ -75,7 +66,7 @@ def test_fedcbo_isotropic_aggregation_noise_is_sigma1_sqrt_gamma_times_the_globa
     leaves = jax.tree_util.tree_leaves(t64)
     diff = []
     for j in range(idx.shape[0]):
-        e = np.array([_logreg_loss(row(i), x[j], y[j], counts[j]) for i in idx[j]])
+        e = np.array([logreg_loss(row(i), x[j], y[j], counts[j]) for i in idx[j]])
         mu = np.exp(-cfg.alpha * (e - e.min()))
         mu /= mu.sum()
         diff.append([leaf[j] - np.tensordot(mu, leaf[idx[j]], axes=1) for leaf in leaves])
@@ -117,7 +108,7 @@ def test_fedcbo_round_n_draws_floor_eps_n_times_M_at_random():
 
 def _np_class_losses(theta, x, y, count, num_classes):
     """(L_c with NaN for absent classes, L): float64 class-wise and mean cross-entropies."""
-    per = np.array([_logreg_loss(theta, x[i:i + 1], y[i:i + 1], 1) for i in range(count)])
+    per = np.array([logreg_loss(theta, x[i:i + 1], y[i:i + 1], 1) for i in range(count)])
     l_c = np.array([per[y[:count] == c].mean() if np.any(y[:count] == c) else np.nan for c in range(num_classes)])
     return l_c, per.mean()
 
@@ -269,7 +260,7 @@ def test_primal_dual_round_by_hand_and_the_loss_of_the_returned_iterate(name):
             np.testing.assert_allclose(leaf(new.x, i, leaf_name), cur[k], rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(leaf(new.lam, i, leaf_name), lam_new[k], rtol=1e-5, atol=1e-6)
         theta = {"params": {"Dense_0": {"kernel": avg[0], "bias": avg[1]}}}
-        np.testing.assert_allclose(float(info.train_loss[i]), _logreg_loss(theta, x[i], y[i], counts[i]), rtol=1e-5)
+        np.testing.assert_allclose(float(info.train_loss[i]), logreg_loss(theta, x[i], y[i], counts[i]), rtol=1e-5)
 
 
 # --------------------------------------------------------------------------- DFedAvgM
