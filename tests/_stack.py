@@ -5,6 +5,10 @@ They reproduce exactly with the JAX (and jaxlib) that CI installs; another XLA m
 float32 and float64 reductions differently. Those checks are exact on ``PINNED_JAX`` and
 hold to a stated rounding tolerance elsewhere (each names its measured difference).
 
+So may XLA:CPU's legacy emitter, which tests/conftest.py selects for the default test run
+(it compiles faster): the exact checks need XLA's default code generation too
+(:func:`default_codegen`); CI's slow step runs with it (``CBO_JAX_TEST_XLA_DEFAULTS=1``).
+
 The pinned federated runs (float32 training) depend on the CPU as well: XLA:CPU compiles for
 the host's vector instructions. They were recorded with jax 0.10.2 on an AMD EPYC (Zen 3:
 AVX2 and FMA, no AVX-512); on an Intel Xeon with AVX-512 (2026-11-25) the same JAX gave them
@@ -25,6 +29,7 @@ recorded on, and ``on_pinned_stack(recorded_on=kind)`` asks for that kind instea
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from pathlib import Path
 
@@ -88,9 +93,20 @@ def host_kind(cpuinfo: str | None = None, machine: str | None = None) -> str:
     return f"{name}-{vectors}"
 
 
+def default_codegen() -> bool:
+    """True unless XLA:CPU compiles with its legacy elemental emitter
+    (``--xla_cpu_use_fusion_emitters=false`` in ``XLA_FLAGS``, which tests/conftest.py adds to
+    the default test run to compile faster). The pins were recorded with XLA's default fusion
+    emitters; the legacy one may round float32 kernels otherwise (a FedCBO round differs in
+    its last bits), so exact comparisons need the default."""
+    flags = os.environ.get("XLA_FLAGS", "").replace("--", " ").split()
+    return not any(f.lower() in ("xla_cpu_use_fusion_emitters=false", "xla_cpu_use_fusion_emitters=0") for f in flags)
+
+
 def on_pinned_jax() -> bool:
-    """True with the JAX the pins were recorded with."""
-    return jax.__version__ == PINNED_JAX
+    """True with the JAX the pins were recorded with, compiling with XLA's default code
+    generation (:func:`default_codegen`)."""
+    return jax.__version__ == PINNED_JAX and default_codegen()
 
 
 def on_pinned_stack(recorded_on: str | None = None) -> bool:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from _stack import _cpu_flags, pinned_host
+from _stack import _cpu_flags, default_codegen, on_pinned_jax, on_pinned_stack, pinned_host
 
 ZEN3 = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -28,6 +28,35 @@ def test_pinned_host_is_an_amd_cpu_with_avx2_and_without_avx512():
     assert not pinned_host(ZEN3.replace(" avx2", ""), "x86_64")
     assert not pinned_host(ZEN3, "aarch64")
     assert not pinned_host("", "x86_64")
+
+
+def test_the_legacy_emitter_is_not_the_pinned_stack(monkeypatch):
+    """The pins were recorded with XLA's default fusion emitters: with the legacy emitter
+    (tests/conftest.py's faster-compiling default-run flag) nothing compares exactly."""
+    for flags in ("--xla_cpu_use_fusion_emitters=false", "--xla_force_host_platform_device_count=4 "
+                  "--xla_cpu_use_fusion_emitters=false", "--xla_cpu_use_fusion_emitters=0"):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert not default_codegen() and not on_pinned_jax() and not on_pinned_stack()
+        assert not on_pinned_stack("intel-avx512")
+    for flags in ("", "--xla_cpu_use_fusion_emitters=true", "--xla_force_host_platform_device_count=8"):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert default_codegen()
+    monkeypatch.delenv("XLA_FLAGS")
+    assert default_codegen()
+
+
+def test_the_default_run_compiles_with_the_legacy_emitter_unless_told_not_to():
+    """conftest.py adds the flag where this jaxlib knows it (every supported one does, 0.7.0 to
+    0.10.2; a later one may drop the legacy emitter), and CBO_JAX_TEST_XLA_DEFAULTS=1 (CI's
+    slow step) keeps XLA's defaults."""
+    import os
+
+    import conftest
+
+    if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1" or os.environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "0":
+        assert default_codegen() and "defaults" in conftest.CODEGEN
+    elif os.environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "1":
+        assert conftest.LEGACY_EMITTER_FLAG in os.environ["XLA_FLAGS"] and not default_codegen()
 
 
 def test_the_wheel_checks_tests_import_no_test_helpers():
