@@ -19,33 +19,39 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 LEGACY_EMITTER_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
-def _use_legacy_emitter() -> str:
-    """Add the flag to ``XLA_FLAGS`` where it applies; say what the run compiles with."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1":
+def use_legacy_emitter(environ=os.environ, run=subprocess.run) -> str:
+    """Add the flag to ``environ["XLA_FLAGS"]`` where it applies; say what the run compiles with.
+
+    ``run``: how the probe's subprocess is run (``subprocess.run``; tests/test_stack.py passes
+    others)."""
+    flags = environ.get("XLA_FLAGS", "")
+    if environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1":
         return "XLA's defaults (CBO_JAX_TEST_XLA_DEFAULTS=1)"
     if "xla_cpu_use_fusion_emitters" in flags:  # chosen by the caller (or by the controller of these workers)
         return f"XLA_FLAGS={flags.strip()!r}"
-    if os.environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "0":  # the controller's probe said no
-        return "XLA's defaults (this jaxlib has no xla_cpu_use_fusion_emitters)"
+    unknown = "XLA's defaults (this jaxlib has no xla_cpu_use_fusion_emitters)"
+    if environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "0":  # the controller's probe said no
+        return unknown
     probe = [sys.executable, "-c", "import jax; jax.jit(lambda x: x + 1)(1.0)"]
-    env = dict(os.environ, XLA_FLAGS=f"{flags} {LEGACY_EMITTER_FLAG}".strip(), JAX_PLATFORMS="cpu")
+    env = dict(environ, XLA_FLAGS=f"{flags} {LEGACY_EMITTER_FLAG}".strip(), JAX_PLATFORMS="cpu")
     try:
-        known = subprocess.run(probe, env=env, capture_output=True, timeout=120).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
+        known = run(probe, env=env, capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.SubprocessError):
         known = False
-    os.environ["CBO_JAX_TEST_LEGACY_EMITTER"] = "1" if known else "0"
+    environ["CBO_JAX_TEST_LEGACY_EMITTER"] = "1" if known else "0"
     if not known:
-        return "XLA's defaults (this jaxlib has no xla_cpu_use_fusion_emitters)"
-    os.environ["XLA_FLAGS"] = env["XLA_FLAGS"]
+        return unknown
+    environ["XLA_FLAGS"] = env["XLA_FLAGS"]
     return f"XLA_FLAGS={env['XLA_FLAGS']!r} (the legacy emitter: faster compiles, pins compared to 1e-5)"
 
 
-CODEGEN = _use_legacy_emitter()
+CODEGEN = use_legacy_emitter()
 
 
 def pytest_report_header(config):
     return f"XLA:CPU code generation: {CODEGEN}"
+
+
 # The cbo-jax command's persistent compilation cache stays off in tests (also in the commands they start):
 # tests that count compilations must see every one, and a test run writes nothing under ~/.cache.
 os.environ["CBO_JAX_COMPILATION_CACHE"] = "0"

@@ -59,6 +59,43 @@ def test_the_default_run_compiles_with_the_legacy_emitter_unless_told_not_to():
         assert conftest.LEGACY_EMITTER_FLAG in os.environ["XLA_FLAGS"] and not default_codegen()
 
 
+def test_the_probe_adds_the_flag_only_where_jaxlib_knows_it():
+    """An unknown XLA flag aborts the process, so the flag goes into XLA_FLAGS only after a
+    subprocess ran with it; a refusal (a jaxlib without the legacy emitter), a crash or a
+    hang leaves XLA_FLAGS as it was and tells the workers not to probe again."""
+    import subprocess
+
+    from conftest import LEGACY_EMITTER_FLAG, use_legacy_emitter
+
+    calls = []
+
+    def runs(rc):
+        def run(cmd, env, **kw):
+            calls.append(env["XLA_FLAGS"])
+            return subprocess.CompletedProcess(cmd, rc)
+        return run
+
+    def hangs(cmd, env, **kw):
+        raise subprocess.TimeoutExpired(cmd, 120)
+
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    assert "legacy emitter" in use_legacy_emitter(env, runs(0))
+    assert env["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=4 {LEGACY_EMITTER_FLAG}"
+    assert calls == [env["XLA_FLAGS"]] and env["CBO_JAX_TEST_LEGACY_EMITTER"] == "1"
+    assert use_legacy_emitter(env, runs(0)).startswith("XLA_FLAGS=") and len(calls) == 1  # a worker: no probe
+    for refuse in (runs(-6), hangs):
+        env = {}
+        assert "has no xla_cpu_use_fusion_emitters" in use_legacy_emitter(env, refuse)
+        assert "XLA_FLAGS" not in env and env["CBO_JAX_TEST_LEGACY_EMITTER"] == "0"
+        assert "has no" in use_legacy_emitter(env, runs(0)) and "XLA_FLAGS" not in env  # workers take the answer
+    env = {"CBO_JAX_TEST_XLA_DEFAULTS": "1"}
+    assert "defaults" in use_legacy_emitter(env, runs(0)) and env == {"CBO_JAX_TEST_XLA_DEFAULTS": "1"}
+    env = {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}
+    use_legacy_emitter(env, runs(0))
+    assert env == {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}  # the caller's choice stands
+    assert len(calls) == 2  # the first probe and the refused one
+
+
 def test_the_wheel_checks_tests_import_no_test_helpers():
     """.ci/wheel_check.sh runs some test files against the installed wheel with only conftest.py beside
     them: a helper import (``from _stack import ...``) there fails only in CI's wheel step."""
