@@ -13,7 +13,8 @@ Last line: one JSON object.
 from __future__ import annotations
 
 import json
-import time
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -22,17 +23,10 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax.provenance import environment
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import best_seconds  # noqa: E402
+
 N, D, T = 10_000, 20, 60
-
-
-def _best(fn, *args, repeats=3):
-    jax.block_until_ready(fn(*args))
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def steps() -> dict:
@@ -43,7 +37,7 @@ def steps() -> dict:
     for name, build in [("cbo", cj.cbo), ("cbo_memory", cj.cbo_memory), ("pso", cj.pso)]:
         for noise in ("anisotropic", "none"):
             dyn = build(f, **kw, noise=noise)
-            sec = _best(lambda: cj.simulate(dyn, x0, jax.random.key(1), T))
+            sec = best_seconds(lambda: cj.simulate(dyn, x0, jax.random.key(1), T))
             out[f"{name}/{noise}"] = {"ms_per_step": 1e3 * sec / T, "particle_steps_per_s": N * T / sec}
             print(f"{name:12s} noise={noise:12s} {1e3 * sec / T:6.2f} ms/step", flush=True)
     return out
@@ -62,7 +56,7 @@ def draws() -> dict:
                     return k, jnp.sum(draw(a, (D, N)))
                 return jax.lax.scan(body, k, None, length=T)[1]
 
-            ms = 1e3 * _best(run, jax.random.key(0, impl=impl)) / T
+            ms = 1e3 * best_seconds(run, jax.random.key(0, impl=impl)) / T
             out[f"{impl}/{kind}"] = {"ms_per_draw": ms}
             print(f"{impl:14s} {kind:8s} {ms:6.2f} ms per ({N}, {D}) draw", flush=True)
     return out
@@ -70,6 +64,6 @@ def draws() -> dict:
 
 if __name__ == "__main__":
     res = {"N": N, "d": D, "steps": T, "steps_timed": steps(), "draws": draws(),
-           "load_average": list(__import__("os").getloadavg()), "jax_version": jax.__version__,
+           "load_average": list(os.getloadavg()), "jax_version": jax.__version__,
            "environment": environment()}
     print(json.dumps(res))

@@ -21,6 +21,11 @@ tests/_federated_variants.py: MLP 2-4-2, 13 agents), 100 CBO steps on Rastrigin
 (d = 20, N = 1e3, 1e4, 1e5; anisotropic noise), and a FedCBO round on MNIST-sized data
 (MLP 784-200-10, N = 48 agents of 200 images, M = 8 downloads, τ = 2 local epochs).
 
+``--one-compile``: instead, compile the tests' FedCBO round and ``init`` once each in this
+process, under whatever ``XLA_FLAGS`` it was started with (no ``compiler_options``), and
+print the seconds: run it once with and once without
+``XLA_FLAGS=--xla_cpu_use_fusion_emitters=false``, for the flag as the test run sets it.
+
 The last line is one JSON object; ``--json PATH`` writes it to a file too.
 ``python benchmarks/xla_cpu_emitters.py --quick``: the tiny programs and N = 1e3 only.
 """
@@ -30,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -44,6 +48,10 @@ from cbo_jax import models
 from cbo_jax.federated.algorithms import FedCBOConfig, fedcbo
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig
+from cbo_jax.provenance import environment
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import best_seconds  # noqa: E402
 
 LEGACY = {"xla_cpu_use_fusion_emitters": False}
 
@@ -52,15 +60,6 @@ def _compile(lowered, legacy: bool):
     t = time.perf_counter()
     c = lowered.compile(compiler_options=LEGACY) if legacy else lowered.compile()
     return c, time.perf_counter() - t
-
-
-def _best_call(c, args, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(c(*args))
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def _equal(a, b) -> bool:
@@ -85,7 +84,7 @@ def measure(name: str, fn, args, *, compiles: int, cycles: int, repeats: int) ->
     run: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(cycles):
         for legacy in (False, True):
-            run[legacy].append(_best_call(exe[legacy], args, repeats))
+            run[legacy].append(best_seconds(exe[legacy], *args, repeats=repeats, warm=False))
     row = {
         "program": name,
         "compile_s_default": round(min(times[False]), 4),
@@ -129,13 +128,35 @@ def _cbo_steps(n: int, d: int = 20, steps: int = 100):
     return run, state
 
 
+def _one_compile(path) -> dict:
+    """The tests' FedCBO round and init, each lowered and compiled once (the process's flags)."""
+    alg, state, data = _tiny_fedcbo()
+    out: dict = {"benchmark": "xla_cpu_emitters --one-compile", "XLA_FLAGS": os.environ.get("XLA_FLAGS", "")}
+    for name, fn, args in (("round", alg.round, (state, data)), ("init", alg.init, (jax.random.key(0),))):
+        jax.clear_caches()  # init was compiled once already, to make the state
+        lowered = jax.jit(fn).lower(*args)
+        t = time.perf_counter()
+        lowered.compile()
+        out[f"{name}_compile_s"] = round(time.perf_counter() - t, 3)
+    out["environment"] = environment()
+    line = json.dumps(out)
+    if path:
+        Path(path).write_text(line + "\n")
+    print(line)
+    return out
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the tiny programs and N = 1e3 only (< 1 min)")
     ap.add_argument("--compiles", type=int, default=3, help="compilations per side, min reported (default 3)")
     ap.add_argument("--cycles", type=int, default=3, help="alternating timing cycles (default 3)")
     ap.add_argument("--json", default=None, help="also write the JSON object to this file")
+    ap.add_argument("--one-compile", action="store_true",
+                    help="compile the tests' FedCBO round and init once each under this process's XLA_FLAGS")
     args = ap.parse_args(argv)
+    if args.one_compile:
+        return _one_compile(args.json)
     kw = dict(compiles=args.compiles, cycles=args.cycles)
     rows = []
     alg, state, data = _tiny_fedcbo()
@@ -148,8 +169,8 @@ def main(argv=None) -> dict:
         alg, state, data = _mnist_fedcbo()
         rows.append(measure("FedCBO round, MLP 784-200-10, N=48 x 200 images, M=8, tau=2", alg.round, (state, data),
                             repeats=2, **kw))
-    out = {"benchmark": "xla_cpu_emitters", "jax": jax.__version__, "machine": platform.machine(),
-           "cpu_count": os.cpu_count(), "rows": rows}
+    out = {"benchmark": "xla_cpu_emitters", "rows": rows, "load_average": list(os.getloadavg()),
+           "environment": environment()}
     line = json.dumps(out)
     if args.json:
         Path(args.json).write_text(line + "\n")

@@ -9,7 +9,7 @@ import pytest
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The suite is compile-bound (tiny arrays, many distinct programs): XLA:CPU's legacy
-# elemental emitter compiles this package's programs in 0.5-0.8x the time of jaxlib 0.10's
+# elemental emitter compiles this package's programs in 0.6-0.85x the time of jaxlib 0.10's
 # default fusion emitters, and the suite runs about 20 % faster for it (benchmarks/RESULTS_compile.md).
 # Results may differ in the last bits (float rounding of other kernels), so the bitwise
 # pins are compared exactly only under XLA's defaults (tests/_stack.py: default_codegen);
