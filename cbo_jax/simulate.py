@@ -583,6 +583,32 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
     return dyn
 
 
+def _refuse_ambiguous_objective(objective, single) -> None:
+    """``objective`` maps ``single`` to ``(N,)`` *and* one particle to a scalar (an ``(N, d)``
+    population with ``N = d``, say): compare the two readings on random particles and refuse
+    when they differ. ``jnp.sum((x - 1) ** 2, axis=0)``, written for one particle, gave ``(N,)``
+    on an ``(N, N)`` population, and the run quietly minimised the sums of the columns."""
+    from cbo_jax import population as pop
+
+    leaves, tree = jax.tree_util.tree_flatten(single)
+    keys = jax.random.split(jax.random.key(20250601), len(leaves))
+    probe = tree.unflatten([jax.random.normal(k, np.shape(leaf), jnp.float32) for k, leaf in zip(keys, leaves)])
+    try:
+        with jax.ensure_compile_time_eval():
+            as_population = np.asarray(objective(probe), np.float64)
+            row_by_row = np.asarray(jax.vmap(objective)(probe), np.float64)
+    except Exception:  # noqa: BLE001 - not evaluable eagerly: the population reading, as before
+        return
+    if np.allclose(as_population, row_by_row, rtol=1e-4, atol=1e-5, equal_nan=True):
+        return  # a row-wise function: both readings are the same function
+    n = pop.num_agents(single)
+    shapes = jax.tree_util.tree_map(np.shape, single)
+    raise ValueError(f"minimize cannot tell how to read the objective: on x0 ({shapes}) it returns shape ({n},) as a "
+                     "population objective (N, d) -> (N,), and a scalar for one particle, and the two readings give "
+                     "different energies. For a single-particle function pass cj.population.per_agent(objective); for "
+                     "a population objective, reduce over the particle's axes (axis=-1), not the particles' axis")
+
+
 _SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
                      "desc", "params", "out", "log_every", "tensorboard", "overwrite")
 
@@ -603,7 +629,8 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
       objective: a population objective ``(N, d) -> (N,)`` (every function of
         :mod:`cbo_jax.objectives`), or a single-particle one ``(d,) -> ()``, which is
         lifted with :func:`cbo_jax.population.per_agent` (detected from the shapes on
-        the host before anything runs).
+        the host before anything runs; where both readings fit the shapes, as with
+        ``N = d``, they are compared on random particles, and a disagreement is an error).
       x0: initial population ``(N, d)`` (or ``(M, N, d)`` with ``num_runs``, or a stacked
         pytree); ``None`` draws the default one above (needs ``dim``).
       key: PRNG key or integer seed (default ``0``).
@@ -667,5 +694,8 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         batched_ok = tuple(out.shape) == (pop.num_agents(single),)
     except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
         batched_ok = False
-    lift = bool(not batched_ok and looks_single_particle(objective, single))
+    single_ok = looks_single_particle(objective, single)
+    if batched_ok and single_ok:
+        _refuse_ambiguous_objective(objective, single)
+    lift = bool(not batched_ok and single_ok)
     return simulate(_minimize_dynamics(objective, lift, config, cfg_kw), x0, key, num_steps, **sim_kw)

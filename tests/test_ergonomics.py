@@ -26,6 +26,21 @@ def test_minimize_with_dim_and_an_integer_seed_lifts_a_single_particle_objective
     np.testing.assert_array_equal(jax.random.key_data(a.state.key), jax.random.key_data(jax.random.key(5)))
 
 
+def test_minimize_refuses_an_objective_it_cannot_read_when_n_equals_d():
+    """With N = d a single-particle ``sum(axis=0)`` also maps the population to (N,): it was taken
+    as a population objective, and the run minimised the columns' sums without a word."""
+    x0 = np.random.default_rng(0).uniform(-3, 3, (4, 4)).astype(np.float32)
+    single = lambda p: jnp.sum((p - 1.0) ** 2, axis=0)  # noqa: E731
+    with pytest.raises(ValueError, match="cannot tell how to read the objective.*per_agent"):
+        cj.minimize(single, x0, 0, 5)
+    lifted = cj.minimize(cj.population.per_agent(single), x0, 0, 50, sigma1=0.5, alpha=100.0)
+    # a row-wise function reads the same both ways: accepted (the same run as the lifted one); N != d is not ambiguous
+    rowwise = cj.minimize(lambda p: jnp.sum((p - 1.0) ** 2, axis=-1), x0, 0, 50, sigma1=0.5, alpha=100.0)
+    np.testing.assert_allclose(np.asarray(rowwise.state.best_x), np.asarray(lifted.state.best_x), rtol=1e-5)
+    wide = np.random.default_rng(0).uniform(-3, 3, (8, 4)).astype(np.float32)
+    assert cj.minimize(single, wide, 0, 2).state.x.shape == (8, 4)
+
+
 def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeypatch):
     """minimize reuses the dynamics of an equal call (same objective object, equal config), so a
     loop of minimize calls compiles once; the results are those of dynamics built anew."""
