@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 from jax.typing import ArrayLike
 import jax.numpy as jnp
 
@@ -53,6 +54,10 @@ def _real_energy(energy) -> jax.Array:
 
 
 def _alpha_col(alpha, energy):
+    if isinstance(alpha, (int, float, np.number, np.ndarray)):  # a host value: checked (a traced one cannot be)
+        host = np.asarray(alpha, np.float64)
+        if np.isnan(host).any() or (host < 0).any():
+            raise ValueError(f"alpha must be >= 0 (not NaN), got {alpha!r}: a negative α weighs the worst agents most")
     alpha = jnp.asarray(alpha, dtype=energy.dtype)
     # A scalar alpha, or one alpha per row of a batched energy (shape energy.shape[:-1]).
     if alpha.ndim and alpha.shape != energy.shape[:-1]:  # it broadcast into a (3, 3) "consensus" of one row
@@ -231,13 +236,24 @@ def subset_consensus(
         model index repeated in a row counts once per repetition.
 
     Returns a population with ``J`` agents. Downloads of agents with non-finite
-    parameters or losses get weight zero.
+    parameters or losses get weight zero. ``idx`` must be integers in ``[0, N)`` of the
+    shape of ``loss``; a concrete ``idx`` is checked (a traced one cannot be: there an
+    index out of range is dropped by ``"dense"`` and gives NaN with ``"gather"``).
     """
+    n = pop.num_agents(population)
+    if not jnp.issubdtype(jnp.result_type(idx), jnp.integer) or jnp.ndim(idx) != 2 or \
+            jnp.shape(idx) != jnp.shape(loss):
+        raise ValueError(f"idx must be integer indices of the shape of loss {jnp.shape(loss)} (J, M); got "
+                         f"{jnp.result_type(idx)} of shape {jnp.shape(idx)}")
+    if not isinstance(idx, jax.core.Tracer):
+        host = np.asarray(idx)
+        if host.size and (host.min() < 0 or host.max() >= n):
+            raise ValueError(f"idx must index the population's N = {n} agents, in [0, {n}); got values in "
+                             f"[{host.min()}, {host.max()}] (negative indices do not count from the end here)")
     population, ok = pop.zero_nonfinite_rows(population)
     sel_ok = jnp.take(ok, idx)
     w = consensus_weights(loss, alpha, sel_ok if mask is None else mask & sel_ok)
     if method == "dense":
-        n = pop.num_agents(population)
         rows = jnp.broadcast_to(jnp.arange(idx.shape[0])[:, None], idx.shape)
         dense = jnp.zeros((idx.shape[0], n), w.dtype).at[rows, idx].add(w)
         return pop.weighted_mean(population, dense)
@@ -270,7 +286,7 @@ def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = N
     energy = jnp.asarray(energy)
     valid = jnp.isfinite(energy)
     if mask is not None:
-        valid = valid & mask
+        valid = valid & _bool_mask(mask, energy.shape)
     dtype = jnp.result_type(jnp.float32, beta)
     n = jnp.sum(valid, axis=-1, keepdims=True).astype(dtype)
     # ⌈β n⌉ less β's rounding (a few ulps of β n): 0.3 is 0.30000001 in float32

@@ -347,3 +347,30 @@ def test_consensus_point_names_energies_alpha_and_mask_of_the_wrong_shape(stream
     assert consensus_point(x, np.stack([e, e]), np.ones(2)).shape == (2, 3)  # K points, one alpha each
     masked = consensus_point(x, e, 1.0, mask=np.array([True, False, True, False, True]))
     np.testing.assert_allclose(masked, consensus.consensus_point(x[::2], e[::2], 1.0), rtol=1e-6, atol=1e-7)
+
+
+def test_bad_host_inputs_to_the_consensus_functions_are_refused():
+    """Found by feeding them bad input: a negative α returned the *worst* particle, NaN a NaN
+    point; a 0/1/2 integer mask was ANDed bitwise (2 & 1 == 0 dropped an agent, and the result
+    was an int array); an index past N was dropped by the dense scatter (weights no longer
+    summing to 1), -1 wrapped to the last agent, and the gather method gave NaN."""
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(5, 2)), jnp.float32)
+    e = jnp.arange(5.0)
+    for alpha in (-100.0, float("nan"), np.array([1.0, -1.0])):
+        with pytest.raises(ValueError, match="alpha must be >= 0"):
+            cj.consensus_point(x, jnp.stack([e, e]) if np.ndim(alpha) else e, alpha)
+    np.testing.assert_allclose(np.asarray(cj.consensus_point(x, e, np.float32(1e6))), np.asarray(x[0]))
+    with pytest.raises(ValueError, match="mask must be boolean.*astype\\(bool\\)"):
+        cj.quantile_mask(e, 0.5, mask=jnp.array([1, 0, 2, 1, 1]))
+    loss = jnp.ones((2, 2))
+    for idx in ([[0, 7], [1, 2]], [[0, 1], [1, -1]]):
+        for method in ("dense", "gather"):
+            with pytest.raises(ValueError, match=r"idx must index the population's N = 5 agents, in \[0, 5\)"):
+                cj.subset_consensus(x, jnp.array(idx), loss, 10.0, method=method)
+    with pytest.raises(ValueError, match="idx must be integer indices of the shape of loss"):
+        cj.subset_consensus(x, jnp.array([[0.0, 1.0], [1.0, 2.0]]), loss, 10.0)
+    with pytest.raises(ValueError, match="idx must be integer indices of the shape of loss"):
+        cj.subset_consensus(x, jnp.array([[0, 1, 2], [1, 2, 3]]), loss, 10.0)
+    # traced arguments cannot be checked and still run (the federated round's case)
+    out = jax.jit(lambda i, a: cj.subset_consensus(x, i, loss, a))(jnp.array([[0, 1], [1, 2]]), 10.0)
+    assert out.shape == (2, 2) and np.isfinite(np.asarray(out)).all()
