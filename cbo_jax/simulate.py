@@ -15,6 +15,7 @@ import functools
 import math
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, cast
 
@@ -343,6 +344,8 @@ def simulate(
     # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
     history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
                                          *[c[k] for c in chunks]) for k in chunks[0]}
+    if done:
+        _warn_if_consensus_lost(state, history, levels)
     if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
         state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
         history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
@@ -362,6 +365,33 @@ def _check_some_energy_finite(state, levels: int) -> None:
         raise ValueError(f"the objective is NaN or infinite at every particle of x0{which}: the consensus point "
                          "would be NaN. Start the particles where the objective is finite (inside its domain, at "
                          "magnitudes where it does not overflow)")
+
+
+def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
+    """Warn when a run ended with a non-finite consensus point: its objective became NaN or
+    infinite at every particle during the run (x0 is checked before), and from then on the
+    particles move as NaN while ``best_energy`` keeps the last finite value, so the run looks
+    healthy. One reduction on the device; the step is read from the history's ``min_energy``."""
+    m = getattr(state, "consensus", None)
+    leaves = jax.tree_util.tree_leaves(m)
+    if not leaves or not all(isinstance(leaf, jax.Array) for leaf in leaves):
+        return
+    ok = functools.reduce(jnp.logical_and, [
+        jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[:levels] + (-1,)), axis=-1) for leaf in leaves])
+    if bool(jnp.all(ok)):  # on device: a sharded state may span hosts
+        return
+    lost, total = int(np.sum(~np.asarray(ok))), int(np.size(np.asarray(ok)))
+    which = "the run" if levels == 0 else f"{lost} of the {total} runs or grid points"
+    first = ""
+    low = history.get("min_energy")
+    if isinstance(low, np.ndarray) and low.size:
+        rows = np.flatnonzero((~np.isfinite(low.reshape(low.shape[0], -1))).any(axis=1))  # steps x runs
+        if rows.size:
+            first = f" (first after step {int(rows[0]) + 1})"
+    warnings.warn(f"simulate: in {which} the objective became NaN or infinite at every particle{first}; the "
+                  "consensus point and the particles are NaN from then on, while best_energy keeps the last "
+                  "finite value. Keep the particles in the objective's domain (a smaller dt or sigma1, or "
+                  "max_abs= to clip them)", RuntimeWarning, stacklevel=3)
 
 
 def _write_summary(out: Path, state, steps: int, seconds: float, grid) -> None:

@@ -239,3 +239,20 @@ def test_particles_refuse_fractional_ids_and_masks_and_marks_without_attackers()
     dyn = clustered([objectives.Rastrigin()], ClusteredConfig(alpha=10.0))
     with pytest.raises(ValueError, match="marks 1 particles malicious, but these dynamics have no attackers' SDE"):
         cj.simulate(dyn, particles(x, malicious=[True] + [False] * 5), 0, 2)
+
+
+def test_every_run_needs_a_benign_particle():
+    """The check looked at all runs together: a run of attackers only passed when another run
+    had benign particles (alone, the same run was refused)."""
+    f1, f2 = (lambda z: jnp.sum((z - 1) ** 2, 1)), (lambda z: jnp.sum((z + 1) ** 2, 1))
+    dyn = clustered([f1, f2], malicious=Malicious(drift=lambda t, z: z * 0))
+    x = jax.random.uniform(jax.random.key(0), (2, 8, 2), minval=-3, maxval=3)
+    label = jnp.asarray([[0, 1] * 4] * 2, jnp.int32)
+    mal = np.zeros((2, 8), bool)
+    mal[1] = True
+    pid = jnp.tile(jnp.arange(8, dtype=jnp.int32), (2, 1))
+    bundle = cj.Particles(x=x, label=label, malicious=jnp.asarray(mal), pid=pid)
+    with pytest.raises(ValueError, match="has no benign particle in run 1"):
+        cj.simulate(dyn, bundle, 0, 3, num_runs=2)
+    mal[1, 0] = False
+    assert cj.simulate(dyn, bundle._replace(malicious=jnp.asarray(mal)), 0, 3, num_runs=2).steps == 3

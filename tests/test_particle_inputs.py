@@ -363,6 +363,37 @@ def test_a_start_where_the_objective_is_nowhere_finite_is_refused():
     assert np.isfinite(cj.simulate(log, one, 0, 3).state.best_energy)
 
 
+def test_a_run_whose_objective_turns_nan_everywhere_is_warned_about():
+    """An objective NaN outside |x| <= 4, with noise that throws every particle out: the consensus
+    and the particles were NaN from step 3 on while best_energy stayed finite, and the run looked
+    healthy. Now a RuntimeWarning names the runs and the step; clipping (max_abs) keeps it quiet."""
+    import warnings
+
+    x = jax.random.uniform(jax.random.key(0), (3, 30, 2), minval=-1, maxval=1)
+    f = lambda z: jnp.where(jnp.abs(z).max(-1) > 4, jnp.nan, jnp.sum(z ** 2, -1))  # noqa: E731
+    wild = cj.cbo(f, sigma1=30.0, dt=0.5, alpha=1.0)
+    with pytest.warns(RuntimeWarning, match=r"in 1 of the 3 runs .* NaN or infinite at every particle "
+                                            r"\(first after step 3\)"):
+        res = cj.simulate(wild, x, jax.random.key(0), 20, num_runs=3)
+    assert np.isfinite(np.asarray(res.state.best_energy)).all()  # what made the run look healthy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cj.simulate(cj.cbo(f, sigma1=30.0, dt=0.5, alpha=1.0, max_abs=3.0), x, jax.random.key(0), 20, num_runs=3)
+        cj.simulate(cj.cbo(f, sigma1=0.3, alpha=1.0), x, jax.random.key(0), 20, num_runs=3)
+
+
+def test_minus_infinity_is_not_a_best_energy():
+    """The consensus gives a -inf energy weight zero, but the best tracker took it: best_energy
+    -inf at a point the consensus ignored, and energy_tol=0 stopped the run at step 1."""
+    x0 = np.random.default_rng(1).uniform(-1, 1, (20, 2)).astype(np.float32)
+    f = lambda z: jnp.where(z[:, 0] > 0.9, -jnp.inf, jnp.sum(z ** 2, -1))  # noqa: E731
+    x0[0] = (0.95, 0.0)  # one particle starts where the energy is -inf
+    res = cj.simulate(cj.cbo(f, sigma1=0.5, alpha=10.0, energy_tol=0.0), x0, 0, 30)
+    assert np.isfinite(float(res.state.best_energy)) and res.steps == 30
+    assert float(res.state.best_x[0]) <= 0.9
+    np.testing.assert_allclose(float(res.state.best_energy), float(f(res.state.best_x[None])[0]))
+
+
 def test_a_config_given_as_a_dict_and_a_key_that_is_none_are_named():
     """``cbo(f, {"alpha": 30})`` failed in dataclasses.replace, ``minimize(config={...})`` with
     "'dict' object has no attribute 'dtype'"; ``init(x0, 0.5)`` stored 0.5 as the key and

@@ -444,8 +444,11 @@ def clustered(
         if lab.size and (lab.min() < 0 or lab.max() >= k_classes):
             raise ValueError(f"{name}.label must lie in [0, K) with K={k_classes}, got range [{lab.min()}, {lab.max()}]")
         benign = ~np.asarray(p.malicious, bool)
-        if not benign.any():
-            raise ValueError(f"{name} has no benign particle")
+        per_run = np.atleast_2d(benign).reshape(-1, benign.shape[-1]) if benign.ndim else benign.reshape(1, 1)
+        empty = ~per_run.any(axis=1)  # every run needs one: its consensus is over benign particles only
+        if empty.any():
+            which = f" in run {int(np.argmax(empty))}" if per_run.shape[0] > 1 else ""
+            raise ValueError(f"{name} has no benign particle{which}")
         if malicious is None and not benign.all():  # the marks would change nothing: they moved as benign ones
             raise ValueError(f"{name} marks {int((~benign).sum())} particles malicious, but these dynamics have no "
                              "attackers' SDE: build them with malicious=Malicious(drift, diffusion)")

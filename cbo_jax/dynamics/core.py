@@ -483,7 +483,9 @@ def record(state) -> dict:
 
 
 def _best_row(energy):
-    return jnp.argmin(jnp.where(jnp.isnan(energy), jnp.inf, energy))
+    # Finite energies only, as the consensus weights: a -inf (an objective unbounded below, or an
+    # overflow) got weight zero in the consensus but was taken as the best point.
+    return jnp.argmin(jnp.where(jnp.isfinite(energy), energy, jnp.inf))
 
 
 def _pick_row(tree, energy, row):
@@ -691,7 +693,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
     def finish(state, state0, a: Absorbed, grad, m, key, batch, in_batch, f_m, ctrl, evals, pre_evals):
         prm = state.params
         pts, e_row = _pick_row(a.best_points, a.best_energy, _best_row(a.best_energy))
-        improved = e_row < state.best_energy
+        improved = jnp.isfinite(e_row) & (e_row < state.best_energy)
         best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, new, old), pts, state.best_x)
         best_energy = jnp.where(improved, e_row, state.best_energy)
         alpha = params_lib.alpha_update(schedule, state.alpha, a.alpha_energy, prm.alpha, in_batch).astype(dtype)
