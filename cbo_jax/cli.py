@@ -66,8 +66,8 @@ def _add_optimize(sub) -> None:
                         "functions: Python API); default cbo")
     p.add_argument("--mirror-map", default=None, choices=sorted(set(MIRROR_MAPS) - {"None"}),
                    help="with --dynamic mirror_cbo: the mirror map, with its default parameters (default L2); "
-                        "start the particles in its admissible set (--init-low/--init-high; a start outside it "
-                        "is refused, since the best particle is tracked from the initial ones)")
+                        "start the particles in its admissible set (--init-low/--init-high): the best particle "
+                        "is tracked from the initial ones, as in CBXpy")
     p.add_argument("--noise", default=None,
                    choices=["anisotropic", "isotropic", "constant", "covariance", "none"],
                    help="the noise model (default: the dynamic's own; anisotropic for cbo, covariance for cbs)")
@@ -205,16 +205,9 @@ def _cmd_optimize(args) -> int:
             pass
     from cbo_jax.dynamics.family import DYNAMICS
 
-    from cbo_jax.dynamics.core import OutsideSetError
-
-    try:
-        res = simulate(DYNAMICS[args.dynamic](objective, cfg), x0, k_run, args.steps, num_runs=args.runs,
-                       progress=not args.no_progress and main_process, desc=f"{args.dynamic} {args.objective}",
-                       mesh=mesh, out=args.output, log_every=args.log_every, tensorboard=args.tensorboard)
-    except OutsideSetError as err:
-        raise ValueError(f"{err.reason}. The particles start uniform in "
-                         f"[--init-low, --init-high]^d = [{args.init_low}, {args.init_high}]^{args.dim}: choose "
-                         "bounds inside the set") from None
+    res = simulate(DYNAMICS[args.dynamic](objective, cfg), x0, k_run, args.steps, num_runs=args.runs,
+                   progress=not args.no_progress and main_process, desc=f"{args.dynamic} {args.objective}", mesh=mesh,
+                   out=args.output, log_every=args.log_every, tensorboard=args.tensorboard)
     best_x = distributed.to_host(res.state.best_x).astype(np.float64)
     cons = distributed.to_host(res.state.consensus).astype(np.float64)
     best_e = distributed.to_host(res.state.best_energy).astype(np.float64)

@@ -22,7 +22,6 @@ mesh = sharding.agent_mesh()
 rng = np.random.default_rng(0)
 x0 = rng.uniform(-2, 2, (44, 3)).astype(np.float32)
 sphere_x0 = x0 / np.linalg.norm(x0, axis=1, keepdims=True)
-ball_x0 = x0 / 2.5  # inside the ball of radius 1.5 (|x0| <= 2 sqrt 3)
 f = objectives.Quadratic(shift=0.5)
 common = dict(rng="per-particle", alpha=20.0, sigma1=0.5)
 cases = {
@@ -31,7 +30,7 @@ cases = {
     "cbs": (cj.cbs(f, rng="per-particle", alpha=1.0, mode="sampling"), x0),
     "polar_cbo": (cj.polar_cbo(f, kappa=1.0, chunk=16, **common), x0),
     "adam_cbo": (cj.adam_cbo(f, lambda1=0.05, **common), x0),
-    "mirror_cbo": (cj.mirror_cbo(f, mirror_map={"name": "ProjectionBall", "radius": 1.5}, **common), ball_x0),
+    "mirror_cbo": (cj.mirror_cbo(f, mirror_map={"name": "ProjectionBall", "radius": 1.5}, **common), x0),
     "drift_constrained_cbo": (cj.drift_constrained_cbo(f, constraints=cj.constraints.sphere(1.0), **common), x0),
     "hypersurface_cbo": (cj.hypersurface_cbo(f, noise="isotropic", **common), sphere_x0),
     "reg_combination_cbo": (cj.reg_combination_cbo(f, constraints=cj.constraints.sphere(1.0), eps=0.1, **common), x0),

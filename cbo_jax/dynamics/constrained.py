@@ -243,9 +243,7 @@ def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: Hypersurf
             raise ValueError(f"{what}'s projection returned shape {proj.shape} for x0 of shape {np.shape(x0)}")
         core.host_eval(f"{what}'s normal", cfg.surface.grad, x0)
 
-    kernel = core.Kernel(name="hypersurface_cbo", move=move, corrects=False, check=check,
-                         admissible=(f"the surface {s.name!r}", lambda rows, cfg: cfg.surface.proj(rows),
-                                     "dynamics.config.surface.proj(x0)"))
+    kernel = core.Kernel(name="hypersurface_cbo", move=move, corrects=False, check=check)
     return core.build(objective, config, kernel)
 
 

@@ -313,11 +313,6 @@ class Kernel(NamedTuple):
         objective at every particle (counted as the run's real agents).
       prestep_evaluates: ``prestep_evaluates(state) -> bool``: whether the prestep of a step
         from ``state`` will re-evaluate (the ``max_evals`` budget looks one step ahead).
-      admissible: optional host ``(what, image(rows, config), fix)`` for dynamics whose
-        particles live in a set (a surface, a mirror map's domain): ``image`` maps ``(K, d)``
-        rows to their admissible images, and ``x0`` (every run) must equal its image within
-        rounding, else the initial energies and the best tracker would be those of points
-        outside the set (:func:`check_admissible`); ``fix`` is the expression to suggest.
     """
 
     name: str
@@ -333,7 +328,6 @@ class Kernel(NamedTuple):
     advance: Callable | None = None
     prestep: Callable | None = None
     prestep_evaluates: Callable | None = None
-    admissible: tuple | None = None
 
 
 def energy_evaluator(objective, uses_gradient: bool):
@@ -742,8 +736,6 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         if kernel.check is not None:
             def extra(single, n):
                 kernel.check(jax.tree_util.tree_map(np.asarray, single), n, config)
-                if kernel.admissible is not None:
-                    check_admissible(kernel.name, *kernel.admissible, x0, config)
         # ∇L of an objective that counts: JAX's grad refuses integer outputs (named with the terms)
         gradient = f"lambda2={config.lambda2}, sigma2={config.sigma2}" if config.uses_gradient else ""
         return _check_pop(name, x0, objective, num_runs, extra, gradient=gradient)
@@ -776,39 +768,6 @@ def host_eval(what: str, fn, x0, name: str = "x0", dtype=np.float64):
         shape = tuple(np.shape(x0))
         raise ValueError(f"{what} failed on {name} of shape {shape} (particles in d = {shape[-1]}); was it built "
                          f"for another dimension? {type(err).__name__}: {err}") from err
-
-
-class OutsideSetError(ValueError):
-    """Initial particles outside the set a dynamic's particles live in (:func:`check_admissible`);
-    ``reason``: what is wrong, without the suggested Python fix (the CLI gives its own)."""
-
-    def __init__(self, reason: str, fix: str):
-        super().__init__(f"{reason}. Start inside it: x0 = {fix}")
-        self.reason = reason
-
-
-def check_admissible(name: str, what: str, image: Callable, fix: str, x0, config) -> None:
-    """Host check: the initial particles of every run lie in the admissible set of ``what``.
-
-    ``image(rows, config)`` maps ``(K, d)`` rows to the set (a surface's projection, or
-    ``∇φ*(∇φ(x))`` of a mirror map); a row farther from its image than rounding
-    (``10 √ε`` of ``config.dtype``, relative to ``max(1, |x|)``) is refused. CBXpy starts
-    such runs as given: its first consensus and best particle are then those of points
-    outside the set, and the run reports a best point that is not admissible."""
-    rows = np.asarray(x0, np.float64).reshape(-1, np.shape(x0)[-1])
-    img = np.asarray(host_eval(f"{what}'s map", lambda r: image(r, config), rows), np.float64)
-    if img.shape != rows.shape:  # the kernel's own check names a wrong shape first
-        return
-    gap = np.max(np.abs(img - rows), axis=1) / np.maximum(1.0, np.max(np.abs(rows), axis=1))
-    tol = 10 * np.sqrt(np.finfo(np.dtype(config.dtype)).eps)
-    bad = ~(gap <= tol)
-    if bad.any():
-        row = int(np.argmax(np.where(bad, gap, -np.inf)))
-        n = np.shape(x0)[-2]
-        where = f"particle {row % n}" + (f" of run {row // n}" if np.ndim(x0) > 2 else "")
-        raise OutsideSetError(f"{name}: {int(bad.sum())} initial particle(s) lie outside {what} (the worst, {where}, is "
-                              f"{gap[row]:.3g} from its image, relative); the first energies and the best point would "
-                              "be those of points outside the set", fix)
 
 
 def check_values(what: str, values, shape) -> None:

@@ -77,8 +77,5 @@ def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig
                           np.shape(x0))
 
     kernel = core.Kernel(name="mirror_cbo", move=move, init_aux=lambda x0, e, prm: MirrorAux(y=mm.grad(x0)),
-                         aux_rows=("y",), check=check,
-                         admissible=(f"the admissible set of the mirror map {mm.name!r} (∇φ*(∇φ(x)) = x)",
-                                     lambda rows, cfg: mm.grad_conj(mm.grad(rows)),
-                                     "m.grad_conj(m.grad(x0)) with m = dynamics.config.mirror_map"))
+                         aux_rows=("y",), check=check)
     return core.build(objective, config, kernel)

@@ -57,11 +57,9 @@ print(device_summary(), "| small sizes" if SMALL else "| full sizes")
 # the unit circle $|x|^2 = 1$) and MirrorCBO (projected onto the unit disk) must stay on
 # the circle or in the disk; their best points are $(1, 0)$ and $(0, 1)$, where Ackley's
 # ripples (a local minimum at every integer offset from the minimiser) make them better
-# than $(1, 1)/\sqrt 2$. Every dynamic starts from the same particles; HypersurfaceCBO and
-# MirrorCBO start from their images on the circle and in the disk (a start outside the set
-# is refused: the first best point would lie outside it). Each panel shows where its
-# particles are at the end, on the contour of the objective, with the consensus point
-# (PolarCBO: one per particle) as red stars.
+# than $(1, 1)/\sqrt 2$. Every dynamic starts from the same particles. Each panel shows
+# where its particles are at the end, on the contour of the objective, with the consensus
+# point (PolarCBO: one per particle) as red stars.
 
 # %%
 f = cj.objectives.Ackley(shift=1.0)
@@ -83,11 +81,7 @@ family = {
 }
 final = {}
 for name, dyn in family.items():
-    start = x0
-    if name == "hypersurface_cbo":  # the particles start in their set: on the circle, or in the disk
-        start = dyn.config.surface.proj(x0)
-    elif name.startswith("mirror_cbo"):
-        start = dyn.config.mirror_map.grad_conj(dyn.config.mirror_map.grad(x0))
+    start = x0 / np.linalg.norm(x0, axis=1, keepdims=True) if name == "hypersurface_cbo" else x0
     res = cj.simulate(dyn, start, 0, steps)
     final[name] = res
     m = np.asarray(res.state.consensus)
