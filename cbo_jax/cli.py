@@ -66,8 +66,8 @@ def _add_optimize(sub) -> None:
                         "functions: Python API); default cbo")
     p.add_argument("--mirror-map", default=None, choices=sorted(set(MIRROR_MAPS) - {"None"}),
                    help="with --dynamic mirror_cbo: the mirror map, with its default parameters (default L2); "
-                        "start the particles in its admissible set (--init-low/--init-high): the best particle "
-                        "is tracked from the initial ones, as in CBXpy")
+                        "initial particles outside its admissible set (--init-low/--init-high) move into it at "
+                        "the first step, as in CBXpy, and are not counted as best points")
     p.add_argument("--noise", default=None,
                    choices=["anisotropic", "isotropic", "constant", "covariance", "none"],
                    help="the noise model (default: the dynamic's own; anisotropic for cbo, covariance for cbs)")

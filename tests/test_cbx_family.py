@@ -16,6 +16,7 @@ import pytest
 
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
+from cbo_jax.dynamics import core
 
 from _stack import enable_x64, on_pinned_jax
 
@@ -679,6 +680,32 @@ def test_stiefel_surface_and_quadric_shapes_are_checked():
         cons.quadric(np.eye(2), b=[1.0, 2.0, 3.0])
     ok = cj.hypersurface_cbo(objectives.Sphere(), surface={"name": "Stiefel", "nk": (2, 1)}, noise="isotropic")
     assert ok.check("x0", x0) == 6
+
+
+def test_a_start_outside_the_set_is_no_best_point():
+    """HypersurfaceCBO and MirrorCBO started outside their set (as CBXpy allows: the first step
+    maps the particles in) reported an initial particle as the best point: on the unit sphere
+    one of norm 4, with a tenth of the least energy on the sphere. The particles still start as
+    given (CBXpy's trajectories), but the best tracker counts only initial particles in the set."""
+    f = lambda z: jnp.sum((z - 2.5) ** 2, axis=-1)  # noqa: E731
+    x = jax.random.uniform(jax.random.key(0), (2, 30, 3), minval=-3, maxval=3)
+    floor = {"sphere": (np.sqrt(3 * 2.5 ** 2) - 1) ** 2, "LogBarrierBox": 3 * 1.5 ** 2,
+             "ProjectionBall": (np.sqrt(3 * 2.5 ** 2) - 1) ** 2, "EntropySimplex": 3 * (2.5 - 1 / 3) ** 2}
+    for name, lowest in floor.items():
+        dyn = cj.hypersurface_cbo(f, sigma1=0.5) if name == "sphere" else cj.mirror_cbo(f, mirror_map=name)
+        image = dyn.config.surface.proj if name == "sphere" else (
+            lambda z, m=dyn.config.mirror_map: m.grad_conj(m.grad(z)))
+        assert np.asarray(core.in_set(image, x[0])).mean() < 0.1, name  # nearly every start is outside
+        res = cj.simulate(dyn, x, jax.random.key(1), 30, num_runs=2)
+        best = np.asarray(res.state.best_x)
+        np.testing.assert_allclose(np.asarray(image(jnp.asarray(best))), best, atol=1e-4, err_msg=name)
+        assert np.all(np.asarray(res.state.best_energy) >= lowest - 1e-3), (name, res.state.best_energy)
+        outside = jnp.where(core.in_set(image, x[0])[:, None], 9.0, x[0])  # every start outside (|x| = 9 inside)
+        assert np.isinf(np.asarray(dyn.init(outside, 0).best_energy)), name  # no admissible point evaluated yet
+    # a start inside the set is its own best candidate, as before
+    sphere = cj.hypersurface_cbo(f, sigma1=0.5)
+    on = sphere.config.surface.proj(x[0])
+    np.testing.assert_allclose(float(sphere.init(on, 0).best_energy), float(jnp.min(f(on))), rtol=1e-6)
 
 
 def test_multiply_bounds_take_numpy_numbers_and_refuse_bools():

@@ -243,7 +243,7 @@ def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: Hypersurf
             raise ValueError(f"{what}'s projection returned shape {proj.shape} for x0 of shape {np.shape(x0)}")
         core.host_eval(f"{what}'s normal", cfg.surface.grad, x0)
 
-    kernel = core.Kernel(name="hypersurface_cbo", move=move, corrects=False, check=check)
+    kernel = core.Kernel(name="hypersurface_cbo", move=move, corrects=False, check=check, admissible=proj)
     return core.build(objective, config, kernel)
 
 

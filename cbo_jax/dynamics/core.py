@@ -313,6 +313,10 @@ class Kernel(NamedTuple):
         objective at every particle (counted as the run's real agents).
       prestep_evaluates: ``prestep_evaluates(state) -> bool``: whether the prestep of a step
         from ``state`` will re-evaluate (the ``max_evals`` budget looks one step ahead).
+      admissible: optional ``image(x)`` for dynamics whose particles live in a set (a
+        surface's projection, ``∇φ*(∇φ(x))`` of a mirror map): the particles start as given
+        (as in CBXpy), but the best tracker counts only the initial ones that equal their
+        image within rounding (:func:`in_set`); the moved particles are in the set.
     """
 
     name: str
@@ -328,6 +332,14 @@ class Kernel(NamedTuple):
     advance: Callable | None = None
     prestep: Callable | None = None
     prestep_evaluates: Callable | None = None
+    admissible: Callable | None = None
+
+
+def in_set(image: Callable, x: jax.Array) -> jax.Array:
+    """``(N,)`` booleans: the rows of ``x`` that equal ``image(x)`` to ``10 √ε`` of their dtype,
+    relative to ``max(1, |x|_∞)`` (NaN rows are not in the set)."""
+    gap = jnp.max(jnp.abs(image(x) - x), axis=-1) / jnp.maximum(1.0, jnp.max(jnp.abs(x), axis=-1))
+    return gap <= 10 * jnp.sqrt(jnp.finfo(x.dtype).eps)
 
 
 def energy_evaluator(objective, uses_gradient: bool):
@@ -577,12 +589,16 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         agents = jnp.sum(pop.tree_isfinite_rows(x0), dtype=jnp.int32)
         alpha = jnp.asarray(params_lib.alpha_init(schedule, prm.alpha), dtype)
         aux = None if kernel.init_aux is None else kernel.init_aux(x0, energy, prm)
-        row = _best_row(energy)
+        best_of = energy
+        if kernel.admissible is not None:  # a start outside the set moves as given, but is no best point
+            worst = jnp.inf if jnp.issubdtype(energy.dtype, jnp.floating) else jnp.iinfo(energy.dtype).max
+            best_of = jnp.where(in_set(kernel.admissible, x0), energy, jnp.asarray(worst, energy.dtype))
+        row = _best_row(best_of)
         state = CBOState(
             x=x0, energy=energy, grad=grad, consensus=None, alpha=alpha, key=key,
             step=jnp.zeros((), jnp.int32),
             best_x=jax.tree_util.tree_map(lambda leaf: leaf[row], x0),
-            best_energy=energy[row], active=jnp.ones((), bool), params=prm,
+            best_energy=best_of[row], active=jnp.ones((), bool), params=prm,
             batch=None if config.batch_size is None else batching.init(n),
             in_batch=None if config.batch_size is None else jnp.ones((n,), bool),
             aux=aux, evals=agents, ctrl=None,

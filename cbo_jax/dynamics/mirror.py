@@ -77,5 +77,5 @@ def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig
                           np.shape(x0))
 
     kernel = core.Kernel(name="mirror_cbo", move=move, init_aux=lambda x0, e, prm: MirrorAux(y=mm.grad(x0)),
-                         aux_rows=("y",), check=check)
+                         aux_rows=("y",), check=check, admissible=lambda x: mm.grad_conj(mm.grad(x)))
     return core.build(objective, config, kernel)
