@@ -90,7 +90,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating-point precision")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the initial particles and the noise")
     p.add_argument("--output", type=Path, default=None,
-                   help="directory for summary.json, history.npz and metrics.jsonl (one row per logged step)")
+                   help="directory for summary.json, config.json (every setting), history.npz and metrics.jsonl "
+                        "(one row per logged step)")
     p.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
     p.add_argument("--tensorboard", action="store_true", help="also write TensorBoard event files to OUTPUT "
                    "(needs --output)")
@@ -201,7 +202,8 @@ def _cmd_optimize(args) -> int:
 
         # Before the simulation: an unusable or occupied output directory is an error now.
         with ResultsDir(args.output, overwrite=args.overwrite, resumable=False,
-                        owned=("summary.json", "history.npz", "metrics.jsonl", "events.out.tfevents.*")):
+                        owned=("summary.json", "config.json", "history.npz", "metrics.jsonl",
+                               "events.out.tfevents.*")):
             pass
     from cbo_jax.dynamics.family import DYNAMICS
 
@@ -245,13 +247,41 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        from cbo_jax.writer import write_summary
+        from cbo_jax.writer import replace_text, write_summary
 
         write_summary(args.output / "summary.json", summary)
+        replace_text(args.output / "config.json", json.dumps(_optimize_record(args, cfg), indent=2) + "\n")
         np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
-        print(f"saved          {args.output}/summary.json, history.npz")
+        print(f"saved          {args.output}/summary.json, config.json, history.npz, metrics.jsonl")
     print(json.dumps(_json_safe(summary)))
     return 0
+
+
+def _optimize_record(args, cfg) -> dict:
+    """``config.json`` of an ``optimize`` run: every option as given or defaulted (rerunning them
+    repeats the run) and the dynamics' resolved configuration, every number of it, with the α
+    schedule and the mirror map named."""
+    import dataclasses
+
+    def plain(v):
+        if isinstance(v, Path):
+            return str(v)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {"type": type(v).__name__, **{f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}}
+        if hasattr(v, "grad_conj"):  # a mirror map: its functions by its name
+            return {"type": type(v).__name__, "name": v.name}
+        if hasattr(v, "_asdict"):
+            return {"type": type(v).__name__, **{k: plain(x) for k, x in v._asdict().items()}}
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if callable(v):
+            return getattr(v, "__qualname__", repr(v))
+        return v
+
+    options = {k: plain(v) for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)}
+    return _json_safe({"command": "optimize", "options": options, "dynamics": {"name": args.dynamic, **plain(cfg)}})
 
 
 def _add_run(sub) -> None:

@@ -28,6 +28,15 @@ def test_optimize_prints_summary_and_saves(tmp_path, capsys):
     assert saved["environment"]["command"].startswith("cbo-jax optimize --objective sphere --dim 5")
     assert "environment" not in summary  # the printed line is the result alone
     assert (tmp_path / "history.npz").exists()
+    # config.json: every option (defaults included) and every number of the resolved dynamics;
+    # summary.json alone did not say dt, lambda1, sigma1, the alpha schedule, the seed or the bounds
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["options"]["sigma1"] == 2.0 and config["options"]["seed"] == 0
+    assert config["options"]["init_low"] == -3.0 and config["options"]["output"] == str(tmp_path)
+    dyn = config["dynamics"]
+    assert dyn["name"] == "cbo" and dyn["type"] == "CBOConfig" and dyn["sigma1"] == 2.0 and dyn["dt"] == 0.01
+    assert dyn["alpha"] == {"type": "Multiplicative", "alpha0": 30.0, "factor": 1.05, "alpha_max": 1e5}
+    assert dyn["noise"] == "anisotropic"
 
 
 def test_optimize_bad_input_is_a_clear_error(capsys):
