@@ -18,6 +18,13 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
     """A finite real number (not a string, not a bool); with ``f32``, also within float32's range."""
+    if isinstance(value, jax.core.Tracer):  # float() failed with a bare ConcretizationTypeError
+        raise ValueError(
+            f"{name} is a traced value (a config built inside jax.vmap, jax.jit or jax.grad): configs hold Python "
+            f"numbers, fixed when the dynamics are built. To sweep or differentiate {name} in one program, build the "
+            f"dynamics once and pass the numbers as data: simulate(..., params=cj.params.grid(dynamics, "
+            f"{name.split('.')[-1]}=[...])) or dynamics.init(x0, key, params) under your own transform "
+            "(docs/guides/sweeps.md)")
     if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
         if not (hasattr(value, "ndim") and getattr(value, "ndim", 1) == 0 and hasattr(value, "dtype")
                 and np.issubdtype(value.dtype, np.number)):

@@ -130,9 +130,17 @@ def norms(population: PyTree) -> jax.Array:
     return jnp.sqrt(sq_norms(population))
 
 
+def _same_rank(x, like):
+    """``x`` with leading unit axes up to ``like``'s rank: explicit broadcasting, so the step runs
+    under ``jax_numpy_rank_promotion="raise"`` (the same program)."""
+    x = jnp.asarray(x)
+    missing = jnp.ndim(like) - x.ndim
+    return jnp.reshape(x, (1,) * missing + x.shape) if missing > 0 else x
+
+
 def tree_sub(a: PyTree, b: PyTree) -> PyTree:
     """Leafwise ``a - b`` with broadcasting (e.g. population minus a consensus point)."""
-    return jax.tree_util.tree_map(jnp.subtract, a, b)
+    return jax.tree_util.tree_map(lambda x, y: jnp.subtract(x, _same_rank(y, x)), a, b)
 
 
 def tree_add(a: PyTree, b: PyTree) -> PyTree:

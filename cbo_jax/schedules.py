@@ -159,11 +159,11 @@ class EffectiveSampleSize:
         n_valid = jnp.sum(jnp.isfinite(energy) if mask is None else (jnp.isfinite(energy) & mask))
         dtype = energy.dtype
         if params is None:
-            target = self.eta * n_valid
+            target = self.eta * n_valid.astype(jnp.result_type(float))  # as the promotion was (strict mode too)
             lo = jnp.asarray(math.log(self.alpha_min), dtype)
             hi = jnp.asarray(math.log(self.alpha_max), dtype)
         else:
-            target = params.eta * n_valid
+            target = params.eta * n_valid.astype(jnp.result_type(params.eta))
             lo = jnp.log(jnp.asarray(params.alpha_min, dtype))
             hi = jnp.log(jnp.asarray(params.alpha_max, dtype))
 

@@ -784,3 +784,23 @@ def test_objective_parameters_are_settable_and_the_snowflake_has_a_gradient_at_i
     f = objectives.Snowflake()
     assert float(f(jnp.zeros((1, 2)))[0]) == 0.0
     np.testing.assert_array_equal(np.asarray(jax.grad(lambda x: f(x[None])[0])(jnp.zeros(2))), [0.0, 0.0])
+
+
+def test_every_dynamic_steps_under_strict_rank_and_dtype_promotion():
+    """Users who run JAX with ``jax_numpy_rank_promotion="raise"`` or ``jax_numpy_dtype_promotion=
+    "strict"`` could not step most dynamics: the drift ``x - m`` broadcast (N, d) against (d,),
+    the effective-sample-size target and PolarCBO's centre multiplied or divided an int32 count."""
+    f = objectives.Rastrigin()
+    sph = cj.constraints.sphere(1.0)
+    x0 = np.random.default_rng(0).uniform(-3, 3, (20, 3)).astype(np.float32)
+    family = [cj.cbo(f), cj.cbo(f, alpha=schedules.EffectiveSampleSize()), cj.cbo(f, lambda2=0.1, sigma2=0.1),
+              cj.cbo(f, noise="covariance", correction="heaviside", batch_size=5), cj.pso(f), cj.cbo_memory(f),
+              cj.polar_cbo(f), cj.cbs(f), cj.adam_cbo(f), cj.mirror_cbo(f, mirror_map="ProjectionBall"),
+              cj.hypersurface_cbo(f), cj.drift_constrained_cbo(f, constraints=sph),
+              cj.reg_combination_cbo(f, constraints=sph)]
+    with jax.numpy_rank_promotion("raise"), jax.numpy_dtype_promotion("strict"):
+        for dyn in family:
+            state = dyn.init(x0, 0)
+            for _ in range(2):
+                state = dyn.step(state)
+            assert np.isfinite(np.asarray(state.x)).all()

@@ -216,3 +216,18 @@ def test_minimize_with_an_equal_chain_schedule_compiles_once():
         for seed in range(3):
             cj.minimize(f, dim=2, key=seed, num_steps=0, **make())
     assert len(set(map(id, ran))) == 1
+
+
+def test_a_config_built_under_a_transform_names_the_sweep_path():
+    """``jax.vmap(lambda s: cj.cbo(f, sigma1=s)...)``, a researcher's first try at a sweep, failed
+    with a bare ConcretizationTypeError from float() inside the config check."""
+    f = objectives.Rastrigin()
+    build = lambda s: cj.cbo(f, sigma1=s, alpha=100.0).init(jnp.zeros((5, 2)), 0).x  # noqa: E731
+    with pytest.raises(ValueError, match=r"sigma1 is a traced value .*params=cj.params.grid\(dynamics, sigma1="):
+        jax.vmap(build)(jnp.array([0.5, 1.0]))
+    with pytest.raises(ValueError, match="lambda1 is a traced value"):
+        jax.jit(lambda lam: cj.cbo(f, lambda1=lam).config)(1.0)
+    # the path the message names runs the sweep in one program
+    dyn = cj.cbo(f, alpha=100.0)
+    res = cj.simulate(dyn, np.zeros((5, 2), np.float32), 0, 3, params=cj.params.grid(dyn, sigma1=[0.5, 1.0]))
+    assert res.state.x.shape == (2, 5, 2)

@@ -49,6 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import population as pop
 from cbo_jax import sde as sde_lib
 from cbo_jax import constraints as cons
 from cbo_jax.dynamics import core
@@ -121,7 +122,7 @@ def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: Drif
     def move(ctx: core.Move):
         st, prm = ctx.state, ctx.prm
         x = st.x
-        u = x - ctx.m
+        u = pop.tree_sub(x, ctx.m)
         f = prm.dt / prm.extra.eps
         g, dg = cons.values(cs, x), cons.gradients(cs, x)             # (K, N), (K, N, d)
         x_tilde = (prm.lambda1 * prm.dt) * u + f * jnp.sum(2 * g[..., None] * dg, axis=0)   # ∇G = 2 Σ g_k ∇g_k
@@ -133,7 +134,7 @@ def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: Drif
             s = 1 + 2 * f * sum(c.hess_scale * g[k] for k, c in enumerate(cs))              # (N,)
             U = jnp.sqrt(2 * f) * jnp.moveaxis(dg, 0, -1)                                     # (N, d, K)
             Ut_b = jnp.einsum("ndk,nd->nk", U, x_tilde)
-            small = s[:, None, None] * jnp.eye(len(cs), dtype=x.dtype) + jnp.einsum("ndk,ndl->nkl", U, U)
+            small = s[:, None, None] * jnp.eye(len(cs), dtype=x.dtype)[None] + jnp.einsum("ndk,ndl->nkl", U, U)
             w = jnp.linalg.solve(small, Ut_b[..., None])[..., 0]
             delta = (x_tilde - jnp.einsum("ndk,nk->nd", U, w)) / s[:, None]
         else:
@@ -220,7 +221,7 @@ def hypersurface_cbo(objective: Callable[[PyTree], jax.Array], config: Hypersurf
     def move(ctx: core.Move):
         st, prm = ctx.state, ctx.prm
         x = st.x
-        u = x - ctx.m
+        u = pop.tree_sub(x, ctx.m)
         t = -(prm.lambda1 * prm.dt) * u
         if not quiet:
             scale, d = ctx.noise(ctx.key, u)
@@ -294,7 +295,7 @@ def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCom
     def move(ctx: core.Move):
         st, prm = ctx.state, ctx.prm
         x = st.x
-        u = x - ctx.m
+        u = pop.tree_sub(x, ctx.m)
         x_tilde = x - (prm.lambda1 * prm.dt) * u
         if not quiet:
             scale, d = ctx.noise(ctx.key, u)

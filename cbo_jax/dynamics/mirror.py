@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax import population as pop
 from cbo_jax import mirror_maps
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.cbo import Dynamics
@@ -61,7 +62,7 @@ def mirror_cbo(objective: Callable[[PyTree], jax.Array], config: MirrorCBOConfig
 
     def move(ctx: core.Move):
         st, prm = ctx.state, ctx.prm
-        u = ctx.correct(st.x - ctx.m)
+        u = ctx.correct(pop.tree_sub(st.x, ctx.m))
         y = st.aux.y - (prm.lambda1 * prm.dt) * u
         if not quiet:
             scale, d = ctx.noise(ctx.key, u)

@@ -192,8 +192,8 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     if mask is not None:
         ok = ok & mask
     xz = jnp.where(ok[:, None], x, 0)
-    center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1)
-    a = jnp.where(ok[:, None], x - center, 0)
+    center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1).astype(x.dtype)
+    a = jnp.where(ok[:, None], x - center[None], 0)
     # Energies shifted by the smallest valid one (the weights are normalised per row, so a
     # common shift cancels): -α E itself overflows float32 for large α |E|.
     e_min = jnp.min(jnp.where(ok, energy, jnp.inf))
@@ -210,7 +210,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
         outer = (a[:, :, None] * a[:, None, :]).reshape(n, -1)
 
     def one(xi, at_infinity):
-        ai = xi - center
+        ai = xi - center[None]
         lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity)
         w = jnp.exp(lg - jax.nn.logsumexp(lg, axis=1, keepdims=True))
         w = jnp.where(jnp.isfinite(w), w, 0)
@@ -219,7 +219,7 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
             return m_i
         c = (w @ outer).reshape(xi.shape[0], x.shape[1], x.shape[1])
         if with_cov == "local":
-            am = m_i - center
+            am = m_i - center[None]
             c = c - am[:, :, None] * am[:, None, :]
         return m_i, c
 
