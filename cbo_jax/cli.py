@@ -97,7 +97,7 @@ def _add_optimize(sub) -> None:
                    "(needs --output)")
     p.add_argument("--log-every", type=_positive_int, default=None,
                    help="steps between rows of OUTPUT/metrics.jsonl (needs --output; default: about 1000 rows)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
     p.add_argument("--shard", action="store_true",
                    help="split the particles over all devices (of all processes in a multi-process run); when "
                         "N is not a multiple of the device count the population is padded, and only --rng "
@@ -298,7 +298,7 @@ def _add_run(sub) -> None:
         q.add_argument("--config", type=Path, default=None,
                        help="JSON file of options: nested as config.json records them, or flat names")
         q.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
-        q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
         q.add_argument("--resume", action="store_true",
                        help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists; "
                             "refused when the checkpoint belongs to another configuration, seed or data")
@@ -343,7 +343,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--seed", type=_run_seed, default=0, help="seed of the algorithms' randomness (0 to 2**32 - 1)")
     p.add_argument("--rounds", type=_positive_int, default=None,
                    help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
     p.set_defaults(func=_cmd_demo)
 
 
@@ -380,7 +380,7 @@ def _add_reproduce(sub) -> None:
             q.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="ROUNDS",
                            help="checkpoint each run every ROUNDS rounds (OUTPUT/RUN/seedS/checkpoint), so that "
                                 "--resume continues it from there")
-        q.add_argument("--no-progress", action="store_true")
+        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
         exp.add_arguments(q)
     p.set_defaults(func=_cmd_reproduce)
 

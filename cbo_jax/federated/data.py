@@ -179,9 +179,18 @@ class FederatedData(NamedTuple):
                    test_of=None) -> "FederatedData":
         """Stack per-agent arrays of unequal sizes, padding with zeros.
 
-        ``test_x``/``test_y``: stacked test sets ``(T, n_test, ...)``, one shared set
-        ``(n_test, ...)``, or lists of per-set arrays of unequal sizes (padded, with
-        ``test_counts``).
+        Args:
+          xs, ys: one array of inputs ``(n_j, ...)`` and one of targets ``(n_j, ...)`` (or
+            ``(n_j,)`` class labels) per agent ``j``.
+          cluster: optional ``(N,)`` integer cluster id of every agent: the ground truth
+            that the clustering metrics (:mod:`~cbo_jax.federated.metrics`) and the
+            per-cluster test sets use; the algorithms never see it.
+          test_x, test_y: stacked test sets ``(T, n_test, ...)``, one shared set
+            ``(n_test, ...)``, or lists of per-set arrays of unequal sizes (padded, with
+            ``test_counts``).
+          test_of: optional ``(N,)`` integers, the test set each agent is scored on. Without
+            it (:meth:`test_index`): the one test set; agent ``j``'s cluster's when there is
+            one test set per cluster; agent ``j``'s own when there is one per agent.
         """
         if len(xs) != len(ys):
             raise ValueError(f"xs and ys must have one entry per agent; got {len(xs)} and {len(ys)}")
