@@ -367,6 +367,16 @@ def _check_some_energy_finite(state, levels: int) -> None:
                          "magnitudes where it does not overflow)")
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _finite_per_run(leaves, levels: int):
+    """Whether every entry of the leaves is finite, per run (the ``levels`` leading axes), and in
+    all runs: one small program, rather than eager operations compiled one by one (one of them
+    equal to the start check's, compiled again and read back from the persistent cache)."""
+    ok = functools.reduce(jnp.logical_and, [
+        jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[:levels] + (-1,)), axis=-1) for leaf in leaves])
+    return ok, jnp.all(ok)
+
+
 def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
     """Warn when a run ended with a non-finite consensus point: its objective became NaN or
     infinite at every particle during the run (x0 is checked before), and from then on the
@@ -376,9 +386,8 @@ def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
     leaves = jax.tree_util.tree_leaves(m)
     if not leaves or not all(isinstance(leaf, jax.Array) for leaf in leaves):
         return
-    ok = functools.reduce(jnp.logical_and, [
-        jnp.all(jnp.isfinite(leaf).reshape(leaf.shape[:levels] + (-1,)), axis=-1) for leaf in leaves])
-    if bool(jnp.all(ok)):  # on device: a sharded state may span hosts
+    ok, every = _finite_per_run(leaves, levels)
+    if bool(every):  # on device: a sharded state may span hosts
         return
     lost, total = int(np.sum(~np.asarray(ok))), int(np.size(np.asarray(ok)))
     which = "the run" if levels == 0 else f"{lost} of the {total} runs or grid points"

@@ -196,13 +196,17 @@ def test_run_bad_input_is_a_clear_error(tmp_path, capsys, algorithm, extra, matc
         ([1, 2], "expected a JSON object"),
         ({**TINY_BASELINE, "data": 5}, "data is a section of options: it needs a JSON object"),
         ("{not json", "not valid JSON"),
+        (b'{"lr": 0.1}\xff\xfe', "not a UTF-8 text file"),  # named no file ('utf-8' codec can't decode ...)
         # a short name and its section's name for one option: resolved by key order, without a word
         ({**TINY_BASELINE, "lr": 0.2, "config": {"local": {"lr": 0.3}}}, "config.local.lr is given twice"),
     ],
 )
 def test_config_file_errors_name_the_option(tmp_path, capsys, content, match):
     cfg = tmp_path / "cfg.json"
-    cfg.write_text(content if isinstance(content, str) else json.dumps(content))
+    if isinstance(content, bytes):
+        cfg.write_bytes(content)
+    else:
+        cfg.write_text(content if isinstance(content, str) else json.dumps(content))
     assert main(["run", "local", "--config", str(cfg), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert match in err and str(cfg) in err

@@ -231,3 +231,26 @@ def test_a_config_built_under_a_transform_names_the_sweep_path():
     dyn = cj.cbo(f, alpha=100.0)
     res = cj.simulate(dyn, np.zeros((5, 2), np.float32), 0, 3, params=cj.params.grid(dyn, sigma1=[0.5, 1.0]))
     assert res.state.x.shape == (2, 5, 2)
+
+
+def test_dynamics_with_a_schedule_are_a_static_jit_argument():
+    """A config's schedule was a plain dict, so a config with one (and its dynamics) was
+    unhashable: jax.jit(static_argnums=...) refused it, as it does not refuse one without."""
+    import copy
+    import functools
+    import pickle
+
+    f = objectives.Rastrigin()
+    x0 = np.random.default_rng(0).uniform(-1, 1, (10, 2)).astype(np.float32)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def three_steps(dyn, state):
+        return jax.lax.fori_loop(0, 3, lambda i, s: dyn.step(s), state)
+
+    dyn = cj.cbo(f, schedule={"sigma1": cj.schedules.Multiply(0.5)})
+    np.testing.assert_allclose(float(three_steps(dyn, dyn.init(x0, 0)).params.sigma1), 0.125)
+    same = cj.CBOConfig(schedule={"sigma1": cj.schedules.Multiply(0.5)})
+    assert hash(dyn.config) == hash(same) and dyn.config == same
+    assert pickle.loads(pickle.dumps(dyn.config)) == same and copy.deepcopy(dyn.config) == same
+    with pytest.raises(TypeError, match="read-only"):
+        dyn.config.schedule["lambda1"] = cj.schedules.Multiply(0.9)

@@ -198,7 +198,7 @@ class FamilyConfig:
                     raise ValueError(f"schedule: unknown number {name!r}; valid: {valid}")
                 if not hasattr(rule, "update"):
                     raise ValueError(f"schedule[{name!r}] is not a rule (it needs update(value, energy))")
-            set_("schedule", dict(self.schedule))
+            set_("schedule", ScheduleMap(self.schedule))
         _checks.fits_dtype(self)
 
     def extra_params(self):
@@ -284,6 +284,24 @@ class Absorbed(NamedTuple):
     best_points: Any
     best_energy: jax.Array
     alpha_energy: jax.Array
+
+
+class ScheduleMap(dict):
+    """A config's ``schedule``: a read-only dict ``{number: rule}`` with a hash, so that a
+    config with a schedule, and dynamics built from it, can be a static argument of
+    :func:`jax.jit` (a plain dict made the frozen config unhashable)."""
+
+    def __hash__(self):  # type: ignore[override]
+        return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))
+
+    def _read_only(self, *args, **kwargs):
+        raise TypeError("a config's schedule is read-only: build a new config (dataclasses.replace)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+    __ior__ = _read_only  # type: ignore[assignment]
+
+    def __reduce__(self):  # pickles (and deep-copies) as itself, not through the refused __setitem__
+        return (ScheduleMap, (dict(self),))
 
 
 class Kernel(NamedTuple):

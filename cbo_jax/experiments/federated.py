@@ -182,9 +182,13 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
         if not path.is_file():
             raise ValueError(f"--config {path}: no such file")
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"--config {path}: not valid JSON ({err})") from None
+        except UnicodeDecodeError as err:  # a binary file, or another encoding: the message named no file
+            raise ValueError(f"--config {path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
+        except OSError as err:
+            raise ValueError(f"--config {path}: cannot be read ({err.strerror or err})") from None
         if isinstance(raw, dict) and raw.get("algorithm", algorithm) != algorithm:
             raise ValueError(f"--config {path} is a {raw['algorithm']!r} config, not {algorithm!r}")
         raw = {k: v for k, v in raw.items() if k != "algorithm"} if isinstance(raw, dict) else raw
