@@ -631,7 +631,8 @@ def _refuse_ambiguous_objective(objective, single) -> None:
 
     leaves, tree = jax.tree_util.tree_flatten(single)
     keys = jax.random.split(jax.random.key(20250601), len(leaves))
-    probe = tree.unflatten([jax.random.normal(k, np.shape(leaf), jnp.float32) for k, leaf in zip(keys, leaves)])
+    probe = jax.tree_util.tree_unflatten(
+        tree, [jax.random.normal(k, np.shape(leaf), jnp.float32) for k, leaf in zip(keys, leaves)])
     try:
         with jax.ensure_compile_time_eval():
             as_population = np.asarray(objective(probe), np.float64)

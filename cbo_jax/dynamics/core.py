@@ -291,14 +291,14 @@ class ScheduleMap(dict):
     config with a schedule, and dynamics built from it, can be a static argument of
     :func:`jax.jit` (a plain dict made the frozen config unhashable)."""
 
-    def __hash__(self):  # type: ignore[override]
+    def __hash__(self):
         return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))
 
     def _read_only(self, *args, **kwargs):
         raise TypeError("a config's schedule is read-only: build a new config (dataclasses.replace)")
 
-    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
-    __ior__ = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+    __ior__ = _read_only
 
     def __reduce__(self):  # pickles (and deep-copies) as itself, not through the refused __setitem__
         return (ScheduleMap, (dict(self),))
