@@ -389,7 +389,8 @@ def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
     ok, every = _finite_per_run(leaves, levels)
     if bool(every):  # on device: a sharded state may span hosts
         return
-    lost, total = int(np.sum(~np.asarray(ok))), int(np.size(np.asarray(ok)))
+    ok = np.asarray(ok)
+    lost, total = int(np.sum(~ok)), int(ok.size)
     which = "the run" if levels == 0 else f"{lost} of the {total} runs or grid points"
     first = ""
     low = history.get("min_energy")
@@ -735,7 +736,7 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
     except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
         batched_ok = False
     single_ok = looks_single_particle(objective, single)
-    if batched_ok and single_ok:
+    if batched_ok and single_ok:  # both readings fit the shapes (N = d): they must agree
         _refuse_ambiguous_objective(objective, single)
-    lift = bool(not batched_ok and single_ok)
+    lift = not batched_ok and single_ok
     return simulate(_minimize_dynamics(objective, lift, config, cfg_kw), x0, key, num_steps, **sim_kw)
