@@ -116,6 +116,16 @@ def _init(x0, key, *, init, batched: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("init", "batched"))
+def _init_point(x0, key, params, *, init, batched: bool):
+    """The state of one point of numbers (a grid of shape ``()``), passed traced: the state has
+    the unswept run's shapes, so its chunks are the unswept run's compiled programs, whatever
+    the numbers (how :func:`minimize` reuses them across settings)."""
+    if batched:
+        return jax.vmap(init, in_axes=(0, 0, None))(x0, key, params)
+    return init(x0, key, params)
+
+
+@functools.partial(jax.jit, static_argnames=("init", "batched"))
 def _init_sweep(x0, key, params, *, init, batched: bool):
     """One state per point of the flattened sweep axis; every point starts from the same
     ``x0`` and keys (common random numbers), so point ``g`` equals a separate run."""
@@ -166,7 +176,10 @@ def simulate(
         dynamics' own numbers. Every grid point runs from the same ``x0`` and keys, all
         points and runs in one jitted program; the result's state and history carry
         the grid axes before the run axis. Every entry is validated on the host before
-        anything is traced (:func:`cbo_jax.params.validate`).
+        anything is traced (:func:`cbo_jax.params.validate`). A single point (every leaf a
+        number: grid shape ``()``) runs without a sweep axis, as the dynamics' own numbers
+        would, and reuses their compiled programs: one build of the dynamics serves any
+        numbers (the terms its config leaves out stay out).
       num_steps: maximum number of steps (``>= 0``).
       chunk_size: steps per compiled scan; the host checks progress and early
         stopping between chunks (a chunk's steps after every run has stopped are left
@@ -218,7 +231,7 @@ def simulate(
         _checks.positive_int("log_every", log_every)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    grid = None
+    grid, point = None, None
     if initial_state is not None and (x0 is not None or key is not None):  # they were ignored
         raise ValueError("initial_state carries the population and its PRNG key: pass x0=None and key=None with it "
                          "(simulate(dynamics, None, None, num_steps, initial_state=state))")
@@ -227,6 +240,10 @@ def simulate(
             raise ValueError("params and initial_state exclude each other: the state carries its own params")
         params = params_lib.as_params(params, dynamics)
         grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
+        if grid == ():  # one point: no sweep axis, so the chunks are those of the dynamics' own numbers
+            point = params_lib.flatten(params, (), jnp.dtype(getattr(dynamics.config, "dtype", "float32")))
+            point = jax.tree_util.tree_map(lambda v: v.reshape(()), point)
+            grid = None
     record = dynamics.record or _record_cbo
     config = dynamics.config
     if initial_state is None:
@@ -276,9 +293,11 @@ def simulate(
     with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
         if initial_state is not None:
             state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
-        elif grid is not None:  # swept: one flattened sweep axis (a single point is a grid of shape ())
+        elif grid is not None:  # swept: one flattened sweep axis
             flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
             state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
+        elif point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
+            state = _init_point(x0, key, point, init=dynamics.init, batched=batched)
         else:
             state = _init(x0, key, init=dynamics.init, batched=batched)
         if initial_state is None:
@@ -587,16 +606,52 @@ def _typed(value: Any) -> Any:
     return (type(value), value)
 
 
-# minimize's dynamics by (objective, config): equal calls reuse one Dynamics, so simulate's
-# jitted programs (keyed on its step function) compile once. Oldest entry out after 8.
+def _structure(config) -> Any:
+    """The key of ``config`` less its traced numbers (:class:`cbo_jax.params.Params`): ``dt``, the
+    values of ``λ1, σ1, λ2, σ2`` (whether each is zero stays: a zero term is left out of the
+    compiled step) and the α schedule's numbers (its kind and static fields stay). Two configs
+    with one structure run the same compiled programs, their numbers passed as ``params``."""
+    import dataclasses
+
+    from cbo_jax import params as params_lib
+
+    def schedule(s):
+        numbers = getattr(s.params(), "_fields", ()) if hasattr(s, "params") else ()
+        if not numbers or not dataclasses.is_dataclass(s):
+            return _typed(s)
+        return (type(s),) + tuple((f.name, _typed(getattr(s, f.name))) for f in dataclasses.fields(s)
+                                  if f.name not in numbers)
+
+    extra = getattr(config.extra_params(), "_fields", ()) if hasattr(config, "extra_params") else ()
+    items: list[Any] = [type(config)]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.name == "dt" or f.name in extra:
+            continue
+        if f.name in params_lib.SDE_FIELDS:
+            items.append((f.name, value == 0))
+        elif f.name == "alpha":
+            items.append((f.name, schedule(value)))
+        else:
+            items.append((f.name, _typed(value)))
+    return tuple(items)
+
+
+# minimize's dynamics by (objective, the config's structure): calls that differ only in their numbers
+# (λ1, σ1, λ2, σ2, dt, the α schedule's) reuse one Dynamics and pass their numbers as params=, so
+# simulate's jitted programs (keyed on the step function and the state's shapes) compile once.
+# Oldest entry out after 8.
 _MINIMIZE_DYNAMICS: collections.OrderedDict = collections.OrderedDict()
 _MINIMIZE_CACHE_SIZE = 8
 _MINIMIZE_LOCK = threading.Lock()
 
 
-def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
+def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> tuple[Dynamics, Any]:
+    """The dynamics for ``objective`` with ``config`` updated by ``cfg_kw``, and the numbers to run
+    them with (a :class:`cbo_jax.params.Params` point, or ``None`` when built for this call)."""
     import dataclasses
 
+    from cbo_jax import params as params_lib
     from cbo_jax import population as pop
     from cbo_jax.dynamics.cbo import cbo
 
@@ -607,20 +662,21 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> Dynamics:
         return cbo(pop.per_agent(objective) if lift else objective, config)
 
     try:
-        key = (objective, lift, _typed(config))  # the objective by its own ``==`` (identity)
+        key = (objective, lift, _structure(config))  # the objective by its own ``==`` (identity)
         hash(key)
     except TypeError:  # an unhashable objective or an array in the config: build afresh
-        return build()
+        return build(), None
+    numbers = params_lib.defaults(config)
     with _MINIMIZE_LOCK:  # minimize may be called from several threads
         if key in _MINIMIZE_DYNAMICS:
             _MINIMIZE_DYNAMICS.move_to_end(key)
-            return _MINIMIZE_DYNAMICS[key]
+            return _MINIMIZE_DYNAMICS[key], numbers
     dyn = build()  # outside the lock: building may trace the objective
     with _MINIMIZE_LOCK:
         dyn = _MINIMIZE_DYNAMICS.setdefault(key, dyn)
         while len(_MINIMIZE_DYNAMICS) > _MINIMIZE_CACHE_SIZE:
             _MINIMIZE_DYNAMICS.popitem(last=False)
-    return dyn
+    return dyn, numbers
 
 
 def _refuse_ambiguous_objective(objective, single) -> None:
@@ -681,9 +737,14 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         :func:`simulate` options; any other keyword is an error that lists the valid ones.
 
     The best particle is ``result.state.best_x``. A call with the same ``objective`` object
-    and equal settings as one of the last eight reuses its dynamics, so a loop of calls (over
-    seeds or ``x0``) compiles once: for a sweep in one program see :func:`simulate` with
-    ``num_runs`` or ``params``. As with :func:`jax.jit`, the objective is taken to be a pure
+    and the same structure of settings as one of the last eight reuses its dynamics and
+    compiled programs, so a loop of calls over seeds, ``x0`` or the numbers ``lambda1``,
+    ``sigma1``, ``lambda2``, ``sigma2``, ``dt`` and the α schedule's (a constant ``alpha``,
+    or a :class:`~cbo_jax.schedules.Multiplicative`'s ``alpha0``, ``factor``, ``alpha_max``)
+    compiles once. Any other setting (the noise, the dtype, the kind of α schedule, a zero
+    ``sigma1``, ``lambda2`` or ``sigma2``, ``energy_tol``, ``max_abs``, the population's shape)
+    compiles anew. For a sweep in one program see :func:`simulate` with ``num_runs`` or
+    ``params``. As with :func:`jax.jit`, the objective is taken to be a pure
     function: a global or an attribute it reads, changed between two calls with the same
     function object, is not seen by the second (pass a new function, or put the value in
     the objective's fields, e.g. ``Rastrigin(shift=b)``).
@@ -739,4 +800,7 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
     if batched_ok and single_ok:  # both readings fit the shapes (N = d): they must agree
         _refuse_ambiguous_objective(objective, single)
     lift = not batched_ok and single_ok
-    return simulate(_minimize_dynamics(objective, lift, config, cfg_kw), x0, key, num_steps, **sim_kw)
+    dynamics, numbers = _minimize_dynamics(objective, lift, config, cfg_kw)
+    if numbers is not None and sim_kw.get("params") is None and sim_kw.get("initial_state") is None:
+        sim_kw["params"] = numbers  # this call's numbers, traced: the dynamics may be another call's
+    return simulate(dynamics, x0, key, num_steps, **sim_kw)

@@ -60,16 +60,23 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
     x0 = jax.random.uniform(k_init, (100, 4), jnp.float32, -3.0, 3.0)
     fresh = cj.simulate(cj.cbo(f, alpha=30.0, sigma1=0.7), x0, k_run, 30)
     np.testing.assert_array_equal(np.asarray(again.state.x), np.asarray(fresh.state.x))
-    # Another value (or the same number as another type) is other dynamics, and the cache stays bounded.
-    other = cj.minimize(f, dim=4, key=1, num_steps=30, alpha=30.0, sigma1=0.8)
+    # Other numbers (lambda1, sigma1, dt, alpha) reuse the compiled programs, and the run is that of
+    # dynamics built with those numbers, bit for bit.
+    before = len(compiles)
+    other = cj.minimize(f, dim=4, key=1, num_steps=30, alpha=10.0, sigma1=0.8, lambda1=1.5, dt=0.02)
+    assert len(compiles) == before, "a minimize call with other numbers compiled again"
+    fresh = cj.simulate(cj.cbo(f, alpha=10.0, sigma1=0.8, lambda1=1.5, dt=0.02), x0, k_run, 30)
+    np.testing.assert_array_equal(np.asarray(other.state.x), np.asarray(fresh.state.x))
+    np.testing.assert_array_equal(other.history["alpha"], fresh.history["alpha"])
     assert not np.array_equal(np.asarray(other.state.x), np.asarray(again.state.x))
     assert sim._typed({"alpha": 30}) != sim._typed({"alpha": 30.0})  # keywords before the config normalises them
+    # Another structure (here energy_tol, baked into the step) is other dynamics, and the cache stays bounded.
     with monkeypatch.context() as m:  # the cache bound needs minimize's dynamics lookup, not 16 compiled runs
         ran = []
         m.setattr(sim, "simulate", lambda dyn, *a, **kw: ran.append(dyn))
         for a in range(2 * sim._MINIMIZE_CACHE_SIZE):
-            cj.minimize(f, dim=4, key=0, num_steps=0, alpha=float(a + 1))
-    assert len(set(map(id, ran))) == 2 * sim._MINIMIZE_CACHE_SIZE  # every value its own dynamics
+            cj.minimize(f, dim=4, key=0, num_steps=0, energy_tol=float(a + 1))
+    assert len(set(map(id, ran))) == 2 * sim._MINIMIZE_CACHE_SIZE  # every structure its own dynamics
     assert len(sim._MINIMIZE_DYNAMICS) == sim._MINIMIZE_CACHE_SIZE
 
     class Unhashable:  # an objective that cannot be a key runs all the same, built anew each call
@@ -185,14 +192,17 @@ def test_minimize_keys_on_the_resolved_config():
     sim = importlib.import_module("cbo_jax.simulate")
     f = objectives.Sphere()
     with pytest.MonkeyPatch.context() as m:
-        ran = []
-        m.setattr(sim, "simulate", lambda dyn, *a, **kw: ran.append(dyn))
+        ran, numbers = [], []
+        m.setattr(sim, "simulate", lambda dyn, *a, **kw: (ran.append(dyn), numbers.append(kw["params"])))
         cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(alpha=30.0, sigma1=0.5))
         cj.minimize(f, dim=2, key=0, num_steps=0, alpha=30.0, sigma1=0.5)
         cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(sigma1=0.5), alpha=30.0)
+        # other numbers: the same dynamics, run with this call's numbers; a static setting: other dynamics
         cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(alpha=30.0), sigma1=0.6)
-    assert len({id(d) for d in ran[:3]}) == 1 and ran[3] is not ran[0]
+        cj.minimize(f, dim=2, key=0, num_steps=0, config=cj.CBOConfig(alpha=30.0), sigma1=0.6, energy_tol=1e-3)
+    assert len({id(d) for d in ran[:4]}) == 1 and ran[4] is not ran[0]
     assert ran[0].config == cj.CBOConfig(alpha=30.0, sigma1=0.5)
+    assert numbers[:4] == [cj.params.defaults(cj.CBOConfig(alpha=30.0, sigma1=s)) for s in (0.5, 0.5, 0.5, 0.6)]
 
 
 def test_minimize_with_an_equal_chain_schedule_compiles_once():

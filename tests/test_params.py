@@ -79,6 +79,33 @@ def test_vmapped_sweep_over_sigma_alpha_dt_and_seeds_equals_separate_runs(name, 
         assert np.abs(x_swept[0] - x_swept[1]).max() > 1e-3
 
 
+@pytest.mark.parametrize("name,build,x0", _systems(), ids=lambda v: v if isinstance(v, str) else "")
+def test_a_single_point_has_no_sweep_axis_reuses_the_chunks_and_equals_a_fresh_build(name, build, x0):
+    """``params=`` with one point (every leaf a number) runs with the unswept state's shapes: the
+    chunks compiled for the dynamics' own numbers serve other numbers (minimize relies on it), and
+    the run equals dynamics built with those numbers bit for bit."""
+    import importlib
+
+    sim = importlib.import_module("cbo_jax.simulate")  # the module (cbo_jax.simulate is also the function)
+    with enable_x64(True):
+        dyn = build(SIGMA1[0], ALPHA0[0], DT[0])
+        key = jax.random.key(5)
+        own = cj.simulate(dyn, x0, key, STEPS, num_runs=SEEDS)
+        compiled = sim._run_chunk._cache_size()
+        other = build(SIGMA1[1], ALPHA0[1], DT[1])
+        res = cj.simulate(dyn, x0, key, STEPS, num_runs=SEEDS, params=P.defaults(other))
+        assert sim._run_chunk._cache_size() == compiled, "a single point compiled its chunks again"
+        fresh = cj.simulate(other, x0, key, STEPS, num_runs=SEEDS)
+        assert np.shape(res.state.x) == np.shape(own.state.x)
+        assert res.history["alpha"].shape == own.history["alpha"].shape  # no sweep axis: (STEPS, SEEDS, ...)
+        for got, want in zip(jax.tree_util.tree_leaves(res.state.x), jax.tree_util.tree_leaves(fresh.state.x)):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+        assert res.history.keys() == fresh.history.keys()
+        for name in fresh.history:
+            np.testing.assert_array_equal(res.history[name], fresh.history[name], err_msg=name)
+        assert not np.array_equal(res.history["alpha"], own.history["alpha"])
+
+
 def test_grid_is_an_outer_product_and_history_has_grid_axes():
     dyn = cj.cbo(objectives.Sphere(), alpha=schedules.Multiplicative(5.0, 1.05, 100.0), sigma1=0.5)
     g = P.grid(dyn, sigma1=[0.1, 0.2, 0.3], alpha0=[1.0, 10.0], dt=[0.01, 0.02])
