@@ -27,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +120,10 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     """Write ``state`` as step ``step`` of the checkpoint directory ``path`` (keeping ``keep`` steps).
 
     ``meta`` (JSON-serialisable) is stored beside the arrays and returned by :func:`restore`.
-    A step that is already there raises :class:`CheckpointError` unless ``overwrite=True``,
-    which replaces it.
+    The steps of a directory are one run's, in order: a step that is already there, or a
+    step below the latest one there, raises :class:`CheckpointError` unless
+    ``overwrite=True``, which replaces that step and deletes the later ones (the run goes on
+    from ``step``). The ``keep`` latest steps stay.
     """
     import orbax.checkpoint as ocp
 
@@ -155,13 +159,22 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
-    held = steps(path)
-    if int(step) in held:  # orbax raised its own StepAlreadyExistsError
-        if not overwrite:
-            raise CheckpointError(f"{path} already holds step {int(step)}: pass overwrite=True to replace it, or "
-                                  f"save another step (steps there: {held})")
+    held, partial = _listed(path)
+    if step in partial:  # not a step (steps() leaves it out), but orbax would refuse to write over it
+        shutil.rmtree(path / str(step))
+    later = [s for s in held if s > step]
+    if later and not overwrite:  # orbax's keep policy then deleted the later steps, or kept them beside this one
+        raise CheckpointError(f"{path} holds later steps {later} than step {step}: a checkpoint directory holds one "
+                              f"run's steps in order. Pass overwrite=True to continue the run from step {step} (the "
+                              f"later steps are deleted), or save to another directory")
+    if step in held and not overwrite:  # orbax raised its own StepAlreadyExistsError
+        raise CheckpointError(f"{path} already holds step {step}: pass overwrite=True to replace it, or "
+                              f"save another step (steps there: {held})")
+    replaced = [s for s in held if s >= step]
+    if replaced:
         with _manager(path, keep, create=True) as mgr:
-            mgr.delete(int(step))
+            for s in replaced:
+                mgr.delete(s)
     with _manager(path, keep, create=True) as mgr:
         items = {"meta": ocp.args.JsonSave(record)}
         if jax.tree_util.tree_leaves(stored):
@@ -177,7 +190,9 @@ def steps(path: str | Path) -> list[int]:
 
     A path that exists but is not a directory, or a link whose target is missing, is a
     :class:`CheckpointError`: it was "no checkpoint", and a resume started the run again
-    from round 0 over its rows.
+    from round 0 over its rows. A step directory without the metadata every saved step
+    has (an empty ``7/``, or one an interrupted copy left) is not a step: it is left out,
+    with a :class:`UserWarning` naming it, so the latest whole step is the one restored.
     """
     path = Path(path).absolute()
     if not path.is_dir():
@@ -187,8 +202,26 @@ def steps(path: str | Path) -> list[int]:
             raise CheckpointError(f"{path} is a link to {os.readlink(path)}, which does not exist (a disk not "
                                   f"mounted?)")
         return []
+    listed, partial = _listed(path)
+    if partial and (str(path), tuple(partial)) not in _WARNED:  # once: a resume lists the steps three times
+        _WARNED.add((str(path), tuple(partial)))
+        warnings.warn(f"{path}: left out {', '.join(str(path / str(s)) for s in partial)}, a step directory "
+                      f"without the checkpoint's metadata (an interrupted copy?); "
+                      f"{'the latest whole step is ' + str(listed[-1]) if listed else 'no whole step is there'}",
+                      UserWarning, stacklevel=2)
+    return listed
+
+
+_WARNED: set = set()
+
+
+def _listed(path: Path) -> tuple[list[int], list[int]]:
+    """The step directories orbax lists in ``path``: ``(whole, partial)``. A step that ``save``
+    wrote has its ``meta`` item (orbax renames a step into place only once it is written)."""
     with _manager(path) as mgr:
-        return sorted(int(s) for s in mgr.all_steps())
+        found = sorted(int(s) for s in mgr.all_steps())
+    whole = [s for s in found if (path / str(s) / "meta").is_dir()]
+    return whole, [s for s in found if s not in whole]
 
 
 def exists(path: str | Path) -> bool:

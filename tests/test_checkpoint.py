@@ -126,3 +126,38 @@ def test_saving_a_step_again_is_refused_by_name_or_replaces_it(tmp_path):
     state, meta = checkpoint.restore(tmp_path / "c", _state())
     assert meta["step"] == 5 and checkpoint.steps(tmp_path / "c") == [5]
     np.testing.assert_array_equal(state["w"], _state(2)["w"])
+
+
+def test_a_step_directory_without_metadata_is_left_out_with_a_warning(tmp_path):
+    """An empty ``7/`` (an interrupted copy, a stray mkdir) was listed as the latest step, and
+    every restore failed on it ("unreadable metadata"): it is left out, named in a warning, and
+    saving that step writes over it."""
+    checkpoint.save(tmp_path / "c", _state(1), step=1)
+    checkpoint.save(tmp_path / "c", _state(5), step=5)
+    (tmp_path / "c" / "7").mkdir()
+    with pytest.warns(UserWarning, match=r"left out .*c/7, a step directory without the checkpoint's metadata.*"
+                                         r"latest whole step is 5"):
+        assert checkpoint.steps(tmp_path / "c") == [1, 5]
+    state, meta = checkpoint.restore(tmp_path / "c", _state())
+    assert meta["step"] == 5
+    np.testing.assert_array_equal(state["w"], _state(5)["w"])
+    checkpoint.save(tmp_path / "c", _state(7), step=7)
+    assert checkpoint.steps(tmp_path / "c") == [5, 7]
+    assert checkpoint.restore(tmp_path / "c", _state())[1]["step"] == 7
+
+
+@pytest.mark.parametrize("keep", [1, 2])
+def test_a_step_below_the_latest_is_refused_or_continues_the_run_from_there(tmp_path, keep):
+    """Saving step 3 where step 5 was (keep=1) deleted step 5, the newer one, by orbax's policy;
+    with keep=2 both stayed and a restore took step 5, not the step just written."""
+    checkpoint.save(tmp_path / "c", _state(1), step=1, keep=keep)
+    checkpoint.save(tmp_path / "c", _state(5), step=5, keep=keep)
+    held = checkpoint.steps(tmp_path / "c")
+    with pytest.raises(checkpoint.CheckpointError, match=r"holds later steps \[5\] than step 3.*overwrite=True"):
+        checkpoint.save(tmp_path / "c", _state(3), step=3, keep=keep)
+    assert checkpoint.steps(tmp_path / "c") == held
+    checkpoint.save(tmp_path / "c", _state(3), step=3, keep=keep, overwrite=True)
+    assert checkpoint.steps(tmp_path / "c") == [1, 3][-keep:]
+    state, meta = checkpoint.restore(tmp_path / "c", _state())
+    assert meta["step"] == 3
+    np.testing.assert_array_equal(state["w"], _state(3)["w"])
