@@ -236,6 +236,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
     for flag, field_name in (aliases or {}).items():
         alias_for.setdefault(field_name, []).append(flag)
     dests: dict[str, Field] = {}
+    described: dict[str, str] = {}  # a description shared by several fields (lambda1, gamma: ...) is shown once
     for f in fields(cls, prefix, instance):
         shown = f.path[len(strip):] if f.path[:len(strip)] == strip else f.path
         flag = "--" + ".".join(p.replace("_", "-") for p in shown)
@@ -245,8 +246,10 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
         dest = "cfg:" + f.name
         default = "" if f.default is dataclasses.MISSING else f" (default: {f.default_text or f.default})"
         extra = {"nargs": "?", "const": "true"} if _base_type(f.type)[0] is bool else {}
+        text = f.help if not f.help or f.help not in described else f"see {described[f.help]}."
+        described.setdefault(f.help, flag)
         target.add_argument(*names, dest=dest, default=argparse.SUPPRESS, metavar=_type_name(f.type).upper(),
-                            help=(f.help + default).strip(), **extra)
+                            help=(text + default).strip(), **extra)
         dests[dest] = f._replace(cli=flag)
     return dests
 

@@ -170,6 +170,21 @@ def test_every_help_text_prints_as_written():
     assert "20% attackers" in " ".join(reproduce.format_help().split())
 
 
+def test_a_description_shared_by_several_options_is_printed_once():
+    """A docstring line for several fields (``lambda1, gamma: ...``) was printed in full under
+    each of their flags; the later flags now point to the first, and keep their own default."""
+    from cbo_jax.cli import build_parser
+
+    for parser in _parsers(build_parser()):
+        helps = [a.help for a in parser._actions if a.help and len(a.help) > 60]
+        bodies = [re.sub(r"\s*\(default: .*\)$", "", h) for h in helps]
+        assert len(bodies) == len(set(bodies)), (parser.prog, [b for b in bodies if bodies.count(b) > 1][:1])
+    fedcbo = next(p for p in _parsers(build_parser()) if p.prog.endswith("run fedcbo"))
+    text = " ".join(fedcbo.format_help().split())
+    assert "--gamma FLOAT see --lambda1. (default: 0.1)" in text
+    assert "--eps-min FLOAT, --eps_min FLOAT see --eps0. (default: 0.1)" in text
+
+
 @pytest.mark.slow  # three CLI runs; CI runs it in the slow step
 def test_optimize_mirror_cbo_is_the_library_run(capsys):
     """`--dynamic mirror_cbo --mirror-map ProjectionBall` runs the same program as mirror_cbo with that map:

@@ -60,7 +60,7 @@ class FedCBOConfig:
     Attributes:
       M: downloads per agent per round (``1 <= M <= N - 1``).
       lambda1, gamma: the aggregation step is ``λ1 γ``; ``γ`` is also the time step of
-        the Appendix E noise ``σ1 √γ ...``. Defaults: ``γ = 0.1`` as in the paper's
+        the Appendix E noise (of scale ``σ1 √γ``). Defaults: ``γ = 0.1`` as in the paper's
         splitting (local learning rate ``λ2 γ = 0.1`` with ``λ2 = 1``) and
         ``λ1 = 9.8``, so that ``λ1 γ = 0.98`` as in the reference script.
       alpha: α of the weights μ = exp(-α L), eq. (19).
@@ -69,7 +69,7 @@ class FedCBOConfig:
       eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
       noise: Appendix E aggregation noise, ``"none"``, ``"isotropic"`` or ``"anisotropic"``.
       sigma1: its strength σ1.
-      noise_gamma: the noise's time step γ_noise in ``σ1 √γ_noise ...`` (none: ``gamma``,
+      noise_gamma: the noise's time step γ_noise, its scale ``σ1 √γ_noise`` (none: ``gamma``,
         eq. (70) as written). The isotropic noise multiplies the spread about m by
         ``(1 - λ1γ)² + σ1² γ_noise d`` per round (``d`` parameters), so as written it is
         stable only for ``σ1 < 1/√(γ d)``; the reference script's ``--Gamma`` is 0.01.
