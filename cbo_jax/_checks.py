@@ -190,6 +190,17 @@ def one_of(name: str, value: Any, choices) -> Any:
     return value
 
 
+def x64_for(config: Any) -> None:
+    """Refuse a ``float64`` config while JAX runs in 32 bits: every array would be cut to
+    float32, with nothing but JAX's truncation warnings to say so."""
+    # jax's Config stub does not declare the flag attributes, hence the narrow ignore
+    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
+        raise ValueError(
+            "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
+            "at start-up (the CLI's --dtype float64 does this)"
+        )
+
+
 def all_finite(name: str, tree: Any) -> None:
     """Raise if any leaf of ``tree`` holds a NaN or an infinity (host-side check)."""
     for path, leaf in jax.tree_util.tree_leaves_with_path(tree):

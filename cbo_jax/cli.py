@@ -261,27 +261,10 @@ def _optimize_record(args, cfg) -> dict:
     """``config.json`` of an ``optimize`` run: every option as given or defaulted (rerunning them
     repeats the run) and the dynamics' resolved configuration, every number of it, with the α
     schedule and the mirror map named."""
-    import dataclasses
+    from cbo_jax.writer import describe
 
-    def plain(v):
-        if isinstance(v, Path):
-            return str(v)
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return {"type": type(v).__name__, **{f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v)}}
-        if hasattr(v, "grad_conj"):  # a mirror map: its functions by its name
-            return {"type": type(v).__name__, "name": v.name}
-        if hasattr(v, "_asdict"):
-            return {"type": type(v).__name__, **{k: plain(x) for k, x in v._asdict().items()}}
-        if isinstance(v, dict):
-            return {str(k): plain(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [plain(x) for x in v]
-        if callable(v):
-            return getattr(v, "__qualname__", repr(v))
-        return v
-
-    options = {k: plain(v) for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)}
-    return _json_safe({"command": "optimize", "options": options, "dynamics": {"name": args.dynamic, **plain(cfg)}})
+    options = {k: describe(v) for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)}
+    return _json_safe({"command": "optimize", "options": options, "dynamics": {"name": args.dynamic, **describe(cfg)}})
 
 
 def _add_run(sub) -> None:

@@ -9,7 +9,8 @@
 * :func:`sliced_wasserstein`: the sliced 1-Wasserstein (or p-Wasserstein) distance
   between two empirical measures of any sizes, exact per direction, vectorised over
   directions: the distance between an ``N``-particle system and a large-``N``
-  reference (Theorem 2.2, propagation of chaos).
+  reference (Theorem 2.2's mean-field limit, compared in law; not a propagation-of-chaos
+  test, see below).
 * :func:`fit_loglog_slope`: slope of ``log(error)`` against ``log(N)``.
 * :func:`reference_consensus` and :func:`coupling`: propagation of chaos measured
   pathwise, as in the FedCBO JMLR version's Proposition 1, eq. (50). Each of the ``N``
@@ -100,8 +101,11 @@ def _check_class_shapes(x, label, centers, include) -> None:
         raise ValueError("class_variance: x and centers need a leading axis (N particles, K centres)")
     n, k = np.shape(leaves[0])[0], np.shape(c_leaves[0])[0]
     if np.shape(label) != (n,):
+        runs = len(np.shape(label)) == 1 and np.ndim(leaves[0]) >= 3 and np.shape(leaves[0])[1] == np.shape(label)[0]
+        hint = (f" (x looks like {n} runs stacked, {np.shape(leaves[0])}: class_variance takes one run's particles; "
+                "for every run, jax.vmap(class_variance, in_axes=(0, None, None))(x, label, centers))" if runs else "")
         raise ValueError(f"class_variance: label must have shape ({n},), one class per particle, got "
-                         f"{np.shape(label)}")
+                         f"{np.shape(label)}{hint}")
     if not jnp.issubdtype(jnp.result_type(label), jnp.integer):
         raise ValueError(f"class_variance: label must hold integers, got dtype {jnp.result_type(label)}")
     if include is not None and np.shape(include) != (n,):
@@ -115,7 +119,41 @@ def _check_class_shapes(x, label, centers, include) -> None:
                          f"{[(k,) + np.shape(v)[1:] for v in leaves]}; got {[np.shape(c) for c in c_leaves]}")
 
 
-def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: float, noise: str = "isotropic"):
+def _rate_inputs(where: str, lambda1, lambda2, sigma1, sigma2, noise):
+    """``(λ1, λ2, σ1, σ2, noise)`` from four numbers, or from dynamics, a config or a
+    :class:`~cbo_jax.params.Params` given first (its numbers in its own order, and for a
+    dynamics or config its noise kind)."""
+    from cbo_jax import params as params_lib
+
+    source = lambda1
+    config = getattr(source, "config", source)
+    if not (isinstance(source, params_lib.Params) or all(hasattr(config, f) for f in params_lib.SDE_FIELDS)):
+        if noise is None:
+            noise = "isotropic"  # the theorem's setting
+        if any(v is None for v in (lambda2, sigma1, sigma2)):
+            raise ValueError(f"{where} takes (lambda1, lambda2, sigma1, sigma2), in the theorem's order, or dynamics, "
+                             "a config or a cbo_jax.params.Params first")
+        return lambda1, lambda2, sigma1, sigma2, _checks.one_of("noise", noise, ("isotropic", "anisotropic"))
+    if not (lambda2 is None and sigma1 is None and sigma2 is None):
+        raise ValueError(f"{where}: give the numbers either as dynamics, a config or Params, or as four numbers, "
+                         "not both")
+    prm = source if isinstance(source, params_lib.Params) else params_lib.defaults(config)
+    if noise is None:
+        kind = getattr(config, "noise_kind", getattr(config, "noise", None))
+        if isinstance(source, params_lib.Params):
+            raise ValueError(f"{where}: Params carry no noise kind; pass noise='isotropic' or 'anisotropic' (or "
+                             "the dynamics, whose config names it)")
+        if kind not in ("isotropic", "anisotropic"):
+            raise ValueError(f"{where}: Theorem 2.3's rate is for isotropic or anisotropic consensus noise; these "
+                             f"dynamics have noise={kind!r}")
+        noise = kind
+    arrays = [np.asarray(v, np.float64) for v in (prm.lambda1, prm.lambda2, prm.sigma1, prm.sigma2)]
+    values = [float(a) if a.ndim == 0 else a for a in arrays]  # a grid's leaves: the rates elementwise
+    return (*values, _checks.one_of("noise", noise, ("isotropic", "anisotropic")))
+
+
+def predicted_decay_rate(lambda1, lambda2=None, sigma1=None, sigma2=None, d: int | None = None,
+                         lipschitz: float | None = None, noise: str | None = None):
     """Decay exponent of ``V(ρ^k_t)`` predicted by FedCBO Theorem 2.3 (with ``τ → 0``).
 
     ``2λ1 - 2λ2 M - d σ1² - d σ2² M²`` for isotropic consensus noise (the theorem's
@@ -123,9 +161,19 @@ def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: fl
     ``σ1² |θ - m|²`` instead of ``d σ1² |θ - m|²``, so ``d σ1²`` becomes ``σ1²`` (the
     gradient noise is isotropic in both cases). The theorem needs the result ``> 0``.
     Works elementwise on arrays.
+
+    The numbers are four arguments in the theorem's order ``(λ1, λ2, σ1, σ2)`` (``noise``
+    then defaults to ``"isotropic"``), or one argument: dynamics or their config (numbers and
+    noise kind from it), or a :class:`cbo_jax.params.Params`, whose order is ``λ1, σ1, λ2,
+    σ2`` (a sweep grid gives the grid's rates; give ``noise``), e.g.
+    ``predicted_decay_rate(dyn, d=2, lipschitz=1.0)``.
     """
+    if d is None or lipschitz is None:
+        raise ValueError("predicted_decay_rate needs the dimension d= and the gradients' Lipschitz constant "
+                         "lipschitz= (0 without gradient terms)")
     _checks.positive_int("d", d)
-    _checks.one_of("noise", noise, ("isotropic", "anisotropic"))  # a typo was taken as anisotropic
+    lambda1, lambda2, sigma1, sigma2, noise = _rate_inputs("predicted_decay_rate", lambda1, lambda2, sigma1, sigma2,
+                                                           noise)
     # float() refused an array of constants ("works elementwise"); a scalar stays a float
     lip_arr = np.asarray(lipschitz, np.float64)
     lip: float | np.ndarray = float(lip_arr) if lip_arr.ndim == 0 else lip_arr
@@ -133,17 +181,22 @@ def predicted_decay_rate(lambda1, lambda2, sigma1, sigma2, d: int, lipschitz: fl
     return 2 * lambda1 - 2 * lambda2 * lip - c1 * np.square(sigma1) - d * np.square(sigma2) * lip**2
 
 
-def ideal_quadratic_rate(lambda1, lambda2, sigma1, sigma2, d: int, noise: str = "isotropic"):
+def ideal_quadratic_rate(lambda1, lambda2=None, sigma1=None, sigma2=None, d: int | None = None,
+                         noise: str | None = None):
     """Exact decay exponent of ``E|θ - θ*|²`` for ``L = ½|θ - θ*|²`` when ``m = θ*``.
 
     Itô on ``|u|²`` with ``u = θ - θ*``: drift ``-2(λ1 + λ2)|u|²``, consensus noise
     ``d σ1² |u|²`` (isotropic; ``σ1² |u|²`` anisotropic), gradient noise ``d σ2² |u|²``.
     Theorem 2.3 bounds the gradient drift by ``-2λ2 M`` from the wrong side (it allows
     any ``L`` with ``M``-Lipschitz gradient), so for this ``L`` the measured rate
-    should sit near this value, above the theorem's.
+    should sit near this value, above the theorem's. The numbers are given as for
+    :func:`predicted_decay_rate`.
     """
+    if d is None:
+        raise ValueError("ideal_quadratic_rate needs the dimension d=")
     _checks.positive_int("d", d)
-    _checks.one_of("noise", noise, ("isotropic", "anisotropic"))
+    lambda1, lambda2, sigma1, sigma2, noise = _rate_inputs("ideal_quadratic_rate", lambda1, lambda2, sigma1, sigma2,
+                                                           noise)
     c1 = d if noise == "isotropic" else 1
     return 2 * (lambda1 + lambda2) - c1 * np.square(sigma1) - d * np.square(sigma2)
 
@@ -286,7 +339,8 @@ def reference_consensus(dynamics, x_ref, key, num_steps: int, **simulate_kwargs)
     returns row ``t`` = the consensus point the ``(t+1)``-th step used (one per class for
     the clustered system: ``(T, K, d)``). It approximates ``m_α(ρ_t)`` of the mean-field
     law up to ``O(R^{-1/2})``; pass it to :func:`coupling`. ``simulate_kwargs`` go to
-    :func:`cbo_jax.simulate` (``progress``, ``chunk_size``, ...).
+    :func:`cbo_jax.simulate` (``progress``, ``chunk_size``, ``params`` for one point of other
+    numbers, which :func:`coupling` must then be given too, ...).
     """
     from cbo_jax.simulate import simulate
 
@@ -311,11 +365,11 @@ class CouplingResult(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("init", "step", "drive", "batched"))
-def _coupled(x0, key, path, *, init, step, drive, batched: bool):
+def _coupled(x0, key, path, params, *, init, step, drive, batched: bool):
     # static: the dynamics' functions (hashed by identity), not the Dynamics itself, whose
     # config need not be hashable (a schedule dict)
     def one(x0, key):
-        system = init(x0, key)
+        system = init(x0, key) if params is None else init(x0, key, params)
         copies = system  # the same initial points and the same key: the same Brownian increments
 
         def dist(a, b):
@@ -354,7 +408,7 @@ def _check_path_fits(dynamics, x0, key, path, num_runs) -> None:
                          "(its path is shared by every run here)")
 
 
-def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) -> CouplingResult:
+def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None, params=None) -> CouplingResult:
     """``N`` particles and their mean-field copies, coupled (FedCBO JMLR Proposition 1, eq. (50)).
 
     The ``N``-particle system runs from ``x0`` with ``dynamics.step``; the copies run from
@@ -365,13 +419,28 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) 
     steps (``T = len(consensus_path)``), ``vmap``-ped over ``num_runs`` runs
     (``x0`` then carries a run axis and run ``r`` uses ``jax.random.split(key, M)[r]``).
 
+    ``params``: one point of numbers (a :class:`cbo_jax.params.Params` whose leaves are
+    numbers, e.g. ``cj.params.defaults(dyn)._replace(sigma1=1.5)``) to run instead of the
+    dynamics' own, as ``simulate(..., params=)`` does; give :func:`reference_consensus` the
+    same, or the copies follow the mean-field path of another SDE.
+
     Returns a :class:`CouplingResult`; ``sq_distance`` is averaged over the benign
     particles (every particle, for systems without attackers).
     """
     from cbo_jax import _checks
+    from cbo_jax import params as params_lib
 
     if dynamics.drive is None:
         raise ValueError("these dynamics have no drive(state, m); coupling needs cbo(), clustered() or cb2o()")
+    _checks.x64_for(dynamics.config)  # float64 dynamics ran in float32 here, without a word
+    point = None
+    if params is not None:
+        params = params_lib.as_params(params, dynamics)
+        if params_lib.validate(params, dynamics) != ():
+            raise ValueError(f"coupling runs one point of numbers; params has a sweep grid of shape "
+                             f"{params_lib.grid_shape(params)}: call coupling once per point "
+                             "(cbo_jax.params.point(grid, index))")
+        point = params_lib.in_dtype(params, jnp.dtype(getattr(dynamics.config, "dtype", "float32")))
     from cbo_jax.dynamics.cbo import check_population
     from cbo_jax.simulate import rng_context
 
@@ -392,6 +461,6 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None) 
     _check_path_fits(dynamics, x0, key, path, num_runs)
 
     with rng_context(dynamics.config):  # as in simulate: for dynamics of one's own with a drive
-        d2, x, xbar = _coupled(x0, key, path, init=dynamics.init, step=dynamics.step, drive=dynamics.drive,
+        d2, x, xbar = _coupled(x0, key, path, point, init=dynamics.init, step=dynamics.step, drive=dynamics.drive,
                                batched=num_runs is not None)
     return CouplingResult(sq_distance=np.asarray(d2), final_x=x, final_copies=xbar)

@@ -40,11 +40,16 @@ class SimulationResult(NamedTuple):
     Attributes:
       state: the final state (leading run axis on every field when ``num_runs`` is set;
         before it, the grid axes of a parameter sweep).
-      history: dict of NumPy arrays with one row per step taken: ``best_energy``,
-        ``min_energy`` (best energy among the current particles), ``alpha``, ``active``
-        (shape ``(T,)``, ``(T, M)``, or ``(T, *grid, M)`` in a sweep, ``T == steps``), and
-        ``consensus`` if requested. A run that stops while others go on keeps its last
-        values (frozen) in the rows after its stop, with ``active`` False.
+      history: dict of NumPy arrays with one row per step taken (``T == steps``), each of
+        shape ``(T,)``, ``(T, M)`` with runs, or ``(T, *grid, M)`` in a sweep, followed by
+        the entry's own axes; the entries are the dynamics' ``record(state)``. The CBX
+        family (:func:`cbo_jax.cbo` and the others): ``best_energy``, ``min_energy`` (the
+        least energy of the current particles), ``alpha``, ``active``, ``evals`` (objective
+        evaluations so far) and, with resampling, ``resamplings``. The clustered and CB²O
+        systems: ``min_energy`` and ``alpha`` per class (a last axis ``K``). Then
+        ``consensus`` if requested and what ``observe`` returns. A run that stops while
+        others go on keeps its last values (frozen) in the rows after its stop, with
+        ``active`` False.
       steps: number of steps simulated: ``num_steps``, or, when every run stopped early
         (``energy_tol``, ``diff_tol``, ``max_evals``, ``stagnation_patience``), the step at
         which the last of them stopped (``0`` when none could take a step); the history
@@ -262,12 +267,7 @@ def simulate(
             raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
         if chunk is not None and mesh is not None:
             raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
-    # jax's Config stub does not declare the flag attributes, hence the narrow ignore
-    if getattr(config, "dtype", "float32") == "float64" and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]
-        raise ValueError(
-            "dtype='float64' needs 64-bit JAX: call jax.config.update('jax_enable_x64', True) "
-            "at start-up (the CLI's --dtype float64 does this)"
-        )
+    _checks.x64_for(config)
     batched = num_runs is not None
     swept = grid is not None
     levels = int(batched) + int(swept)
@@ -346,7 +346,9 @@ def simulate(
                 if stopped:
                     break
             if writer is not None and out is not None:
-                _write_summary(Path(out), state, done, time.perf_counter() - t0, grid)
+                _write_summary(Path(out), state, done, time.perf_counter() - t0, grid,
+                               run={"num_steps": num_steps, "num_runs": num_runs, "config": config,
+                                    "params": params, "initial_state": initial_state is not None})
         finally:
             if bar is not None:
                 bar.close()
@@ -423,13 +425,24 @@ def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
                   "max_abs= to clip them)", RuntimeWarning, stacklevel=3)
 
 
-def _write_summary(out: Path, state, steps: int, seconds: float, grid) -> None:
+def _write_summary(out: Path, state, steps: int, seconds: float, grid, run: dict) -> None:
     """``out/summary.json`` of a finished :func:`simulate` run: the steps taken, the wall time,
-    the best energy found (overall, and per run / grid point where there are several) and
-    the environment (:func:`cbo_jax.writer.write_summary`)."""
-    from cbo_jax.writer import write_summary
+    the best energy found (overall, and per run / grid point where there are several), what
+    ran (the dynamics' config, the swept ``params`` by name with the grid's shape, ``num_runs``,
+    ``num_steps``) and the environment (:func:`cbo_jax.writer.write_summary`)."""
+    from cbo_jax import params as params_lib
+    from cbo_jax.writer import describe, write_summary
 
-    summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3)}
+    summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3),
+                               "num_steps": int(run["num_steps"]), "num_runs": run["num_runs"],
+                               "config": describe(run["config"])}
+    if run["initial_state"]:
+        summary["continued"] = True  # from initial_state: its own numbers
+    prm = run["params"]
+    if prm is not None:  # the numbers each grid point ran: every leaf by its dotted name, as given
+        summary["params"] = {name: describe(np.asarray(leaf)) for name, leaf in
+                             zip(params_lib.names(prm), jax.tree_util.tree_leaves(prm))}
+        summary["grid_shape"] = list(params_lib.grid_shape(prm))
     if hasattr(state, "best_energy"):
         best = np.asarray(jax.device_get(state.best_energy), np.float64)
         finite = best[np.isfinite(best)]

@@ -34,6 +34,35 @@ def to_python(value: Any) -> Any:
     return value
 
 
+def describe(value: Any) -> Any:
+    """A configuration as JSON-ready data that names what it holds: dataclasses (configs,
+    α schedules, schedule rules) and named tuples (:class:`~cbo_jax.params.Params`) as dicts
+    with their ``"type"``, a mirror map by its name, a function by its qualified name,
+    paths as strings, arrays as lists."""
+    import dataclasses
+
+    if isinstance(value, Path):
+        return str(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"type": type(value).__name__, **{f.name: describe(getattr(value, f.name))
+                                                 for f in dataclasses.fields(value)}}
+    if hasattr(value, "grad_conj"):  # a mirror map: its functions by its name
+        return {"type": type(value).__name__, "name": value.name}
+    if hasattr(value, "_asdict"):
+        return {"type": type(value).__name__, **{k: describe(x) for k, x in value._asdict().items()}}
+    if hasattr(value, "rules") and hasattr(value, "update"):  # a schedules.Chain
+        return {"type": type(value).__name__, "rules": [describe(r) for r in value.rules]}
+    if isinstance(value, dict):
+        return {str(k): describe(x) for k, x in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [describe(x) for x in value]
+    if hasattr(value, "shape") or isinstance(value, np.generic):
+        return to_python(value)
+    if callable(value):
+        return getattr(value, "__qualname__", repr(value))
+    return value
+
+
 def json_safe(value: Any) -> Any:
     """``value`` with every non-finite float replaced by ``None`` (valid JSON)."""
     if isinstance(value, float) and not math.isfinite(value):

@@ -256,3 +256,34 @@ def test_every_run_needs_a_benign_particle():
         cj.simulate(dyn, bundle, 0, 3, num_runs=2)
     mal[1, 0] = False
     assert cj.simulate(dyn, bundle._replace(malicious=jnp.asarray(mal)), 0, 3, num_runs=2).steps == 3
+
+
+def test_particles_for_stacked_runs_repeat_one_runs_fields():
+    """A stack of runs for simulate(..., num_runs=M) needed each field tiled by hand, and a
+    Particles with (M, N, d) positions but (N,) labels was refused with "x0.label must have one
+    entry per particle (40), got shape (40,)", a message at odds with itself."""
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (3, 8, 2)).astype(np.float32)
+    label = np.arange(8) % 2
+    p = particles(x, label, num_runs=3)
+    assert p.label.shape == p.malicious.shape == p.pid.shape == (3, 8) and p.label.dtype == jnp.int32
+    np.testing.assert_array_equal(p.label, np.stack([label] * 3))
+    np.testing.assert_array_equal(p.pid, np.stack([np.arange(8)] * 3))
+    per_run = particles(x, np.stack([label, 1 - label, label]), num_runs=3)  # (M, N) fields: one row per run
+    np.testing.assert_array_equal(per_run.label[1], 1 - label)
+    dyn = clustered([objectives.Quadratic(shift=1.0), objectives.Quadratic(shift=-1.0)])
+    res = cj.simulate(dyn, p, 0, 4, num_runs=3)
+    one = cj.simulate(dyn, particles(x[1], label), jax.random.split(jax.random.key(0), 3)[1], 4)
+    np.testing.assert_allclose(np.asarray(res.state.x[1]), np.asarray(one.state.x), rtol=1e-5, atol=1e-6)
+    unstacked = cj.Particles(x, *particles(x[0], label)[1:])
+    with pytest.raises(ValueError, match=r"x0.label must have shape \(3, 8\) .*particles\(x, label, ..., num_runs=M\)"):
+        cj.simulate(dyn, unstacked, 0, 2, num_runs=3)
+    for call, match in [
+        (lambda: particles(x, np.zeros((2, 8), int), num_runs=3), r"label must have shape \(N,\) .* or \(3, N\)"),
+        (lambda: particles(x, np.zeros(7, int), num_runs=3), r"label must have shape \(8,\)"),
+        (lambda: particles(x, np.zeros(8), num_runs=3), "label must hold integers"),
+        (lambda: particles(x[:2], label, num_runs=3), "leading run axis of 3"),
+        (lambda: particles(x, label), r"pass num_runs=M"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            call()

@@ -66,6 +66,37 @@ def test_predicted_rate_formula():
         4.0 - 0.09)
 
 
+def test_rates_read_the_numbers_and_noise_of_dynamics_or_params():
+    """Four numbers are in the theorem's order (λ1, λ2, σ1, σ2), Params in theirs (λ1, σ1, λ2, σ2):
+    `predicted_decay_rate(*cj.params.point(grid, i)[:4], ...)` swapped λ2 and σ1 without a word, and
+    the isotropic default did not follow an anisotropic config. Dynamics, configs and Params now
+    give their own numbers (and the dynamics their noise kind)."""
+    dyn = cj.cbo(objectives.Quadratic(), lambda1=1.0, sigma1=0.3, lambda2=0.5, sigma2=0.1)  # anisotropic
+    by_hand = meanfield.predicted_decay_rate(1.0, 0.5, 0.3, 0.1, d=5, lipschitz=2.0, noise="anisotropic")
+    assert by_hand == pytest.approx(2.0 - 2.0 - 0.09 - 5 * 0.01 * 4)
+    assert meanfield.predicted_decay_rate(dyn, d=5, lipschitz=2.0) == pytest.approx(by_hand, rel=1e-12)
+    assert meanfield.predicted_decay_rate(dyn.config, d=5, lipschitz=2.0) == pytest.approx(by_hand, rel=1e-12)
+    assert meanfield.ideal_quadratic_rate(dyn, d=5) == pytest.approx(
+        meanfield.ideal_quadratic_rate(1.0, 0.5, 0.3, 0.1, d=5, noise="anisotropic"), rel=1e-12)
+    iso = _two_quadratics(dtype="float32", sigma1=0.3)
+    assert meanfield.predicted_decay_rate(iso, d=2, lipschitz=1.0) == pytest.approx(2.0 - 2 * 0.09)
+    grid = cj.params.grid(dyn, sigma1=[0.3, 1.0], lambda1=[1.0, 2.0])
+    got = meanfield.predicted_decay_rate(grid, d=5, lipschitz=2.0, noise="anisotropic")
+    want = [[meanfield.predicted_decay_rate(lam, 0.5, s, 0.1, d=5, lipschitz=2.0, noise="anisotropic")
+             for lam in (1.0, 2.0)] for s in (0.3, 1.0)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    for call, match in [
+        (lambda: meanfield.predicted_decay_rate(grid, d=5, lipschitz=2.0), "Params carry no noise kind"),
+        (lambda: meanfield.predicted_decay_rate(dyn, 0.5, d=5, lipschitz=2.0), "not both"),
+        (lambda: meanfield.predicted_decay_rate(1.0, 0.5, d=5, lipschitz=2.0), "theorem's order"),
+        (lambda: meanfield.predicted_decay_rate(dyn, d=5), "lipschitz="),
+        (lambda: meanfield.predicted_decay_rate(cj.cbo(objectives.Quadratic(), noise="constant"), d=5, lipschitz=0),
+         "isotropic or anisotropic consensus noise; these dynamics have noise='constant'"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            call()
+
+
 def test_quadratic_decay_rate_within_theorem_regime():
     """Two quadratic classes, isotropic noise: V_t decays at least at Theorem 2.3's rate and
     close to the exact rate 2(λ1+λ2) - dσ1² - dσ2² of the ideal (m = θ*) system."""
@@ -143,6 +174,40 @@ def test_coupling_with_a_scheduled_config():
     np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(own.state.x))
 
 
+def test_coupling_runs_the_numbers_it_is_given():
+    """``reference_consensus`` passed ``params=`` on to simulate while ``coupling`` always ran the
+    dynamics' own numbers: the copies then followed another SDE's path, and the distance stayed
+    flat in N. With the same point in both, the copies fed the system's own path are the system,
+    and the run equals dynamics built with those numbers."""
+    rng = np.random.default_rng(8)
+    with enable_x64(True):
+        dyn = _two_quadratics()
+        p = particles(rng.uniform(-2, 2, (12, 2)), np.arange(12) % 2)
+        point = cj.params.defaults(dyn)._replace(sigma1=0.9, lambda1=1.5)
+        path = meanfield.reference_consensus(dyn, p, 7, 20, params=point)
+        res = meanfield.coupling(dyn, p, 7, path, params=point)
+        np.testing.assert_array_equal(res.sq_distance, 0.0)
+        built = _two_quadratics(sigma1=0.9, lambda1=1.5)
+        fresh = meanfield.coupling(built, p, 7, path)
+        np.testing.assert_array_equal(np.asarray(res.final_x), np.asarray(fresh.final_x))
+        assert np.all(meanfield.coupling(dyn, p, 7, path).sq_distance[2:] > 0)  # its own numbers: another SDE
+        with pytest.raises(ValueError, match="one point of numbers.*grid of shape \\(2,\\)"):
+            meanfield.coupling(dyn, p, 7, path, params=cj.params.grid(dyn, sigma1=[0.5, 0.9]))
+
+
+def test_float64_dynamics_without_64_bit_jax_are_refused_everywhere():
+    """simulate refused dtype='float64' in 32-bit JAX, but coupling and a dynamics' own init ran it
+    in float32, with only JAX's truncation warnings."""
+    p = particles(np.zeros((4, 2)))
+    with enable_x64(False):
+        for dyn in (_two_quadratics(), cj.cbo(objectives.Sphere(), dtype="float64")):
+            x0 = p if isinstance(dyn.config, ClusteredConfig) else np.zeros((4, 2))
+            with pytest.raises(ValueError, match="dtype='float64' needs 64-bit JAX"):
+                dyn.init(x0, 0)
+            with pytest.raises(ValueError, match="dtype='float64' needs 64-bit JAX"):
+                meanfield.coupling(dyn, x0, 0, np.zeros((3, 2, 2) if x0 is p else (3, 2)))
+
+
 def test_coupling_bad_input():
     dyn = _two_quadratics(dtype="float32")
     p = particles(np.zeros((4, 2), np.float32))
@@ -196,3 +261,10 @@ def test_fits_and_rates_refuse_what_they_cannot_use(call, match):
     # accepted, a TypeError from inside a jitted gather
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_class_variance_of_stacked_runs_names_the_vmap():
+    x, label, centers = np.zeros((3, 8, 2)), np.arange(8) % 2, np.zeros((2, 2))
+    with pytest.raises(ValueError, match=r"x looks like 3 runs stacked.*jax.vmap\(class_variance"):
+        meanfield.class_variance(x, label, centers)
+    assert jax.vmap(meanfield.class_variance, in_axes=(0, None, None))(x, label, centers).shape == (3, 2)

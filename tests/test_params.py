@@ -208,6 +208,12 @@ def test_a_sweep_writes_its_rows_with_the_grid_axes(tmp_path):
     np.testing.assert_allclose(np.asarray(summary["best_energy_per_run"]), np.asarray(res.state.best_energy),
                                rtol=1e-6)
     assert summary["best_energy"] == pytest.approx(float(np.min(res.state.best_energy)), rel=1e-6)
+    # what ran: the grid's numbers by name (the files alone map a grid index to its values), the config
+    assert summary["grid_shape"] == [3, 2] and summary["num_runs"] == 2 and summary["num_steps"] == 5
+    np.testing.assert_array_equal(summary["params"]["sigma1"], g.sigma1)
+    np.testing.assert_array_equal(summary["params"]["dt"], g.dt)
+    assert summary["params"]["alpha.alpha"] == [[5.0] * 2] * 3
+    assert summary["config"]["type"] == "CBOConfig" and summary["config"]["alpha"] == {"type": "Constant", "alpha": 5.0}
     for i, row in enumerate(rows):
         for k in ("best_energy", "alpha", "active"):
             np.testing.assert_allclose(np.asarray(row[k], float), np.asarray(res.history[k][i], float), rtol=1e-6)

@@ -167,17 +167,40 @@ class Particles(NamedTuple):
 
 
 def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | None = None,
-              pid: ArrayLike | None = None) -> Particles:
+              pid: ArrayLike | None = None, *, num_runs: int | None = None) -> Particles:
     """Bundle positions with labels (default all ``0``), a malicious mask (default none)
-    and ids (default ``0..N-1``). Host-side shape checks."""
+    and ids (default ``0..N-1``). Host-side shape checks.
+
+    With ``num_runs=M`` the positions carry a leading run axis (``(M, N, d)``, for
+    ``simulate(..., num_runs=M)``); each other field is given per particle (``(N,)``, the
+    same in every run, repeated ``M`` times) or per run and particle (``(M, N)``).
+    """
+    if num_runs is not None:
+        _checks.positive_int("num_runs", num_runs)
+        lead = {np.shape(leaf)[0] if np.ndim(leaf) else None for leaf in jax.tree_util.tree_leaves(x)}
+        if lead != {num_runs}:
+            raise ValueError(f"with num_runs={num_runs}, every leaf of x needs a leading run axis of {num_runs}, got "
+                             f"shapes {[np.shape(v) for v in jax.tree_util.tree_leaves(x)]}")
+        given = {"label": label, "malicious": malicious, "pid": pid}
+        for name, v in given.items():
+            if v is not None and np.ndim(v) == 2 and np.shape(v)[0] != num_runs:
+                raise ValueError(f"{name} must have shape (N,) (one per particle, the same in every run) or "
+                                 f"({num_runs}, N) (per run), got {np.shape(v)}")
+        def row(v, r: int):
+            return None if v is None else (np.asarray(v) if np.ndim(v) < 2 else np.asarray(v)[r])
+
+        runs = [particles(jax.tree_util.tree_map(lambda leaf, r=r: leaf[r], x),  # each run checked as one bundle
+                          row(label, r), row(malicious, r), row(pid, r))
+                for r in range(num_runs)]
+        return Particles(x=x, **{k: jnp.stack([getattr(one, k) for one in runs]) for k in given})
     n = pop.num_agents(x)
     label = np.zeros(n, np.int32) if label is None else np.asarray(label)
     malicious = np.zeros(n, bool) if malicious is None else np.asarray(malicious)
     pid = np.arange(n, dtype=np.int32) if pid is None else np.asarray(pid)
     for name, arr in (("label", label), ("malicious", malicious), ("pid", pid)):
         if arr.shape != (n,):
-            hint = (f" (x has {n} rows: for runs stacked (M, N, ...), build the Particles of one run and stack "
-                    f"each field)" if arr.ndim == 1 and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
+            hint = (f" (x has {n} rows: for runs stacked (M, N, ...), pass num_runs=M)"
+                    if arr.ndim == 1 and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
             raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}{hint}")
     for name, arr in (("label", label), ("pid", pid)):  # 1.9 was truncated to 1
         if not np.issubdtype(arr.dtype, np.integer):
@@ -314,6 +337,7 @@ def clustered(
         return consensus_point(x, energy, alpha, mask)
 
     def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
+        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX was float32 throughout
         key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
@@ -438,9 +462,15 @@ def clustered(
             for i, f in enumerate(fs):
                 if not (what == "lower objective" and i == 0):  # checked with the population above
                     check_objective(f"{name}.x", f, single, n, what=f"{what} {i}")
+        for field in ("label", "malicious", "pid"):
+            want = (num_runs, n) if num_runs is not None else (n,)
+            if np.shape(getattr(p, field)) != want:
+                per = f"one per particle of each of the {num_runs} runs" if num_runs is not None else "one per particle"
+                fix = (": build the bundle with particles(x, label, ..., num_runs=M), which repeats one run's "
+                       "fields" if num_runs is not None and np.shape(getattr(p, field)) == (n,) else "")
+                raise ValueError(f"{name}.{field} must have shape {want} ({per}), got "
+                                 f"{np.shape(getattr(p, field))}{fix}")
         lab = np.asarray(p.label)
-        if lab.shape[lead:] != (n,):
-            raise ValueError(f"{name}.label must have one entry per particle ({n}), got shape {lab.shape}")
         if lab.size and (lab.min() < 0 or lab.max() >= k_classes):
             raise ValueError(f"{name}.label must lie in [0, K) with K={k_classes}, got range [{lab.min()}, {lab.max()}]")
         benign = ~np.asarray(p.malicious, bool)

@@ -598,6 +598,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         return jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
 
     def init(x0: PyTree, key: jax.Array, params: params_lib.Params | None = None):
+        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX was float32 throughout
         key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
         prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)

@@ -313,14 +313,14 @@ def run_scaling(args: argparse.Namespace) -> dict:
     ax.loglog(sizes, c / np.sqrt(np.asarray(sizes, float)), "--", label="N^-1/2")
     ax.set_xlabel("N")
     ax.set_ylabel("sliced W1 to reference")
-    ax.set_title(f"propagation of chaos, T={0.01 * args.steps:g}, N_ref={n_ref:.0e}")
+    ax.set_title(f"mean-field limit in law (Thm 2.2), T={0.01 * args.steps:g}, N_ref={n_ref:.0e}")
     ax.legend()
     _savefig(fig, out_dir / "meanfield_scaling.png")
     return {
         "experiment": "meanfield-scaling",
         "sizes": sizes, "errors": errors, "slope": round(slope, 4),
         "reference_N": n_ref, "d": d, "steps": args.steps, "dt": 0.01, "projections": args.projections,
-        "expected_slope": -0.5,
+        "seeds": args.seeds, "seed": args.seed, "expected_slope": -0.5,
         "seconds": round(seconds, 2),
     }
 
