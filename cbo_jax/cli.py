@@ -382,9 +382,9 @@ def _check_options(out_dir: Path, args, resume: bool):
     name ``cbo-jax run``'s flags and derived fields such as ``--eval-every``). Returns the
     writer of the record when it is written after the runs (a resume of a directory
     without one), else ``None``."""
-    from cbo_jax.writer import replace_text
+    from cbo_jax.writer import replace_text, stable_text
 
-    now = json.loads(json.dumps(_json_safe({k: v for k, v in vars(args).items() if k not in _HOW}), default=str))
+    now = json.loads(json.dumps(_json_safe({k: v for k, v in vars(args).items() if k not in _HOW}), default=stable_text))
     path = out_dir / "options.json"
 
     def write() -> None:

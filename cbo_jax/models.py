@@ -239,6 +239,9 @@ def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callab
             if out.ndim != 2:
                 hint = (f" for example_input of shape {x.shape} (if that is the stacked (N, n_max, ...) data, give "
                         f"one batch of samples, such as data.x[0, :1])" if x.ndim > 2 and out.ndim > 2 else "")
+                if out.ndim == 1:  # one sample without its batch axis: (classes,) logits
+                    hint = (f" for example_input of shape {x.shape}: give a batch of samples, (n, ...), such as "
+                            f"x[None] for one sample or xs[0][:1]")
                 raise ValueError(f"a cross-entropy classifier must output (n, classes) logits; {mod} "
                                  f"outputs {out.shape}{hint}")
             num_classes = out.shape[-1] if num_classes is None else num_classes

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,17 @@ def describe(value: Any) -> Any:
     if callable(value):
         return getattr(value, "__qualname__", repr(value))
     return value
+
+
+def stable_text(value: Any) -> str:
+    """A JSON stand-in for a value JSON cannot hold, the same in every process.
+
+    A function or class is written as its module and qualified name, anything else as its
+    text less the memory address of a default ``repr`` (``at 0x7f3a...``), which differed
+    from process to process: a run with a function in its config could not be resumed."""
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", str(value))
 
 
 def json_safe(value: Any) -> Any:

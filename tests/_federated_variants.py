@@ -219,6 +219,12 @@ DROPPED = {"eps", "participants"}
 # fedcbo_egreedy_iso's M = 3).
 REDEFINED = {("fedavg", "train_loss"), ("local", "train_loss"), ("fedcbo_egreedy_iso", "sr_oracle")}
 
+# Metrics renamed after the pins were recorded, the same numbers under a new name (pinned name -> now):
+# attack_selection's mean loss of the benign agents was "train_loss", which round_stats' own
+# "train_loss" (every agent's) overwrote in a row that had both.
+RENAMED = {"train_loss": "benign_train_loss"}
+RENAMED_IN = ("fedcb2o_G", "fedcb2o_loss", "fedcb2o_self", "oracle_max", "oracle_min")  # attack_selection's
+
 
 def record(mesh) -> dict:
     """Every variant on one device and on ``mesh``, in the pinned files' layout
@@ -243,6 +249,8 @@ def compare(name: str, tag: str, state: dict, hist: dict, pinned) -> dict:
         if kind == "metric" and (name, rest) in REDEFINED:
             continue
         ref = pinned[key]
+        if kind == "metric" and name in RENAMED_IN:
+            rest = RENAMED.get(rest, rest)
         got = state.get(rest) if kind == "state" else hist.get(rest)
         if got is None:
             missing.append(rest)

@@ -277,10 +277,10 @@ def test_run_names_data_of_the_wrong_kind():
     # FedCB2O and DFedAvgM take the attack benchmark's groups: an AttributeError ('AgentData' object
     # has no attribute 'benign') before
     cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=1, local=LOCAL), [0, 0, 1, 1], [False] * 4)
-    with pytest.raises(ValueError, match="fedcb2o takes an AttackData .* got AgentData: .*fl.AttackData.from_lists"):
+    with pytest.raises(ValueError, match="fedcb2o takes an AttackData, got FederatedData: .*fl.AttackData.from_lists"):
         fl.run(cb2o, data, 1, jax.random.key(0), progress=False)
     dfed = fl.dfedavgm(model, fl.DFedAvgMConfig(M=1, local=LOCAL), [0, 0, 1, 1])
-    with pytest.raises(ValueError, match="dfedavgm takes an AttackData .* got AgentData"):
+    with pytest.raises(ValueError, match="dfedavgm takes an AttackData, got FederatedData"):
         fl.run(dfed, data, 1, jax.random.key(0), progress=False)
 
 
@@ -561,3 +561,175 @@ def test_pooled_and_attack_accuracy_check_their_test_sets_when_built():
             fl.metrics.attack_accuracy(TINY4, ds._replace(**bad))
     with pytest.raises(ValueError, match="cluster id"):
         fl.metrics.attack_accuracy(TINY4, ds, ds.cluster[:2])  # fewer ids than benign agents
+
+
+# --- extending: a selection rule of one's own, metrics that collide, a metric of other data ------------------
+
+
+def _cyclic(M):
+    """Agent j downloads j+1, ..., j+M (mod N): a deterministic rule of one's own."""
+    def init(rows, cols):
+        return jnp.zeros((rows, cols))
+
+    def select(key, P, n, candidates=None):
+        rows, cols = P.shape
+        idx = (jnp.arange(rows)[:, None] + 1 + jnp.arange(M)[None, :]) % cols
+        return fl.selection.Selection(idx.astype(jnp.int32), jnp.zeros(idx.shape, bool), jnp.zeros((), jnp.float32))
+
+    def update(P, idx, loss, own_loss=None, active=None, valid=None):
+        return P
+
+    return fl.SelectionRule(init, select, update, M, "cyclic")
+
+
+def test_a_selection_rule_of_ones_own_runs_in_fedcbo_and_fedcb2o():
+    """FedCBOConfig.selection takes only the built-in names, and a name added to selection.RULES passed
+    the config's check while rule() drew uniformly: fedcbo(..., rule=) runs the rule given (checked
+    on the host first); rule() refuses a name it cannot build."""
+    xs, ys = _lists(sizes=(5, 4, 6, 3, 5))
+    data = fl.FederatedData.from_lists(xs, ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    cfg = fl.FedCBOConfig(M=2, local=LOCAL)
+    alg = fl.fedcbo(model, cfg, 5, rule=_cyclic(2))
+    assert alg.name == "fedcbo-cyclic"
+    state, info = jax.jit(alg.round)(alg.init(jax.random.key(0)), data.train)
+    np.testing.assert_array_equal(np.asarray(info.idx), (np.arange(5)[:, None] + 1 + np.arange(2)) % 5)
+    fl.run(alg, data, 1, jax.random.key(0), progress=False)
+    from cbo_jax.federated import selection
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setitem(selection.RULES, "cyclic", _cyclic)
+        with pytest.raises(ValueError, match=r"selection='cyclic' is not a built-in rule.*rule=\.\.\."):
+            fl.fedcbo(model, fl.FedCBOConfig(M=2, selection="cyclic", local=LOCAL), 5)
+    attacked = fl.AttackData.from_lists(xs[:4], ys[:4], xs[:4], ys[:4], xs[4:], ys[4:])
+    cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=2, local=LOCAL), [0, 0, 1, 1, 0], [False] * 4 + [True], rule=_cyclic(2))
+    assert cb2o.name == "fedcb2o-cyclic"
+    _, info = jax.jit(cb2o.round)(cb2o.init(jax.random.key(0)), attacked)
+    np.testing.assert_array_equal(np.asarray(info.idx), (np.arange(4)[:, None] + 1 + np.arange(2)) % 5)
+
+
+@pytest.mark.parametrize("broken,match", [
+    (lambda r: r._replace(M=3), "draws M=3 downloads, the config M=2"),
+    (lambda r: r._replace(select=lambda k, P, n, c=None: r.select(k, P, n)._replace(idx=r.select(k, P, n).idx[:, :1])),
+     r"integer downloads idx of shape \(5, 2\)"),
+    (lambda r: r._replace(select=lambda k, P, n, c=None: r.select(k, P, n)._replace(
+        idx=jnp.stack([jnp.arange(5), (jnp.arange(5) + 1) % 5], 1))), "agent 0 downloads the agent itself"),
+    (lambda r: r._replace(select=lambda k, P, n, c=None: r.select(k, P, n)._replace(idx=r.select(k, P, n).idx + 5)),
+     r"downloads an agent outside \[0, 5\)"),
+    (lambda r: r._replace(select=lambda k, P, n, c=None: r.select(k, P, n)._replace(
+        idx=jnp.stack([(jnp.arange(5) + 1) % 5] * 2, 1))), "downloads an agent twice in one row"),
+    (lambda r: r._replace(select=lambda k, P, n, c=None: r.select(k, P, n).idx), "must return a Selection"),
+    (lambda r: "cyclic", "rule must be a cbo_jax.federated.SelectionRule"),
+])
+def test_a_selection_rule_that_draws_wrongly_is_refused_before_the_run(broken, match):
+    xs, ys = _lists(sizes=(5, 4, 6, 3, 5))
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    with pytest.raises(ValueError, match=match):
+        fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 5, rule=broken(_cyclic(2)))
+
+
+def test_metric_names_that_collide_are_refused():
+    """A round metric returning "round" rewrote every row's round; two metrics returning one name kept
+    the last one's value (round_stats and attack_selection both returned train_loss)."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    alg = _local(fl.from_flax(Classifier(), xs[0][:1]))
+
+    def loss_again(info):
+        return {"train_loss": jnp.mean(info.train_loss)}
+
+    def rounds(info):
+        return {"round": jnp.int32(99)}
+
+    def evaluated(ev):
+        return {"train_loss": 0.0}
+
+    for kw, match in [({"round_metrics": [rounds]}, "'rounds' returns 'round', which the runner writes"),
+                      ({"round_metrics": [fl.metrics.round_stats, loss_again]},
+                       "'loss_again' and 'round_stats' both return 'train_loss'"),
+                      ({"round_metrics": [fl.metrics.round_stats], "metrics": [evaluated]},
+                       "'evaluated' and 'a round metric' both return 'train_loss'")]:
+        with pytest.raises(ValueError, match=match):
+            fl.run(alg, data, 1, jax.random.key(0), progress=False, **kw)
+
+
+def test_test_accuracy_of_other_data_is_refused_and_first_agents_is_explicit():
+    """A 4-agent run scored with a 5-agent data's test_accuracy averaged over 5 "agents" (JAX clamps the
+    index); agents='first' measures the first agents of a larger run (FedCB²O's benign ones)."""
+    xs, ys = _lists(sizes=(5, 1, 7, 3, 4))
+    big = fl.FederatedData.from_lists(xs, ys, test_x=[x[:2] for x in xs], test_y=[y[:2] for y in ys])
+    small = fl.FederatedData.from_lists(xs[:4], ys[:4], test_x=[x[:2] for x in xs[:4]], test_y=[y[:2] for y in ys[:4]])
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    with pytest.raises(ValueError, match="built for the 5 agents of its data, but the run's models are 4 agents"):
+        fl.run(_local(model, 4), small, 1, jax.random.key(0), metrics=[fl.metrics.test_accuracy(model, big)],
+               progress=False)
+    with pytest.raises(ValueError, match="agents='first'"):
+        fl.run(_local(model, 5), big, 1, jax.random.key(0), metrics=[fl.metrics.test_accuracy(model, small)],
+               progress=False)
+    res = fl.run(_local(model, 5), big, 1, jax.random.key(0), progress=False,
+                 metrics=[fl.metrics.test_accuracy(model, small, agents="first")])
+    whole = fl.metrics.test_accuracy(model, big)(fl.metrics.Evaluation(1, True, None, "agent", res.state.params))
+    first = fl.metrics.test_accuracy(model, small)(fl.metrics.Evaluation(
+        1, True, None, "agent", jax.tree_util.tree_map(lambda a: a[:4], res.state.params)))
+    assert res.history[-1]["test_acc"] == pytest.approx(first["test_acc"]) and whole["test_acc"] != first["test_acc"]
+
+
+def test_a_diverged_model_scores_a_nan_accuracy():
+    """NaN logits have argmax 0: a diverged model scored the share of class 0 as its accuracy."""
+    xs, ys = _lists(sizes=(6, 6))
+    data = fl.FederatedData.from_lists(xs, ys, test_x=[x for x in xs], test_y=[np.zeros_like(y) for y in ys])
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    params = jax.vmap(model.init)(jax.random.split(jax.random.key(0), 2))
+    broken = jax.tree_util.tree_map(lambda a: a.at[0].set(jnp.nan), params)
+    out = fl.metrics.test_accuracy(model, data)(fl.metrics.Evaluation(1, True, None, "agent", broken))
+    assert np.isnan(out["test_acc"]) and np.isnan(out["test_loss"])
+    ok = fl.metrics.test_accuracy(model, data)(fl.metrics.Evaluation(1, True, None, "agent", params))
+    assert 0.0 <= ok["test_acc"] <= 100.0
+
+
+def test_a_function_in_a_config_does_not_stop_a_resume(tmp_path):
+    """The fingerprint held str(function), whose memory address differs in every process: a run with a
+    function in its config could never be resumed. Functions are recorded by module and name."""
+    from cbo_jax.writer import stable_text
+
+    def schedule(step):
+        return 0.1
+
+    assert stable_text(schedule) == f"{__name__}.test_a_function_in_a_config_does_not_stop_a_resume.<locals>.schedule"
+    assert stable_text(object()).startswith("<object object") and " at 0x" not in stable_text(object())
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Scheduled:  # an algorithm of one's own whose config holds a function
+        lr_schedule: object = schedule
+
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys)
+    alg = _local(fl.from_flax(Classifier(), xs[0][:1]))._replace(config=Scheduled())
+    fp = runner.fingerprint(alg, data.train, jax.random.key(0), 2, 1)
+    assert fp["config.lr_schedule"] == stable_text(schedule)  # was "<function ... at 0x7f...>"
+
+
+def test_extenders_mistakes_are_named():
+    """Uneven per-agent arrays given to from_arrays (NumPy's "inhomogeneous shape"), one sample
+    without its batch axis as from_flax's example, FederatedData given to FedCB²O ("built for 5
+    agents but the data holds 4") and a cluster list of the benign agents only ("malicious must have
+    one entry per agent")."""
+    xs, ys = _lists(sizes=(5, 4, 6, 3, 5))
+    with pytest.raises(ValueError, match=r"different shapes.*FederatedData.from_lists"):
+        fl.FederatedData.from_arrays(xs, ys)
+    with pytest.raises(ValueError, match=r"give a batch of samples.*x\[None\]"):
+        fl.from_flax(nn.Dense(3), xs[0][0])
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    cb2o = fl.fedcb2o(model, fl.FedCB2OConfig(M=2, local=LOCAL), [0, 0, 1, 1, 0], [False] * 4 + [True])
+    with pytest.raises(ValueError, match=r"fedcb2o takes an AttackData, got FederatedData.*AttackData.from_lists"):
+        fl.run(cb2o, fl.FederatedData.from_lists(xs[:4], ys[:4]), 1, jax.random.key(0), progress=False)
+    with pytest.raises(ValueError, match=r"cluster \(4 entries\) and malicious \(5\) must both have one entry per "
+                                         r"agent, the attackers included"):
+        fl.fedcb2o(model, fl.FedCB2OConfig(M=2, local=LOCAL), [0, 0, 1, 1], [False] * 4 + [True])
+
+
+def test_round_stats_reads_an_info_given_as_a_dict():
+    info = {"train_loss": jnp.array([1.0, 3.0]), "active": jnp.array([True, True])}
+    out = fl.metrics.round_stats(info)
+    assert float(out["train_loss"]) == 2.0 and int(out["participants"]) == 2

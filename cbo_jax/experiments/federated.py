@@ -31,7 +31,7 @@ from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
 from cbo_jax.federated.runner import RunResult, finished, run
-from cbo_jax.writer import json_safe, to_python
+from cbo_jax.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
            "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES",
@@ -304,7 +304,7 @@ def _as_recorded(cfg, out: Path) -> dict:
     """``cfg`` as ``out/config.json`` records it, with the options a resume may change
     (:data:`_RESUME_MAY_CHANGE`) taken from the record: a finished run read back on a
     resume that adds ``--checkpoint-every`` is the same run."""
-    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=str))
+    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=stable_text))
     try:
         recorded = json.loads((out / "config.json").read_text())
     except (OSError, ValueError):
@@ -347,7 +347,7 @@ def _check_resume(cfg, out: Path, extend: bool) -> None:
         return
     if not isinstance(recorded, dict):
         return
-    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=str))
+    now = json.loads(json.dumps(json_safe(to_python(cfgs.to_dict(cfg))), default=stable_text))
     saved, current = _leaves(recorded), _leaves(now)
     diffs = []
     for p, v in current.items():

@@ -48,11 +48,12 @@ import jax.numpy as jnp
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_weights
+from cbo_jax.federated.local import agent_loss, reduce_sample_losses
 
 PyTree = Any
 
 __all__ = ["Downloads", "Energy", "consensus_downloads", "consensus_by_model", "local_downloads", "DownloadMap",
-           "group_sizes", "pair_schedule"]
+           "group_sizes", "pair_schedule", "loss_energy", "group_loss"]
 
 
 class Energy(NamedTuple):
@@ -329,3 +330,34 @@ def consensus_by_model(group_energy: Callable[..., jax.Array], params: PyTree, i
     m = jax.tree_util.tree_map(lambda c, t: c + _own_term(res.self_weight, t),
                                pop.weighted_mean(clean, dense), pop.gather(params, own_rows))
     return res._replace(consensus=m)
+
+
+# --------------------------------------------------------------------------- FedCBO's energies
+
+
+def loss_energy(model, cfg):
+    """FedCBO's energy of eq. (19) for :func:`consensus_downloads`: ``L_j^i``, the loss of each
+    download on agent ``j``'s data (``cfg``: a :class:`~cbo_jax.federated.FedCBOConfig`, its
+    ``loss_reduction`` and ``local.batch_size``)."""
+    def energy(models, theta_j, x, y, c):
+        loss_of = lambda p: agent_loss(model, p, x, y, c, batch_size=cfg.local.batch_size,  # noqa: E731
+                                       reduction=cfg.loss_reduction)
+        loss = jax.vmap(loss_of)(models)
+        own = loss_of(theta_j)
+        return Energy(loss, loss, own, own)
+
+    return energy
+
+
+def group_loss(model, cfg):
+    """FedCBO's energy of eq. (19) for :func:`consensus_by_model`:
+    one model's loss ``L_j(θ)`` on each of a group of agents' data, as one forward pass
+    over the stacked samples, reduced per agent as :func:`loss_energy` does."""
+    def energy(theta, x, y, c):
+        g, n_max = y.shape[:2]
+        stack = lambda a: a.reshape((g * n_max,) + a.shape[2:])  # noqa: E731  # (g, n_max, ...) -> (g·n_max, ...)
+        per = model.loss(model.apply(theta, stack(x)), stack(y))
+        return jax.vmap(lambda p, cnt: reduce_sample_losses(p, cnt, cfg.local.batch_size, cfg.loss_reduction))(
+            per.reshape(g, n_max), c)
+
+    return energy

@@ -321,6 +321,22 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
     )
 
 
+def agent_roles(cluster, malicious) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(cluster, malicious, N_b)`` of an attacked population, checked: one entry each per
+    agent, the attackers included (an attacker's cluster is the one it targets), and the
+    ``N_b >= 1`` benign agents first."""
+    cluster = _checks.cluster_ids("cluster", cluster)
+    malicious = np.asarray(malicious, bool)
+    n = cluster.shape[0]
+    if malicious.shape != (n,):  # either may be the short one
+        raise ValueError(f"cluster ({n} entries) and malicious ({np.size(malicious)}) must both have one entry per "
+                         f"agent, the attackers included (an attacker's cluster is the one it targets)")
+    nb = int(np.sum(~malicious))
+    if np.any(malicious[:nb]) or nb == 0:
+        raise ValueError("the benign agents must come first and there must be at least one")
+    return cluster, malicious, nb
+
+
 def check_split(data: AttackData, benign: int, attackers: int, who: str) -> None:
     """Refuse data split otherwise than ``benign`` agents (with validation splits), then
     ``attackers``, with a ``ValueError`` when a round is traced (the shapes are static).

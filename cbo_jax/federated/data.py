@@ -158,6 +158,10 @@ class FederatedData(NamedTuple):
         ``test_x``/``test_y`` may be one shared test set ``(n_test, ...)`` (a leading
         axis of 1 is added) or stacked test sets ``(T, n_test, ...)``.
         """
+        if isinstance(x, (list, tuple)) and len({np.shape(a) for a in x}) > 1:  # NumPy: "inhomogeneous shape"
+            raise ValueError(f"x is a list of per-agent arrays of different shapes ({sorted({np.shape(a) for a in x})[:3]}"
+                             f" ...): from_arrays takes arrays stacked (N, n, ...); FederatedData.from_lists(xs, ys) "
+                             f"stacks and pads per-agent arrays of unequal sizes")
         x, y = np.asarray(x), np.asarray(y)
         if x.ndim < 2:
             raise ValueError(f"x must be (N, n_samples, ...) stacked per agent, got shape {x.shape}")

@@ -72,6 +72,10 @@ def round_stats(info) -> dict:
     ``train_loss`` is the mean over the agents of ``G_n`` where the info has ``active``: every
     agent trains in the vmapped kernel, but only the participants' training is kept.
     """
+    if isinstance(info, dict):  # an info of one's own given as a dict: its entries by name
+        from types import SimpleNamespace
+
+        info = SimpleNamespace(**info)
     out = {}
     if hasattr(info, "train_loss"):
         if hasattr(info, "active"):
@@ -235,13 +239,15 @@ class _AttackSelection(_ClusterMetric):
         valid = getattr(info, "valid", None)
         freq, weight = category_stats(info.idx[:nb], info.weights[:nb], self.ids, jnp.asarray(self.malicious, bool),
                                       None if valid is None else valid[:nb])
-        return {"train_loss": jnp.mean(info.train_loss[:nb]), "frequency": dict(zip(CATEGORIES, freq)),
+        return {"benign_train_loss": jnp.mean(info.train_loss[:nb]), "frequency": dict(zip(CATEGORIES, freq)),
                 "weight": dict(zip(CATEGORIES, weight)), "self_weight": jnp.mean(info.self_weight[:nb])}
 
 
 def attack_selection(cluster, malicious) -> Callable:
     """FedCB²O Fig. 5 per round for the benign agents (infos with ``idx``, ``weights``):
-    ``frequency`` and ``weight`` by category, the own model's weight, and their mean local loss."""
+    ``frequency`` and ``weight`` by category, the own model's weight (``self_weight``), and
+    their mean local loss (``benign_train_loss``; :func:`round_stats`' ``train_loss`` is
+    every agent's)."""
     return _AttackSelection.of(cluster, malicious)
 
 
@@ -249,14 +255,20 @@ def attack_selection(cluster, malicious) -> Callable:
 
 
 def _acc_loss(model: Model, params, x, y, count):
+    """Accuracy and mean loss of one model on one test set (its first ``count`` samples). A
+    model with a non-finite output on an evaluated sample (diverged) scores a NaN accuracy:
+    the argmax of NaN logits is class 0, an accuracy of the share of class 0."""
     out = model.apply(params, x)
     per = model.loss(out, y)
     hit = (jnp.argmax(out, -1) == y) if model.is_classifier else jnp.zeros(per.shape, bool)
+    broken = ~jnp.all(jnp.isfinite(out).reshape(out.shape[0], -1), axis=-1)
     if count is None:
-        return jnp.mean(hit), jnp.mean(per)
+        acc = jnp.mean(hit)
+        return jnp.where(jnp.any(broken), jnp.nan, acc), jnp.mean(per)
     real = jnp.arange(x.shape[0]) < count
     n = jnp.maximum(count, 1).astype(per.dtype)
-    return jnp.sum(hit & real) / n, jnp.sum(jnp.where(real, per, 0.0)) / n
+    acc = jnp.sum(hit & real) / n
+    return jnp.where(jnp.any(broken & real), jnp.nan, acc), jnp.sum(jnp.where(real, per, 0.0)) / n
 
 
 def _agent_eval_impl(model, chunk, params, test_x, test_y, test_counts, test_of):
@@ -327,7 +339,8 @@ def _check_test_values(model: Model, test_x, test_y, counts, test_size: int | No
                      "test_y", model=f"model {model.name}", unit="test set")
 
 
-def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None = None) -> Callable:
+def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None = None,
+                  agents: str = "all") -> Callable:
     """Test accuracy (%) and loss in the paper's convention (module docstring).
 
     Agents that share a test set (one per cluster, or one for all) are evaluated
@@ -343,7 +356,15 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     contiguous: an id no agent has (the 1 of clusters ``{0, 2}``) gets ``None`` (``null``
     in ``metrics.jsonl``), as in :func:`attack_metrics`, rather than the NaN of an empty
     mean; ``test_acc`` and ``test_loss`` are means over the agents and do not depend on it.
+
+    ``agents``: ``"all"`` (default) -- the run's agents are ``data``'s, one for one (a run of
+    another number of agents is an error); ``"first"`` -- ``data`` describes the first
+    ``data.num_agents`` agents of the run, whose own models are measured (FedCB²O on one's own
+    data: the benign agents come first, ``data`` holds their test sets). A model whose outputs
+    are not finite (diverged) scores a NaN accuracy, not that of the class its NaN logits
+    point to.
     """
+    _checks.one_of("agents", agents, ("all", "first"))
     if data.test_x is None:
         raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
     if hasattr(data, "check_test_shapes"):  # now, not at the first evaluation after the first rounds
@@ -378,10 +399,20 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     def metric(ev: Evaluation) -> dict:
         out: dict[str, Any]
         if ev.kind == "agent":
+            rows = {np.shape(leaf)[0] for leaf in jax.tree_util.tree_leaves(ev.params)}
+            params = ev.params
+            if agents == "first" and len(rows) == 1 and min(rows) >= n:
+                params = jax.tree_util.tree_map(lambda a: a[:n], ev.params)
+            elif rows != {n}:  # another data's metric: its agents' test sets were used (indices clamped)
+                first = (" (to measure the first of more agents, the benign ones of FedCB²O, pass agents='first')"
+                         if agents == "all" and len(rows) == 1 and min(rows) > n else "")
+                raise ValueError(f"test_accuracy was built for the {n} agents of its data, but the run's models are "
+                                 f"{' or '.join(map(str, sorted(rows)))} agents: build the metric from the data the "
+                                 f"run trains on{first}")
             if t <= _MAX_GROUPS and t < len(test_of):
-                acc, loss = _grouped_eval(model, chunk, groups, ev.params, test_x, test_y, counts)
+                acc, loss = _grouped_eval(model, chunk, groups, params, test_x, test_y, counts)
             else:
-                acc, loss = _agent_eval(model, chunk, ev.params, test_x, test_y, counts, jnp.asarray(test_of))
+                acc, loss = _agent_eval(model, chunk, params, test_x, test_y, counts, jnp.asarray(test_of))
             out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
             if cluster is not None:
                 c = jnp.asarray(cluster)
@@ -390,9 +421,9 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
             acc, loss = _server_eval(model, chunk, ev.params, test_x, test_y, counts)  # (R, T)
             best = jnp.argmin(loss, axis=0)
             acc_t, loss_t = acc[best, jnp.arange(t)], loss[best, jnp.arange(t)]
-            agents = jnp.bincount(jnp.asarray(test_of), length=t).astype(jnp.float32)
-            out = {"test_acc": float(jnp.sum(acc_t * agents) / jnp.sum(agents)) * 100,
-                   "test_loss": float(jnp.sum(loss_t * agents) / jnp.sum(agents))}
+            per_set = jnp.bincount(jnp.asarray(test_of), length=t).astype(jnp.float32)  # agents per test set
+            out = {"test_acc": float(jnp.sum(acc_t * per_set) / jnp.sum(per_set)) * 100,
+                   "test_loss": float(jnp.sum(loss_t * per_set) / jnp.sum(per_set))}
             if cluster is not None:
                 per_agent = np.asarray(acc_t, np.float64)[test_of]
                 out["test_acc_per_cluster"] = [float(np.mean(per_agent[cluster == k])) * 100 if has[k] else None

@@ -48,7 +48,7 @@ from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
-from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, to_python, write_summary
+from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python, write_summary
 
 __all__ = ["RunResult", "finished", "fingerprint", "run"]
 
@@ -59,11 +59,27 @@ class RunResult(NamedTuple):
     summary: dict
 
 
-def _merge(fns: Sequence[Callable], arg, what: str) -> dict:
+_ROW_KEYS = ("round", "elapsed_s")  # written by the runner into every row
+
+
+def _merge(fns: Sequence[Callable], arg, what: str, taken: dict | None = None) -> dict:
+    """The metrics' dicts as one row part. A name given twice, by two metrics or by a round
+    metric and an evaluation metric (``taken``), or one of the runner's own row keys, is an
+    error naming both: the later value silently replaced the earlier one."""
     out: dict = {}
+    source: dict = dict(taken or {})
     for fn in fns:
-        out.update(_checks.returns_dict(f"{what} {getattr(fn, '__name__', fn)!r}", fn(arg),
-                                        "metric name -> value, e.g. {'loss': ...}"))
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        got = _checks.returns_dict(f"{what} {name!r}", fn(arg), "metric name -> value, e.g. {'loss': ...}")
+        for key in got:
+            if key in _ROW_KEYS:
+                raise ValueError(f"{what} {name!r} returns {key!r}, which the runner writes into every row; "
+                                 "name it otherwise")
+            if key in source:
+                raise ValueError(f"{what} {name!r} and {source[key]!r} both return {key!r}: one would overwrite "
+                                 "the other in every row; rename one of them")
+            source[key] = name
+        out.update(got)
     return out
 
 
@@ -173,7 +189,10 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       key: PRNG key of the run.
       metrics: evaluation metrics ``f(Evaluation) -> dict``, run every ``every`` rounds
         and after the last.
-      round_metrics: round metrics ``f(info) -> dict`` of arrays, traced every round.
+      round_metrics: round metrics ``f(info) -> dict`` of arrays, traced every round (none by
+        default: the rows then hold the round alone; ``[fl.metrics.round_stats]`` records
+        the mean local loss, ε and the participants, and
+        :func:`~cbo_jax.federated.metrics.default_metrics` gives both kinds for a data set).
       every: rounds between evaluations (and per compiled scan without ``checkpoint_every``).
       out: results directory (``metrics.jsonl``, ``config.json``, ``summary.json``, plots).
       config: what ``config.json`` records (a dataclass or a dict; default: the algorithm's
@@ -218,6 +237,11 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     if (resume or checkpoint_every or tensorboard) and out is None:
         raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
     clusters = getattr(data, "num_clusters", None)
+    takes = getattr(algorithm, "takes", None)
+    if takes is not None and not isinstance(data, takes):  # was "built for 5 agents but the data holds 4"
+        raise ValueError(f"{algorithm.name} takes an {takes.__name__}, got {type(data).__name__}"
+                         + (": build one from your per-agent arrays with fl.AttackData.from_lists(train_x, train_y, "
+                            "val_x, val_y[, malicious_x, malicious_y])" if takes.__name__ == "AttackData" else ""))
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents
@@ -290,7 +314,7 @@ def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -
         model = _model_record(getattr(algorithm, "model", None))
         if model is not None:
             cfg["model"] = model
-    return json.loads(json.dumps(json_safe(to_python(cfg)), default=str))
+    return json.loads(json.dumps(json_safe(to_python(cfg)), default=stable_text))
 
 
 def _model_record(model) -> dict | None:
@@ -327,7 +351,7 @@ def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: 
           "key": np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key).tolist(),
           "data_sha256": h.hexdigest()}
     fp.update(_flatten("config", json.loads(json.dumps(json_safe(to_python(_config_dict(algorithm.config))),
-                                                       default=str))))
+                                                       default=stable_text))))
     fp.update(_model_fingerprint(getattr(algorithm, "model", None), data))
     return fp
 
@@ -487,7 +511,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             evaluate = done % every == 0 or done == rounds
             if evaluate:
                 kind, params = algorithm.eval_models(user)
-                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params), "the metric")
+                taken = {k: "a round metric" for _, rec in recs[:1] for k in rec}  # a row holds both kinds
+                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params), "the metric", taken)
             r = start
             for length, rec in recs:
                 for i in range(length):

@@ -48,7 +48,8 @@ import numpy as np
 
 from cbo_jax import _checks
 
-__all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "draw_uniform",
+__all__ = ["SelectionRule", "Selection", "epsilon_greedy", "uniform", "prob_sampling", "RULES", "check_rule",
+           "draw_uniform",
            "draw_epsilon_greedy", "draw_prob_sampling", "prob_sampling_valid", "filled_slots", "epsilon_schedule",
            "init_likelihood", "update_likelihood",
            "init_prob_likelihood", "update_prob_likelihood", "P_STARTS"]
@@ -129,6 +130,62 @@ def prob_sampling(M: int, kappa: float = 2.0, zeta: float = 0.5, start: str = "f
 
 
 RULES = {"epsilon_greedy": epsilon_greedy, "uniform": uniform, "prob_sampling": prob_sampling}
+
+
+def check_rule(rule, M: int, rows: int, cols: int, where: str, candidates: bool = False) -> SelectionRule:
+    """A rule of one's own, tried on the host before a run: ``init`` gives ``(rows, cols)``,
+    and ``select`` in rounds 0 and 1 (after an ``update`` with random losses) gives
+    ``(rows, M)`` integer downloads, every filled slot another agent in ``[0, cols)``,
+    distinct within its row (``candidates``: also with half the agents as candidates).
+    Inside the jitted round these could only be wrong quietly: a self-download, an index
+    past the agents (clamped by the gather), a repeated agent. Returns ``rule``."""
+    if not isinstance(rule, SelectionRule):
+        raise ValueError(f"{where}: rule must be a cbo_jax.federated.SelectionRule(init, select, update, M, name), "
+                         f"got {type(rule).__name__}")
+    if rule.M != M:
+        raise ValueError(f"{where}: the rule {rule.name!r} draws M={rule.M} downloads, the config M={M}")
+    P = rule.init(rows, cols)
+    if np.shape(P) != (rows, cols):
+        raise ValueError(f"{where}: the rule {rule.name!r}: init({rows}, {cols}) returned shape {np.shape(P)}, "
+                         f"not ({rows}, {cols})")
+    key = jax.random.key(0)
+    masks = [None] + ([np.arange(cols) % 2 == 0] if candidates else [])
+    for n in (0, 1):
+        for cand in masks:
+            sel = rule.select(jax.random.fold_in(key, n), P, jnp.int32(n), None if cand is None else jnp.asarray(cand))
+            _check_selection(sel, rule.name, M, rows, cols, n, where)
+        loss = jax.random.uniform(jax.random.fold_in(key, 10 + n), (rows, M))
+        P = rule.update(P, sel.idx, loss, jnp.full((rows,), 0.5), jnp.ones((rows,), bool), sel.valid)
+        if np.shape(P) != (rows, cols):
+            raise ValueError(f"{where}: the rule {rule.name!r}: update returned P of shape {np.shape(P)}, not "
+                             f"({rows}, {cols})")
+    return rule
+
+
+def _check_selection(sel, name: str, M: int, rows: int, cols: int, n: int, where: str) -> None:
+    what = f"{where}: the rule {name!r} in round {n}"
+    if not isinstance(sel, Selection):
+        raise ValueError(f"{what}: select must return a Selection(idx, is_random, eps, valid), got "
+                         f"{type(sel).__name__}")
+    idx = np.asarray(sel.idx)
+    if idx.shape != (rows, M) or not np.issubdtype(idx.dtype, np.integer):
+        raise ValueError(f"{what}: select must return integer downloads idx of shape ({rows}, {M}), got "
+                         f"{idx.dtype} {idx.shape}")
+    valid = np.ones(idx.shape, bool) if sel.valid is None else np.asarray(sel.valid)
+    if valid.shape != idx.shape or valid.dtype != np.bool_:
+        raise ValueError(f"{what}: Selection.valid must be None or a boolean ({rows}, {M}) mask, got "
+                         f"{valid.dtype} {valid.shape}")
+    own = np.arange(rows)[:, None]
+    problems = [("an agent outside [0, {})".format(cols), valid & ((idx < 0) | (idx >= cols))),
+                ("the agent itself", valid & (idx == own) & (own < cols))]
+    ordered = np.sort(np.where(valid, idx, -1 - np.arange(M)[None, :]), axis=1)
+    problems.append(("an agent twice in one row", np.zeros_like(valid) | np.any(ordered[:, 1:] == ordered[:, :-1],
+                                                                                 axis=1, keepdims=True)))
+    for text, bad in problems:
+        if bad.any():
+            j = int(np.argwhere(bad)[0][0])
+            raise ValueError(f"{what}: agent {j} downloads {text} ({idx[j].tolist()[:10]}); a download is another "
+                             f"agent, distinct within the row (an empty slot is marked in Selection.valid)")
 
 
 def _init_ones(rows: int, cols: int) -> jax.Array:

@@ -63,7 +63,9 @@ class Algorithm(NamedTuple):
     ``model``: the agents' :class:`~cbo_jax.models.Model` (``None``: not known). The runner
     reads only its ``num_classes``, to refuse labels out of range before the first round.
     ``num_agents``: the agents it was built for, where its state has no agent axis to tell
-    (FedAvg, IFCA); the runner refuses data of another number.
+    (FedAvg, IFCA); the runner refuses data of another number. ``takes``: the class of the
+    data its round takes, where it is not an :class:`AgentData` (FedCB²O and DFedAvgM take
+    an :class:`~cbo_jax.federated.attacks.AttackData`); the runner refuses other data first.
     """
 
     name: str
@@ -73,6 +75,7 @@ class Algorithm(NamedTuple):
     config: Any
     model: Any = None
     num_agents: int | None = None
+    takes: type | None = None
 
 
 def per_agent_fields(*fields: str) -> Callable[[type[_T]], type[_T]]:

@@ -40,7 +40,8 @@ from cbo_jax.config import check_types
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
 from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields
-from cbo_jax.federated.attacks import AttackData, attacker_average, attacker_selection, check_split, grouped_local_train
+from cbo_jax.federated.attacks import (AttackData, agent_roles, attacker_average, attacker_selection, check_split,
+                                      grouped_local_train)
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population
 
@@ -184,7 +185,7 @@ def g_energy(model: Model, num_classes: int, use_G):
 
 
 def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: ArrayLike, num_classes: int | None = None,
-            name: str | None = None) -> Algorithm:
+            name: str | None = None, *, rule: selection.SelectionRule | None = None) -> Algorithm:
     """Build FedCB²O (or, with ``criterion="loss"``, FedCBO with ProbSampling) under attack.
 
     Args:
@@ -193,19 +194,16 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
       cluster, malicious: ``(N,)`` cluster ids and attacker mask, benign agents first (as
         :func:`~cbo_jax.federated.attacks.label_flip_rotated` orders them; read by the attackers).
       num_classes: classes of the validation losses (default ``model.num_classes``).
+      rule: a :class:`~cbo_jax.federated.selection.SelectionRule` of one's own in place of
+        ProbSampling (``cfg.M`` downloads; rows the benign agents, columns all), tried first
+        (:func:`~cbo_jax.federated.selection.check_rule`); the name is then ``...-<rule.name>``.
 
     The round function takes :class:`~cbo_jax.federated.attacks.AttackData` split as
     ``malicious`` says (:func:`~cbo_jax.federated.attacks.check_split`). Agents after the ``N``
     it was built for (padding agents of a sharded run) are never selected and keep their models.
     """
-    cluster = _checks.cluster_ids("cluster", cluster)
-    malicious = np.asarray(malicious, bool)
+    cluster, malicious, nb = agent_roles(cluster, malicious)
     n = cluster.shape[0]
-    if malicious.shape != (n,):
-        raise ValueError(f"malicious must have one entry per agent ({n}), got shape {malicious.shape}")
-    nb = int(np.sum(~malicious))
-    if np.any(malicious[:nb]) or nb == 0:
-        raise ValueError("the benign agents must come first and there must be at least one")
     if cfg.M > n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
     num_classes = model.num_classes if num_classes is None else _checks.positive_int("num_classes", num_classes)
@@ -213,7 +211,9 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         raise ValueError("FedCB²O compares class-wise losses: it needs a classifier (model.num_classes)")
     attackers = np.nonzero(malicious)[0]
     default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
-    rule = selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta, cfg.P_start)
+    if rule is not None:
+        default = f"{default}-{selection.check_rule(rule, cfg.M, nb, n, name or default).name}"
+    rule = rule or selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta, cfg.P_start)
 
     def init(key: jax.Array) -> FedCB2OState:
         k_model, k_state = jax.random.split(key)
@@ -247,4 +247,4 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
         info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid)
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
-    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
+    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)

@@ -40,9 +40,10 @@ from cbo_jax.config import check_types
 from cbo_jax import population as pop
 from cbo_jax.federated import selection
 from cbo_jax.federated.selection import SelectionRule
-from cbo_jax.federated.aggregation import DownloadMap, Energy, consensus_by_model, consensus_downloads
+from cbo_jax.federated.aggregation import (DownloadMap, consensus_by_model, consensus_downloads, group_loss,
+                                           loss_energy)
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, per_agent_fields, tree_where_rows
-from cbo_jax.federated.local import LocalSGDConfig, agent_loss, local_train, make_optimizer, reduce_sample_losses
+from cbo_jax.federated.local import LocalSGDConfig, local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 from cbo_jax.sde import diffusion, per_particle_normal
 
@@ -137,11 +138,14 @@ class FedCBOConfig:
         return self.lambda1 * self.gamma
 
     def rule(self) -> SelectionRule:
-        """The selection rule of ``selection``."""
+        """The selection rule of ``selection`` (a rule of one's own: ``fedcbo(..., rule=)``)."""
         if self.selection == "epsilon_greedy":
             return selection.epsilon_greedy(self.M, self.eps0, self.eps_decay, self.eps_min)
         if self.selection == "prob_sampling":
             return selection.prob_sampling(self.M, self.kappa, self.zeta, self.P_start)
+        if self.selection != "uniform":  # a name added to selection.RULES: the run drew uniformly
+            raise ValueError(f"selection={self.selection!r} is not a built-in rule; pass a rule of your own as "
+                             "fedcbo(model, cfg, num_agents, rule=...)")
         return selection.uniform(self.M)
 
 
@@ -167,44 +171,23 @@ class FedCBOInfo(NamedTuple):
     valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling, participation < 1; None: all)
 
 
-def loss_energy(model: Model, cfg: FedCBOConfig):
-    """The energy of eq. (19) for :func:`~cbo_jax.federated.aggregation.consensus_downloads`:
-    ``L_j^i``, the loss of each download on agent ``j``'s data (``cfg.loss_reduction``)."""
-    def energy(models, theta_j, x, y, c):
-        loss_of = lambda p: agent_loss(model, p, x, y, c, batch_size=cfg.local.batch_size,  # noqa: E731
-                                       reduction=cfg.loss_reduction)
-        loss = jax.vmap(loss_of)(models)
-        own = loss_of(theta_j)
-        return Energy(loss, loss, own, own)
-
-    return energy
-
-
-def group_loss(model: Model, cfg: FedCBOConfig):
-    """The energy of eq. (19) for :func:`~cbo_jax.federated.aggregation.consensus_by_model`:
-    one model's loss ``L_j(θ)`` on each of a group of agents' data, as one forward pass
-    over the stacked samples, reduced per agent as :func:`loss_energy` does."""
-    def energy(theta, x, y, c):
-        g, n_max = y.shape[:2]
-        stack = lambda a: a.reshape((g * n_max,) + a.shape[2:])  # noqa: E731  # (g, n_max, ...) -> (g·n_max, ...)
-        per = model.loss(model.apply(theta, stack(x)), stack(y))
-        return jax.vmap(lambda p, cnt: reduce_sample_losses(p, cnt, cfg.local.batch_size, cfg.loss_reduction))(
-            per.reshape(g, n_max), c)
-
-    return energy
-
-
-def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: DownloadMap | None = None) -> Algorithm:
+def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: DownloadMap | None = None,
+           rule: SelectionRule | None = None) -> Algorithm:
     """Build FedCBO for ``num_agents`` agents training ``model``.
 
     ``downloads``: how the ``M`` downloads reach each agent (default: gathered from the
     population in memory; on a device mesh,
     :func:`cbo_jax.federated.exchange.exchange_downloads` moves only the requested rows).
+    ``rule``: a :class:`~cbo_jax.federated.selection.SelectionRule` of one's own (``cfg.M``
+    downloads), tried on the host first (:func:`~cbo_jax.federated.selection.check_rule`);
+    the algorithm is then named ``fedcbo-<rule.name>``.
     """
     n = _checks.positive_int("num_agents", num_agents)
     if cfg.M > n - 1:
         raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
-    rule = cfg.rule()
+    own = rule is not None
+    rule = selection.check_rule(rule, cfg.M, n, n, "fedcbo", cfg.participation < 1) if own else cfg.rule()
+    name = f"fedcbo-{rule.name}" if own else "fedcbo"
     energy = group_loss(model, cfg) if cfg.eval_by == "model" else loss_energy(model, cfg)
     if cfg.eval_by == "model" and downloads is not None:
         raise ValueError("eval_by='model' reads the models in place, so it takes no `downloads` map; "
@@ -247,4 +230,4 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
         info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, valid)
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
-    return Algorithm("fedcbo", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
+    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
