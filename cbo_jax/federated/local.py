@@ -139,7 +139,8 @@ def agent_keys(key: jax.Array, num_agents: int) -> jax.Array:
     return jax.vmap(lambda j: jax.random.fold_in(key, j))(jnp.arange(num_agents))
 
 
-def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, data, key) -> LocalResult:
+def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, data: Any,
+                key: jax.Array) -> LocalResult:
     """Run :class:`LocalSGDConfig` local training on every agent (vmapped).
 
     Args:
