@@ -5,9 +5,10 @@ They reproduce exactly with the JAX (and jaxlib) that CI installs; another XLA m
 float32 and float64 reductions differently. Those checks are exact on ``PINNED_JAX`` and
 hold to a stated rounding tolerance elsewhere (each names its measured difference).
 
-So may XLA:CPU's legacy emitter, which tests/conftest.py selects for the default test run
-(it compiles faster): the exact checks need XLA's default code generation too
-(:func:`default_codegen`); CI's slow step runs with it (``CBO_JAX_TEST_XLA_DEFAULTS=1``).
+So may XLA:CPU's legacy emitter and XLA's backend optimisation turned off, which
+tests/conftest.py selects for the default test run (they compile faster): the exact checks
+need XLA's default code generation too (:func:`default_codegen`); CI's slow step runs with
+it (``CBO_JAX_TEST_XLA_DEFAULTS=1``).
 
 The pinned federated runs (float32 training) depend on the CPU as well: XLA:CPU compiles for
 the host's vector instructions. They were recorded with jax 0.10.2 on an AMD EPYC (Zen 3:
@@ -96,10 +97,13 @@ def host_kind(cpuinfo: str | None = None, machine: str | None = None) -> str:
 def default_codegen() -> bool:
     """True unless XLA:CPU compiles with its legacy elemental emitter
     (``--xla_cpu_use_fusion_emitters=false`` in ``XLA_FLAGS``, which tests/conftest.py adds to
-    the default test run to compile faster). The pins were recorded with XLA's default fusion
+    the default test run to compile faster) or with its backend optimisation off (JAX's
+    ``jax_disable_most_optimizations``, also the default test run's). The pins were recorded with XLA's default fusion
     emitters; the legacy one may round float32 kernels otherwise (a FedCBO round differs in
     its last bits), so exact comparisons need the default."""
     flags = os.environ.get("XLA_FLAGS", "").replace("--", " ").split()
+    if jax.config.values.get("jax_disable_most_optimizations", False):
+        return False  # the default test run (tests/conftest.py): XLA's backend optimisation off
     return not any(f.lower() in ("xla_cpu_use_fusion_emitters=false", "xla_cpu_use_fusion_emitters=0") for f in flags)
 
 

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import subprocess
 import sys
@@ -47,9 +48,42 @@ def use_legacy_emitter(environ=os.environ, run=subprocess.run) -> str:
 
 CODEGEN = use_legacy_emitter()
 
+# And XLA's backend optimisation off (LLVM at -O0, no expensive passes: JAX's own switch
+# ``jax_disable_most_optimizations``, known to every supported JAX): the default run took 0.57x
+# the time with it (benchmarks/RESULTS_compile.md). Its few tests that run long simulations
+# rather than compile many small programs ask for the optimised code back (``optimized_xla``).
+# The environment variable carries it to the commands tests start; CI's slow step keeps XLA's
+# defaults with the rest (CBO_JAX_TEST_XLA_DEFAULTS=1).
+OPTIMIZATIONS_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
+if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") != "1":
+    os.environ.setdefault(OPTIMIZATIONS_ENV, "1")
+
 
 def pytest_report_header(config):
-    return f"XLA:CPU code generation: {CODEGEN}"
+    optimised = "off" if os.environ.get(OPTIMIZATIONS_ENV) in ("1", "true", "True") else "XLA's default"
+    return f"XLA:CPU code generation: {CODEGEN}; backend optimisation: {optimised}"
+
+
+@contextlib.contextmanager
+def full_optimisation():
+    """Programs compiled inside get XLA's full backend optimisation, whatever the run's default."""
+    import jax
+
+    name = "jax_disable_most_optimizations"
+    before = bool(jax.config.values.get(name, False))
+    jax.config.update(name, False)
+    try:
+        yield
+    finally:
+        jax.config.update(name, before)
+
+
+@pytest.fixture
+def optimized_xla():
+    """The test's programs get XLA's full backend optimisation (:func:`full_optimisation`): for
+    tests whose time goes into running a long simulation rather than compiling."""
+    with full_optimisation():
+        yield
 
 
 # The cbo-jax command's persistent compilation cache stays off in tests (also in the commands they start):

@@ -84,7 +84,7 @@ def test_reproduce_unknown_name(capsys):
     assert "invalid choice: 'no-such-thing'" in capsys.readouterr().err
 
 
-def test_reproduce_rastrigin_success_small(tmp_path, capsys):
+def test_reproduce_rastrigin_success_small(tmp_path, capsys, optimized_xla):
     rc = main(["reproduce", "rastrigin-success", "--runs", "10", "--no-progress", "--output", str(tmp_path)])
     assert rc == 0
     result = _last_json(capsys.readouterr().out)
@@ -103,7 +103,7 @@ def test_readme_has_exactly_two_setup_commands():
     assert "pytest" in cmds[1]
 
 
-def test_readme_python_example_runs(capsys):
+def test_readme_python_example_runs(capsys, optimized_xla):
     text = (ROOT / "README.md").read_text()
     code = re.search(r"## Python API in 20 lines\s+```python\n(.*?)```", text, re.S).group(1)
     assert len(code.strip().splitlines()) <= 22

@@ -23,7 +23,7 @@ def _x0(shape, seed=0):
     return np.random.default_rng(seed).uniform(-3, 3, size=shape).astype(np.float32)
 
 
-def test_rastrigin_success_small():
+def test_rastrigin_success_small(optimized_xla):
     """CBXpy's reference check on 20 runs instead of 100."""
     res = cj.simulate(cj.cbo(objectives.Rastrigin(), RASTRIGIN_CFG), _x0((20, 40, 20)), jax.random.key(0), 5000, num_runs=20)
     dist = np.max(np.abs(np.asarray(res.state.consensus)), axis=-1)

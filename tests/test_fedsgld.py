@@ -33,7 +33,7 @@ def _chains(spec, num_chains=8000, seed=0):
     return run(keys)
 
 
-def test_langevin_oracle_samples_gibbs_measure_of_quadratic():
+def test_langevin_oracle_samples_gibbs_measure_of_quadratic(optimized_xla):
     """Quadratic F, no clipping: the oracle's iterates sample exp(-F/T), T = ε²/2.
 
     8000 independent chains, Q0 = 1000 burn-in steps at η = 0.01 (mixing time 1/(ηa) ≤ 100

@@ -1,5 +1,6 @@
 """Which hosts must reproduce the bitwise pins (tests/_stack.py)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ def test_pinned_host_is_an_amd_cpu_with_avx2_and_without_avx512():
     assert not pinned_host("", "x86_64")
 
 
-def test_the_legacy_emitter_is_not_the_pinned_stack(monkeypatch):
+def test_the_legacy_emitter_is_not_the_pinned_stack(monkeypatch, optimized_xla):
     """The pins were recorded with XLA's default fusion emitters: with the legacy emitter
     (tests/conftest.py's faster-compiling default-run flag) nothing compares exactly."""
     for flags in ("--xla_cpu_use_fusion_emitters=false", "--xla_force_host_platform_device_count=4 "
@@ -43,6 +44,28 @@ def test_the_legacy_emitter_is_not_the_pinned_stack(monkeypatch):
         assert default_codegen()
     monkeypatch.delenv("XLA_FLAGS")
     assert default_codegen()
+
+
+def test_nothing_compares_exactly_with_the_backend_optimisation_off(monkeypatch):
+    """The default test run turns XLA's backend optimisation off (tests/conftest.py), CI's slow
+    step does not; ``optimized_xla`` turns it back on for one test and restores the run's choice."""
+    import jax
+
+    name = "jax_disable_most_optimizations"
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    setting = os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS")
+    if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1":
+        assert setting is None
+    else:
+        assert setting is not None  # "1" unless the caller chose otherwise
+    off = (setting or "0").lower() in ("1", "true")
+    assert jax.config.values[name] is off
+    assert default_codegen() is not off
+    from conftest import full_optimisation
+
+    with full_optimisation():
+        assert jax.config.values[name] is False and default_codegen()
+    assert jax.config.values[name] is off
 
 
 def test_the_default_run_compiles_with_the_legacy_emitter_unless_told_not_to():
