@@ -7,8 +7,9 @@ hold to a stated rounding tolerance elsewhere (each names its measured differenc
 
 So may XLA:CPU's legacy emitter and XLA's backend optimisation turned off, which
 tests/conftest.py selects for the default test run (they compile faster): the exact checks
-need XLA's default code generation too (:func:`default_codegen`); CI's slow step runs with
-it (``CBO_JAX_TEST_XLA_DEFAULTS=1``).
+need XLA's default code generation too (:func:`default_codegen`): CI's slow step compiles
+with the default emitters (``CBO_JAX_TEST_FUSION_EMITTERS=1``), and its tests that compare
+with pins turn the optimisation back on (the fixture ``optimized_xla``).
 
 The pinned federated runs (float32 training) depend on the CPU as well: XLA:CPU compiles for
 the host's vector instructions. They were recorded with jax 0.10.2 on an AMD EPYC (Zen 3:

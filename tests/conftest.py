@@ -28,6 +28,8 @@ def use_legacy_emitter(environ=os.environ, run=subprocess.run) -> str:
     flags = environ.get("XLA_FLAGS", "")
     if environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1":
         return "XLA's defaults (CBO_JAX_TEST_XLA_DEFAULTS=1)"
+    if environ.get("CBO_JAX_TEST_FUSION_EMITTERS") == "1":
+        return "XLA's default fusion emitters (CBO_JAX_TEST_FUSION_EMITTERS=1)"
     if "xla_cpu_use_fusion_emitters" in flags:  # chosen by the caller (or by the controller of these workers)
         return f"XLA_FLAGS={flags.strip()!r}"
     unknown = "XLA's defaults (this jaxlib has no xla_cpu_use_fusion_emitters)"
@@ -49,11 +51,13 @@ def use_legacy_emitter(environ=os.environ, run=subprocess.run) -> str:
 CODEGEN = use_legacy_emitter()
 
 # And XLA's backend optimisation off (LLVM at -O0, no expensive passes: JAX's own switch
-# ``jax_disable_most_optimizations``, known to every supported JAX): the default run took 0.57x
-# the time with it (benchmarks/RESULTS_compile.md). Its few tests that run long simulations
-# rather than compile many small programs ask for the optimised code back (``optimized_xla``).
-# The environment variable carries it to the commands tests start; CI's slow step keeps XLA's
-# defaults with the rest (CBO_JAX_TEST_XLA_DEFAULTS=1).
+# ``jax_disable_most_optimizations``, known to every supported JAX): the default run took 0.51x
+# the time with it (benchmarks/RESULTS_compile.md). Tests that run long simulations rather than
+# compile many small programs, and those that compare with pins bit for bit, ask for the
+# optimised code back (``optimized_xla``). The environment variable carries the setting to the
+# commands tests start. CI's slow step compiles with the default fusion emitters and this
+# setting (CBO_JAX_TEST_FUSION_EMITTERS=1: the pinned comparisons there, optimised, are exact);
+# CBO_JAX_TEST_XLA_DEFAULTS=1 keeps XLA's defaults for everything.
 OPTIMIZATIONS_ENV = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") != "1":
     os.environ.setdefault(OPTIMIZATIONS_ENV, "1")
@@ -66,22 +70,33 @@ def pytest_report_header(config):
 
 @contextlib.contextmanager
 def full_optimisation():
-    """Programs compiled inside get XLA's full backend optimisation, whatever the run's default."""
+    """Programs compiled inside get XLA's full backend optimisation, whatever the run's default,
+    and so do the commands started inside (the environment variable)."""
     import jax
 
     name = "jax_disable_most_optimizations"
     before = bool(jax.config.values.get(name, False))
+    before_env = os.environ.get(OPTIMIZATIONS_ENV)
     jax.config.update(name, False)
+    os.environ[OPTIMIZATIONS_ENV] = "0"
+    # The switch is not part of JAX's cache keys: a program an earlier test of this process compiled
+    # unoptimised would be reused as it is (a pinned run then differed from its pin by an ulp).
+    jax.clear_caches()
     try:
         yield
     finally:
         jax.config.update(name, before)
+        if before_env is None:
+            os.environ.pop(OPTIMIZATIONS_ENV, None)
+        else:
+            os.environ[OPTIMIZATIONS_ENV] = before_env
 
 
 @pytest.fixture
 def optimized_xla():
-    """The test's programs get XLA's full backend optimisation (:func:`full_optimisation`): for
-    tests whose time goes into running a long simulation rather than compiling."""
+    """The test's programs, and the commands it starts, get XLA's full backend optimisation
+    (:func:`full_optimisation`): for tests whose time goes into running a long simulation
+    rather than compiling, and for comparisons with pins that are exact where XLA optimises."""
     with full_optimisation():
         yield
 

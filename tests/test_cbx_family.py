@@ -62,7 +62,7 @@ def test_same_particles_as_cbxpy(name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c.name for c in C.CASES if c.name not in DEFAULT])
-def test_same_particles_as_cbxpy_every_case(name):
+def test_same_particles_as_cbxpy_every_case(name, optimized_xla):
     _check(_compare(name))
 
 

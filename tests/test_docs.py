@@ -148,12 +148,17 @@ def test_docs_build_without_warnings(tmp_path):
 
 
 SNIPPETS = sorted((ROOT / "docs" / "snippets").glob("*.py"))
+# Snippets whose time goes into running rather than compiling: XLA's backend optimisation on
+# for them (the test run turns it off, tests/conftest.py); api_taste took 64 s without, 18 s with.
+LONG_RUNNING = {"api_taste"}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.stem)
-def test_docs_snippet_runs(snippet, tmp_path):
+def test_docs_snippet_runs(snippet, tmp_path, request):
     """Every code snippet the documentation includes runs as it is shown."""
+    if snippet.stem in LONG_RUNNING:
+        request.getfixturevalue("optimized_xla")
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)

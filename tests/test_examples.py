@@ -1,7 +1,9 @@
 """The scripts in examples/ run as a user runs them, and print what their docstrings claim.
 
 Each runs as its own process from an empty working directory (what it writes lands there),
-at its own sizes: together about a minute on 2 CPU cores, so they run in CI's slow step.
+at its own sizes: together about a minute on 2 CPU cores, so they run in CI's slow step. The
+particle examples run long simulations: they compile with XLA's backend optimisation, which
+the test run otherwise turns off (tests/conftest.py, ``optimized_xla``).
 ``examples/federated_custom_model.py`` has a CI step of its own (.ci/run).
 """
 
@@ -25,19 +27,19 @@ def _run(name: str, cwd: Path) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
-def test_quickstart_solves_rastrigin_in_nearly_every_run(tmp_path):
+def test_quickstart_solves_rastrigin_in_nearly_every_run(tmp_path, optimized_xla):
     (line,) = [ln for ln in _run("quickstart.py", tmp_path) if ln.startswith("successes:")]
     successes, runs = map(int, re.fullmatch(r"successes: (\d+) of (\d+)", line).groups())
     assert runs == 100 and successes >= 90, line  # 100 of 100 when written
 
 
-def test_cb2o_keeps_the_benign_minimiser_and_cbo_is_dragged_away(tmp_path):
+def test_cb2o_keeps_the_benign_minimiser_and_cbo_is_dragged_away(tmp_path, optimized_xla):
     out = dict(ln.split(":", 1) for ln in _run("cb2o_malicious.py", tmp_path))
     assert float(out["CB²O consensus distance to a"]) < 1e-2
     assert float(out["CBO  consensus distance to a"]) > 1.0  # |a - b| = 2 sqrt(5): pulled to b
 
 
-def test_clustered_particles_find_every_class_minimiser(tmp_path):
+def test_clustered_particles_find_every_class_minimiser(tmp_path, optimized_xla):
     errors = [float(ln.rsplit("=", 1)[1]) for ln in _run("clustered_particles.py", tmp_path) if ln.startswith("class ")]
     assert len(errors) == 4 and max(errors) < 1e-3, errors
 

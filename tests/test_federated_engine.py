@@ -96,7 +96,7 @@ def test_registry_contract(name, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [v for v in fv.variants() if v not in REGISTRY])
-def test_pinned_runs_equal_the_pinned_code(name):
+def test_pinned_runs_equal_the_pinned_code(name, optimized_xla):
     """Every pinned variant on one device equals its pinned run bitwise (the registry
     variants are compared in test_registry_pinned)."""
     _check_pinned(name)

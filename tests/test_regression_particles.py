@@ -112,7 +112,7 @@ DEFAULT = {("cbo_iso_grad_ess", "float64"), ("cb2o_malicious", "float64")}
 
 @pytest.mark.parametrize("name,dtype", [(n, t) if (n, t) in DEFAULT else pytest.param(n, t, marks=pytest.mark.slow)
                                         for n in sorted(CASES) for t in ("float32", "float64")])
-def test_final_particles_are_pinned(name, dtype):
+def test_final_particles_are_pinned(name, dtype, optimized_xla):
     expected = np.load(DATA)[f"{name}/{dtype}"]
     if dtype == "float64":
         with enable_x64(True):

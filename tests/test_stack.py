@@ -65,19 +65,20 @@ def test_nothing_compares_exactly_with_the_backend_optimisation_off(monkeypatch)
 
     with full_optimisation():
         assert jax.config.values[name] is False and default_codegen()
-    assert jax.config.values[name] is off
+        assert os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] == "0"  # for the commands a test starts
+    assert jax.config.values[name] is off and os.environ.get("JAX_DISABLE_MOST_OPTIMIZATIONS") == setting
 
 
 def test_the_default_run_compiles_with_the_legacy_emitter_unless_told_not_to():
     """conftest.py adds the flag where this jaxlib knows it (every supported one does, 0.7.0 to
-    0.10.2; a later one may drop the legacy emitter), and CBO_JAX_TEST_XLA_DEFAULTS=1 (CI's
-    slow step) keeps XLA's defaults."""
-    import os
-
+    0.10.2; a later one may drop the legacy emitter); CBO_JAX_TEST_XLA_DEFAULTS=1 keeps XLA's
+    defaults and CBO_JAX_TEST_FUSION_EMITTERS=1 (CI's slow step) its default emitters."""
     import conftest
 
     if os.environ.get("CBO_JAX_TEST_XLA_DEFAULTS") == "1" or os.environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "0":
-        assert default_codegen() and "defaults" in conftest.CODEGEN
+        assert conftest.LEGACY_EMITTER_FLAG not in os.environ.get("XLA_FLAGS", "") and "defaults" in conftest.CODEGEN
+    elif os.environ.get("CBO_JAX_TEST_FUSION_EMITTERS") == "1":
+        assert conftest.LEGACY_EMITTER_FLAG not in os.environ.get("XLA_FLAGS", "") and "fusion" in conftest.CODEGEN
     elif os.environ.get("CBO_JAX_TEST_LEGACY_EMITTER") == "1":
         assert conftest.LEGACY_EMITTER_FLAG in os.environ["XLA_FLAGS"] and not default_codegen()
 
@@ -113,6 +114,8 @@ def test_the_probe_adds_the_flag_only_where_jaxlib_knows_it():
         assert "has no" in use_legacy_emitter(env, runs(0)) and "XLA_FLAGS" not in env  # workers take the answer
     env = {"CBO_JAX_TEST_XLA_DEFAULTS": "1"}
     assert "defaults" in use_legacy_emitter(env, runs(0)) and env == {"CBO_JAX_TEST_XLA_DEFAULTS": "1"}
+    env = {"CBO_JAX_TEST_FUSION_EMITTERS": "1"}
+    assert "default fusion emitters" in use_legacy_emitter(env, runs(0)) and env == {"CBO_JAX_TEST_FUSION_EMITTERS": "1"}
     env = {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}
     use_legacy_emitter(env, runs(0))
     assert env == {"XLA_FLAGS": "--xla_cpu_use_fusion_emitters=true"}  # the caller's choice stands
