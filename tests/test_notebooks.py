@@ -122,7 +122,9 @@ def test_small_mode_switch(monkeypatch):
 
 @pytest.mark.notebooks
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.stem)
-def test_notebook_executes_in_small_mode(script, tmp_path, monkeypatch):
+def test_notebook_executes_in_small_mode(script, tmp_path, monkeypatch, optimized_xla):
+    # the kernel compiles with XLA's backend optimisation (the test run turns it off): the notebooks
+    # run whole federated runs, and took 157 s for the six unoptimised against 142 s optimised
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
