@@ -99,12 +99,12 @@ def default_codegen() -> bool:
     """True unless XLA:CPU compiles with its legacy elemental emitter
     (``--xla_cpu_use_fusion_emitters=false`` in ``XLA_FLAGS``, which tests/conftest.py adds to
     the default test run to compile faster) or with its backend optimisation off (JAX's
-    ``jax_disable_most_optimizations``, also the default test run's). The pins were recorded with XLA's default fusion
-    emitters; the legacy one may round float32 kernels otherwise (a FedCBO round differs in
-    its last bits), so exact comparisons need the default."""
-    flags = os.environ.get("XLA_FLAGS", "").replace("--", " ").split()
+    ``jax_disable_most_optimizations``, also the default test run's). The pins were recorded
+    with XLA's default fusion emitters, optimised; the legacy one may round float32 kernels
+    otherwise (a FedCBO round differs in its last bits), so exact comparisons need the default."""
     if jax.config.values.get("jax_disable_most_optimizations", False):
-        return False  # the default test run (tests/conftest.py): XLA's backend optimisation off
+        return False
+    flags = os.environ.get("XLA_FLAGS", "").replace("--", " ").split()
     return not any(f.lower() in ("xla_cpu_use_fusion_emitters=false", "xla_cpu_use_fusion_emitters=0") for f in flags)
 
 
