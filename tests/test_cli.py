@@ -271,7 +271,7 @@ def test_reproduce_explicit_counts_are_not_replaced_by_defaults():
     args = argparse.Namespace(scale="small", seeds=0, rounds=None, epochs=None, lr=None, alpha=None, alpha_fedcbo=None,
                               T_G=None, model=None)
 
-    def stop(variants, scale, seeds, args):
+    def stop(experiment, variants, scale, seeds, args):
         seen["seeds"] = seeds
         raise RuntimeError("stop")
 

@@ -426,6 +426,49 @@ def test_cli_refuses_the_bundled_subset_clearly(tmp_path, capsys):
     assert "needs 35500 training images per cluster" in capsys.readouterr().err
 
 
+def test_an_attack_runs_config_json_records_its_variant_algorithm_and_model(tmp_path, monkeypatch, capsys):
+    """Each run's config.json held the scale alone: not the variant's algorithm config
+    (criterion, T_G, α), the data or attack settings, nor the model. It now holds them, a
+    resume reads the finished run back, also from a record written before (the scale alone),
+    and a resume with more seeds reads the finished seeds back."""
+    import argparse
+    import json
+    import shutil
+
+    from cbo_jax.experiments import fedcb2o_attack as fa
+
+    monkeypatch.setattr(fa, "_images", lambda args: (_images(), FLIP))
+    monkeypatch.setattr(fa, "_model", lambda scale, num_classes: TINY)
+    scale = fa.Scale(rounds=1, epochs=1, batch_size=4, lr=0.1, model="mlp", seeds=1, M=2, T_G=1, eval_chunk=4)
+    args = argparse.Namespace(output=str(tmp_path / "out"), no_progress=True, resume=False, include_self=False,
+                              reference_form=False, dataset="mnist", scale="small", per_cluster_images=False)
+    variants = {"fedcb2o": fa._cb2o_builder(fa._cb2o_cfg(scale, "G", scale.T_G, args), "fedcb2o")}
+    first = fa._run_variants("fedcb2o-tg", variants, scale, 1, args)["fedcb2o"][0]
+    out = tmp_path / "out" / "fedcb2o" / "seed0"
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["experiment"] == "fedcb2o-tg" and recorded["variant"] == "fedcb2o" and recorded["seed"] == 0
+    assert recorded["algorithm"] == "fedcb2o" and recorded["model"]["name"] == TINY.name
+    assert {k: recorded["config"][k] for k in ("criterion", "T_G", "alpha", "M")} == {
+        "criterion": "G", "T_G": 1, "alpha": 2.0, "M": 2}
+    assert recorded["settings"]["shared_images"] is True and "seeds" not in recorded["settings"]
+    # resumed (with a second seed): seed 0 is read back, seed 1 runs
+    earlier = tmp_path / "earlier"
+    shutil.copytree(tmp_path / "out", earlier, ignore=shutil.ignore_patterns(".lock"))
+    real, ran = fa.run, []
+    monkeypatch.setattr(fa, "run", lambda alg, data, rounds, key, **k: ran.append(k["out"]) or real(
+        alg, data, rounds, key, **k))
+    args.resume = True
+    again = fa._run_variants("fedcb2o-tg", variants, scale, 2, args)["fedcb2o"]
+    assert ran == [tmp_path / "out" / "fedcb2o" / "seed1"]
+    assert again[0].history == json.loads(json.dumps(first.history))
+    # a record written before this change (the scale alone) is the same finished run
+    (earlier / "fedcb2o" / "seed0" / "config.json").write_text(json.dumps(dataclasses.asdict(scale)))
+    args.output, ran[:] = str(earlier), []
+    fa._run_variants("fedcb2o-tg", variants, scale, 1, args)
+    assert ran == []
+    assert "finished earlier, its results read back" in capsys.readouterr().out
+
+
 def test_fedcbo_prob_sampling_option():
     from cbo_jax.federated.algorithms import FedCBOConfig, fedcbo
 

@@ -45,7 +45,7 @@ def done(tmp_path_factory):
 
 def test_finished_reads_back_exactly_this_run(done, tmp_path):
     out, res, algorithm, data, cfg = done
-    key, record = jax.random.key(0), fx.cfgs.to_dict(cfg)
+    key, record = jax.random.key(0), {**fx.cfgs.to_dict(cfg), "model": runner.model_record(algorithm.model)}
     back = runner.finished(out, algorithm, data, 2, key, every=1, config=record)
     assert back is not None and back.state is None
     assert back.history == json.loads(json.dumps(res.history)) and back.summary["final_test_acc"] == res.summary[
@@ -96,6 +96,41 @@ def test_run_resume_of_a_finished_run_without_checkpoint_reads_it_back(done, tmp
     back = fx.run_experiment(_cfg(), copy, progress=False, resume=True)
     assert back.history == json.loads(json.dumps(res.history))
     assert "finished earlier, its results read back" in capsys.readouterr().out
+
+
+def test_config_json_names_the_model_and_an_earlier_record_without_it_is_read_back(done, tmp_path, monkeypatch,
+                                                                                 capsys):
+    """``cbo-jax run``'s config.json named every option but not the model it trained (MLP
+    784-200-10); it now does, a rerun from it accepts the record, and a results directory
+    written before (no "model") is still this finished run."""
+    import shutil
+
+    out, res, algorithm, *_ = done
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["model"] == {"name": "mlp-784-200-10", "num_classes": 10, "loss": "cross_entropy",
+                                 "parameters": 784 * 200 + 200 + 200 * 10 + 10}
+    copy = tmp_path / "earlier"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    (copy / "config.json").write_text(json.dumps({k: v for k, v in recorded.items() if k != "model"}))
+    monkeypatch.setattr(fx, "run", lambda *a, **k: pytest.fail("a finished run ran again"))
+    back = fx.run_experiment(_cfg(), copy, progress=False, resume=True)
+    assert back.history == json.loads(json.dumps(res.history))
+    # config.json is a --config file: its model record is checked, not an unknown option
+    parser = cli.build_parser()
+    args = parser.parse_args(["run", "fedavg", "--config", str(out / "config.json")])
+    assert fx.cfgs.to_dict(fx.config_from_args("fedavg", args, args.run_flags)) == {
+        k: v for k, v in recorded.items() if k != "model"}
+    other = dict(recorded, model=dict(recorded["model"], name="cnn-emnist-47", num_classes=47))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    args = parser.parse_args(["run", "fedavg", "--config", str(tmp_path / "other.json")])
+    with pytest.raises(ValueError, match=r"records the model 'cnn-emnist-47' \(name='cnn-emnist-47', num_classes=47\); "
+                                         r"`cbo-jax run` trains 'mlp-784-200-10' \(name='mlp-784-200-10', "
+                                         r"num_classes=10\): remove \"model\""):
+        fx.config_from_args("fedavg", args, args.run_flags)
+    (tmp_path / "bad.json").write_text(json.dumps(dict(recorded, model="mlp")))
+    args = parser.parse_args(["run", "fedavg", "--config", str(tmp_path / "bad.json")])
+    with pytest.raises(ValueError, match="model is the record of the model trained, an object with its \"name\""):
+        fx.config_from_args("fedavg", args, args.run_flags)
 
 
 def _args(out, resume=False):

@@ -58,7 +58,7 @@ from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.metrics import CATEGORIES
-from cbo_jax.federated.runner import finished, run
+from cbo_jax.federated.runner import finished, model_record, run
 
 PUBLISHED_TG = {"T_G=0": {"overall_acc": 82.79, "source_acc": 55.73, "asr": 38.73},
                 "T_G=20": {"overall_acc": 83.68, "source_acc": 55.98, "asr": 38.83},
@@ -180,7 +180,7 @@ def _cb2o_cfg(scale: Scale, criterion: str, T_G: int, args, alpha: float | None 
                          eval_chunk=scale.eval_chunk, local=_local(scale), **form)
 
 
-def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, list]:
+def _run_variants(experiment: str, variants: dict, scale: Scale, seeds: int, args) -> dict[str, list]:
     """``variants``: name -> builder(dataset, model) returning (algorithm, data, cluster, malicious).
 
     Every seed builds its attacked data once and runs every variant on it. Algorithms and
@@ -204,15 +204,18 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
                       + (f": {out}" if out else ""), flush=True)
             data, key, every = data_fn(ds), _checks.as_key("seed", seed), scale.eval_every or scale.rounds
             resume = bool(getattr(args, "resume", False)) and out is not None
+            record = _record(experiment, name, seed, scale, args, algorithm)
             res = None
-            if resume:  # a finished run is read back
-                res = finished(out, algorithm, data, scale.rounds, key, every=every, config=dataclasses.asdict(scale))
-                if res is not None:
-                    print(f"{out}: finished earlier, its results read back", flush=True)
+            if resume:  # a finished run is read back (its config.json as now written, or the scale alone as before)
+                for form in (record, dataclasses.asdict(scale)):
+                    res = finished(out, algorithm, data, scale.rounds, key, every=every, config=form)
+                    if res is not None:
+                        print(f"{out}: finished earlier, its results read back", flush=True)
+                        break
             if res is None:
                 metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
                 res = run(algorithm, data, scale.rounds, key, metrics=metrics, round_metrics=round_metrics,
-                          every=every, out=out, config=dataclasses.asdict(scale), progress=not args.no_progress,
+                          every=every, out=out, config=record, progress=not args.no_progress,
                           mesh=sharding.agent_mesh() if getattr(args, "shard", False) else None,
                           checkpoint_every=getattr(args, "checkpoint_every", None) if out is not None else None,
                           resume=resume)
@@ -220,6 +223,17 @@ def _run_variants(variants: dict, scale: Scale, seeds: int, args) -> dict[str, l
                 res.summary[k] = res.summary[f"final_{k}"]
             results.setdefault(name, []).append(res)
     return results
+
+
+def _record(experiment: str, name: str, seed: int, scale: Scale, args, algorithm) -> dict:
+    """One run's ``config.json``: the reproduction, the variant and its seed, the settings
+    (scale, data, attack; not the number of seeds, so that a resume with more seeds reads
+    the finished ones back), the algorithm's own config (FedCB²O's criterion, T_G and α, or
+    DFedAvgM's) and the model it trains (:func:`cbo_jax.federated.runner.model_record`)."""
+    settings = {k: v for k, v in _settings(scale, 0, args).items() if k != "seeds"}
+    return {"experiment": experiment, "variant": name, "seed": seed, "settings": settings,
+            "algorithm": algorithm.name, "config": dataclasses.asdict(algorithm.config),
+            "model": model_record(algorithm.model)}
 
 
 def _mean(runs, key):
@@ -313,7 +327,7 @@ def run_attack_table(args: argparse.Namespace) -> dict:
             variants[f"fedcb2o_{label}"] = _cb2o_builder(_cb2o_cfg(scale, "G", scale.T_G, args, alpha=a), "fedcb2o")
         if a != a_cbo:
             variants[f"fedcbo_{label}"] = _cb2o_builder(_cb2o_cfg(scale, "loss", 0, args, alpha=a), "fedcbo")
-    results = _run_variants(variants, scale, seeds, args)
+    results = _run_variants("fedcb2o-attack", variants, scale, seeds, args)
     table = _table(results)
 
     def row(name, alpha=None):
@@ -344,7 +358,7 @@ def run_tg_sweep(args: argparse.Namespace) -> dict:
     seeds = scale.seeds if args.seeds is None else args.seeds
     tgs = tg_values(scale.rounds)
     variants = {name: _cb2o_builder(_cb2o_cfg(scale, "G", t, args), f"fedcb2o_{name}") for name, t in tgs.items()}
-    results = _run_variants(variants, scale, seeds, args)
+    results = _run_variants("fedcb2o-tg", variants, scale, seeds, args)
     out = {}
     out.update(_table(results))
     out.update({"experiment": "fedcb2o-tg", **_settings(scale, seeds, args), "T_G_scaled": tgs, "published": PUBLISHED_TG})

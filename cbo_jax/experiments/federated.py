@@ -30,7 +30,7 @@ from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
-from cbo_jax.federated.runner import RunResult, finished, run
+from cbo_jax.federated.runner import RunResult, model_record, finished, run
 from cbo_jax.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
@@ -191,13 +191,32 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
             raise ValueError(f"--config {path}: cannot be read ({err.strerror or err})") from None
         if isinstance(raw, dict) and raw.get("algorithm", algorithm) != algorithm:
             raise ValueError(f"--config {path} is a {raw['algorithm']!r} config, not {algorithm!r}")
-        raw = {k: v for k, v in raw.items() if k != "algorithm"} if isinstance(raw, dict) else raw
+        if isinstance(raw, dict) and "model" in raw:
+            _check_model(raw["model"], path)
+        raw = {k: v for k, v in raw.items() if k not in ("algorithm", "model")} if isinstance(raw, dict) else raw
         values.update(cfgs.values_from_dict(raw, experiment_class(algorithm), flat=_flat_names(algorithm),
                                             source=f"--config {path}"))
     values.update(cfgs.values_from_args(args, dests))
     if algorithm == "ifca" and ("config", "k") not in values and ("data", "clusters") in values:
         values[("config", "k")] = values[("data", "clusters")]
     return cfgs.build(cfg, values)
+
+
+def _check_model(recorded: Any, path: Path) -> None:
+    """A ``--config`` file's ``"model"`` (what ``config.json`` records) must name the model this
+    command trains (:func:`build`: MLP 784-200-10): its name and, when given, its classes.
+    It is a record, not an option: another model was trained by other code, and a rerun
+    from its file here would train this one under that record's name."""
+    ours = model_record(models.mlp_mnist())
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("name"), str):
+        raise ValueError(f"--config {path}: model is the record of the model trained, an object with its "
+                         f"\"name\" ({ours['name']!r} here), got {recorded!r}")
+    differs = [k for k in ("name", "num_classes", "loss", "parameters") if k in recorded and recorded[k] != ours[k]]
+    if differs:
+        raise ValueError(f"--config {path} records the model {recorded['name']!r} "
+                         f"({', '.join(f'{k}={recorded[k]!r}' for k in differs)}); `cbo-jax run` trains "
+                         f"{ours['name']!r} ({', '.join(f'{k}={ours[k]!r}' for k in differs)}): "
+                         "remove \"model\" from the file to run this model with its other options")
 
 
 def resolve_data(data: RotatedMNISTConfig) -> RotatedMNISTConfig:
@@ -255,7 +274,8 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     of a finished run reads its results back (:func:`cbo_jax.federated.runner.finished`:
     the result's ``state`` is then ``None``; :func:`cbo_jax.checkpoint.restore` reads a
     checkpointed one's) instead of running it again.
-    ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`).
+    ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`) and the
+    model trained (``"model"``: its name, classes, loss and number of parameters).
     ``data``, when given, is the data ``cfg.data`` describes (loaded with :func:`load_data`).
     """
     cfg = dataclasses.replace(cfg, data=resolve_data(cfg.data))
@@ -279,18 +299,27 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     key = _checks.as_key("seed", cfg.run.seed)
     if resume and out_dir is not None:
         # A finished run: its results are read back, not computed again (with a checkpoint it
-        # was restored and its summary rewritten with the seconds of the resume).
-        done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
-                        config=_as_recorded(cfg, Path(out_dir)))
-        if done is not None:
-            print(f"{out_dir}: finished earlier, its results read back", flush=True)
-            return done
+        # was restored and its summary rewritten with the seconds of the resume). Records
+        # written before config.json named the model lack "model".
+        recorded = _as_recorded(cfg, Path(out_dir))
+        for form in (_record(recorded, model), recorded):
+            done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every, config=form)
+            if done is not None:
+                print(f"{out_dir}: finished earlier, its results read back", flush=True)
+                return done
     round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
-    res = run(algorithm, data, cfg.run.rounds, key, metrics=metrics,
-              round_metrics=round_metrics, every=cfg.run.eval_every, out=out_dir, config=cfgs.to_dict(cfg), mesh=mesh,
+    res = run(algorithm, data, cfg.run.rounds, key, metrics=metrics, round_metrics=round_metrics,
+              every=cfg.run.eval_every, out=out_dir, config=_record(cfgs.to_dict(cfg), model), mesh=mesh,
               checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
               progress=progress, tensorboard=cfg.run.tensorboard)
     return res
+
+
+def _record(config: dict, model: models.Model) -> dict:
+    """What ``config.json`` records: the experiment's options and the model it trains (its
+    name, classes, loss and number of parameters, as :func:`cbo_jax.federated.run` records
+    it without a ``config``)."""
+    return {**config, "model": model_record(model)}
 
 
 # Options a resumed run may change: where the data is read from (the data's hash is in the

@@ -50,7 +50,7 @@ from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python, write_summary
 
-__all__ = ["RunResult", "finished", "fingerprint", "run"]
+__all__ = ["RunResult", "finished", "fingerprint", "model_record", "run"]
 
 
 class RunResult(NamedTuple):
@@ -306,20 +306,22 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
 def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -> Any:
     """What ``config.json`` records, as JSON reads it back. Without ``config``: the
     algorithm, ``rounds``, ``every``, the algorithm's config and the model it trains
-    (:func:`_model_record`; records written before they held it lack the key)."""
+    (:func:`model_record`; records written before they held it lack the key)."""
     if config is not None:
         cfg = _config_dict(config)
     else:
         cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
-        model = _model_record(getattr(algorithm, "model", None))
+        model = model_record(getattr(algorithm, "model", None))
         if model is not None:
             cfg["model"] = model
     return json.loads(json.dumps(json_safe(to_python(cfg)), default=stable_text))
 
 
-def _model_record(model) -> dict | None:
-    """The model in ``config.json``: its name, classes, loss and number of parameters (the
-    last when ``init`` traces abstractly); ``None`` for an algorithm without a model."""
+def model_record(model) -> dict | None:
+    """The model as ``config.json`` records it: its name, classes, loss and number of
+    parameters (the last when ``init`` traces abstractly); ``None`` for ``None`` (an
+    algorithm without a model). A ``config`` of your own given to :func:`run` can hold it
+    (``{**my_config, "model": model_record(model)}``), as ``cbo-jax run`` records do."""
     if model is None:
         return None
     out: dict[str, Any] = {"name": model.name, "num_classes": model.num_classes, "loss": _loss_name(model)}
