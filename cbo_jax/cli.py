@@ -251,7 +251,9 @@ def _cmd_optimize(args) -> int:
 
         write_summary(args.output / "summary.json", summary)
         replace_text(args.output / "config.json", json.dumps(_optimize_record(args, cfg), indent=2) + "\n")
-        np.savez(args.output / "history.npz", **res.history, best_x=best_x, consensus=cons)
+        # "step": the step of each row (1..steps), the time axis metrics.jsonl's rows carry
+        np.savez(args.output / "history.npz", step=np.arange(1, res.steps + 1), **res.history, best_x=best_x,
+                 consensus=cons)
         print(f"saved          {args.output}/summary.json, config.json, history.npz, metrics.jsonl")
     print(json.dumps(_json_safe(summary)))
     return 0

@@ -122,6 +122,7 @@ def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
     assert [r["step"] for r in rows] == [1, 10, 20, 30]
     hist = np.load(out / "history.npz")
     np.testing.assert_allclose([r["best_energy"] for r in rows], hist["best_energy"][[0, 9, 19, 29]], rtol=1e-6)
+    assert hist["step"].tolist() == list(range(1, 31)) and hist["best_energy"].shape == (30, 2)  # rows by step
     capsys.readouterr()
     err = capsys.readouterr().err if main(args) == 2 else ""
     assert "already holds results" in err and "--resume" not in err  # no silent overwrite; optimize cannot resume
