@@ -653,19 +653,25 @@ def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
         def update(self, n):
             updates.append(n)
 
-        def set_postfix(self, _):
+        def set_postfix(self, shown):
             updates.append("postfix")
+            postfixes.append(shown)
 
         def close(self):
             updates.append("close")
 
     monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    postfixes: list = []
     quiet = fl.run(alg, data, 6, jax.random.key(0), progress=False, **kw)
     assert updates == []
     shown = fl.run(alg, data, 6, jax.random.key(0), progress=True, **kw)
-    assert updates == [("start", 6, 0), 1, 1, 1, 1, "postfix", 1, 1, "postfix", "close"]
+    # the numbers after every round (the local loss) and after each evaluation
+    assert updates == [("start", 6, 0), *[1, "postfix"] * 4, "postfix", *[1, "postfix"] * 2, "postfix", "close"]
     strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
     assert strip(shown.history) == strip(quiet.history)
+    row = quiet.history
+    assert postfixes[0] == {"train_loss": f"{row[0]['train_loss']:.4g}"}  # before any evaluation: the local loss
+    assert postfixes[-1] == {"evaluated": "6", "train_loss": f"{row[5]['train_loss']:.4g}"}
     for a, b in zip(jax.tree_util.tree_leaves(quiet.state), jax.tree_util.tree_leaves(shown.state)):
         if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
             a, b = jax.random.key_data(a), jax.random.key_data(b)

@@ -213,8 +213,9 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       overwrite: replace the results already in ``out`` (without ``resume`` or
         ``overwrite``, a directory holding results is refused; a second run into a
         directory in use is always refused).
-      progress: show a progress bar, moved after every round, with the latest evaluation
-        (each round is then its own compiled scan call; the results are the same).
+      progress: show a progress bar, moved after every round, with the latest evaluation and
+        the latest round's metrics (each round is then its own compiled scan call; the
+        results are the same).
       tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
       plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
     """
@@ -506,8 +507,9 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                 recs.append((length, rec))
                 done += length
                 if bar is not None:
-                    jax.block_until_ready((state, rec))
+                    latest_round = {k: v[-1] for k, v in jax.device_get(rec).items() if np.ndim(v) == 1}
                     bar.update(length)
+                    bar.set_postfix(_postfix(last_eval, latest_round))
             recs = to_python(jax.device_get(recs))
             user = lay.unpad_state(state)
             evaluate = done % every == 0 or done == rounds
@@ -527,8 +529,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                     history.append(row)
                     if writer is not None:
                         writer.write(row)
-            if bar is not None:
-                bar.set_postfix({k: f"{v:.4g}" for k, v in list(_scalars(last_eval).items())[:3]})
+            if bar is not None and evaluate:
+                bar.set_postfix(_postfix(last_eval, history[-1]))
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
                 ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp}, overwrite=True)
     finally:
@@ -551,6 +553,14 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
 
 def _next_multiple(done: int, k: int) -> int:
     return (done // k + 1) * k
+
+
+def _postfix(last_eval: dict, latest_round: dict) -> dict:
+    """The progress bar's numbers: the latest evaluation's, then the latest round's own
+    metrics (the mean local loss of ``round_stats``), three at most."""
+    latest = {**_scalars(to_python(last_eval)), **_scalars(to_python(latest_round))}
+    shown = [(k, v) for k, v in latest.items() if k not in ("round", "elapsed_s", "participants")]
+    return {k: f"{v:.4g}" for k, v in shown[:3]}
 
 
 def _scalars(row: dict) -> dict:
