@@ -204,6 +204,23 @@ def test_more_agents_than_images_names_the_agents(n_train):
     assert d.x.shape == (164, 2, 2, 2)
 
 
+def test_too_many_images_per_agent_says_what_fits():
+    """`cbo-jax run fedcbo` on the bundled subset (the paper's 1200 agents of 200 images) said
+    what it needed and not what would run: the images per agent and the agents that fit, the
+    whole MNIST where it suffices, or a shared subset."""
+    bundled = _source(n_train=100, source="bundled")
+    with pytest.raises(ValueError, match=r"samples_per_agent=20 needs 200 training images per cluster, but the "
+                                         r"source \(bundled\) has 100. Options: samples_per_agent <= 10 \(for 40 "
+                                         r"agents\); num_agents <= 20 \(at 20 images each\); the whole MNIST training "
+                                         r"set \(60000 images: .*\); or subset=S"):
+        fdata.rotated_mnist(bundled, 40, 4, samples_per_agent=20)
+    assert fdata.rotated_mnist(bundled, 40, 4, samples_per_agent=10).x.shape[:2] == (40, 10)
+    assert fdata.rotated_mnist(bundled, 20, 4, samples_per_agent=20).x.shape[:2] == (20, 20)
+    # more images than one cluster has: no agent count fits, and the source is not the bundled subset
+    with pytest.raises(ValueError, match=r"Options: samples_per_agent <= 25 \(for 16 agents\); or subset=S"):
+        fdata.rotated_mnist(bundled._replace(source="idx"), 16, 4, samples_per_agent=101)
+
+
 @pytest.mark.parametrize("seed", [-1, 1.5, "0", None, True])
 def test_partitions_refuse_seeds_that_do_not_fix_them(seed):
     """-1 / 1.5 were NumPy's SeedSequence errors; None drew a partition no seed reproduces."""

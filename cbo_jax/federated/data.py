@@ -517,9 +517,16 @@ def rotated_mnist(
         samples_per_agent = max_per_agent
     _checks.positive_int("samples_per_agent", samples_per_agent)
     if subset is None and samples_per_agent > max_per_agent:
+        fits = n_train // samples_per_agent * num_clusters
+        fewer = f"; num_agents <= {fits} (at {samples_per_agent} images each)" if fits >= num_clusters else ""
+        full = 60000  # MNIST's training set
+        whole = (f"; the whole MNIST training set ({full} images: source 'idx' with the IDX files' directory, or "
+                 f"$CBO_JAX_DATA_DIR)" if mnist.source == "bundled" and samples_per_agent * per_cluster <= full else "")
         raise ValueError(
             f"samples_per_agent={samples_per_agent} needs {samples_per_agent * per_cluster} training images per "
-            f"cluster, but the source ({mnist.source}) has {n_train}"
+            f"cluster, but the source ({mnist.source}) has {n_train}. Options: samples_per_agent <= {max_per_agent} "
+            f"(for {n} agents){fewer}{whole}; or subset=S, every "
+            f"agent drawing its images from one shared subset of S images (the reference script's protocol)"
         )
     rng = np.random.default_rng(seed)
     xs: list[np.ndarray] = []
