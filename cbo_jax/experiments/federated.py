@@ -204,9 +204,10 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
 
 def _check_model(recorded: Any, path: Path) -> None:
     """A ``--config`` file's ``"model"`` (what ``config.json`` records) must name the model this
-    command trains (:func:`build`: MLP 784-200-10): its name and, when given, its classes.
-    It is a record, not an option: another model was trained by other code, and a rerun
-    from its file here would train this one under that record's name."""
+    command trains (:func:`build`: MLP 784-200-10): its name, and its classes, loss and
+    number of parameters where the record has them. It is a record, not an option: another
+    model was trained by other code, and a rerun from its file here would train this one
+    under that record's name."""
     ours = model_record(models.mlp_mnist())
     if not isinstance(recorded, dict) or not isinstance(recorded.get("name"), str):
         raise ValueError(f"--config {path}: model is the record of the model trained, an object with its "
