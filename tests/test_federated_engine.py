@@ -687,14 +687,22 @@ def test_config_json_names_the_model_and_an_earlier_record_without_it_is_still_f
     from cbo_jax.federated import runner
 
     data, alg = _tiny_local_run(0)
-    fl.run(alg, data, 2, jax.random.key(0), out=tmp_path / "r", progress=False, plots=False)
+    fl.run(alg, data, 2, jax.random.key(7), out=tmp_path / "r", progress=False, plots=False)
     recorded = json.loads((tmp_path / "r" / "config.json").read_text())
     assert recorded["model"] == {"name": alg.model.name, "num_classes": 3, "loss": "cross_entropy",
                                  "parameters": 2 * 3 + 3}
-    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
-    earlier = {k: v for k, v in recorded.items() if k != "model"}
-    (tmp_path / "r" / "config.json").write_text(json.dumps(earlier))
-    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
+    # the key too: config.json alone says how to run it again (before, fingerprint.json alone held it)
+    assert recorded["key"] == [0, 7] and recorded["rounds"] == 2
+    assert np.array_equal(jax.random.key_data(jax.random.wrap_key_data(np.asarray(recorded["key"], np.uint32))),
+                          jax.random.key_data(jax.random.key(7)))
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(7)) is not None
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is None
+    for earlier in ({k: v for k, v in recorded.items() if k != "key"},  # written before the key, before the model
+                    {k: v for k, v in recorded.items() if k not in ("key", "model")}):
+        (tmp_path / "r" / "config.json").write_text(json.dumps(earlier))
+        assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(7)) is not None
     other = dict(recorded, model=dict(recorded["model"], parameters=1))  # a record of another model
     (tmp_path / "r" / "config.json").write_text(json.dumps(other))
-    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is None
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(7)) is None
+    (tmp_path / "r" / "config.json").write_text(json.dumps(dict(recorded, key=[0, 8])))  # another key's record
+    assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(7)) is None

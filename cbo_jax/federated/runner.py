@@ -196,8 +196,9 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
       every: rounds between evaluations (and per compiled scan without ``checkpoint_every``).
       out: results directory (``metrics.jsonl``, ``config.json``, ``summary.json``, plots).
       config: what ``config.json`` records (a dataclass or a dict; default: the algorithm's
-        name and config, ``rounds``, ``every`` and the model: its name, classes, loss and
-        number of parameters).
+        name and config, ``rounds``, ``every``, the key's data (``[0, seed]`` for
+        ``jax.random.key(seed)``) and the model: its name, classes, loss and number of
+        parameters).
       mesh: a :func:`cbo_jax.sharding.agent_mesh` to split the agents over devices.
       checkpoint_every: with ``out``, checkpoint after every round that is a multiple of
         this (whatever ``every``; and after the last) to ``out/checkpoint``
@@ -294,9 +295,12 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         fp = _comparable(saved, fp, out, 2)
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
-    record = _config_record(algorithm, config, rounds, every)
-    earlier = {k: v for k, v in record.items() if k != "model"} if config is None else record  # before "model"
-    if recorded not in (record, earlier):
+    record = _config_record(algorithm, config, rounds, every, key)
+    forms = [record]
+    if config is None:  # records written before they held the key, and before they held the model
+        forms += [{k: v for k, v in record.items() if k != "key"},
+                  {k: v for k, v in record.items() if k not in ("key", "model")}]
+    if recorded not in forms:
         return None
     rows = read_jsonl(out / "metrics.jsonl")
     if [r.get("round") for r in rows] != list(range(1, rounds + 1)):
@@ -304,14 +308,16 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     return RunResult(None, rows, summary)
 
 
-def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int) -> Any:
+def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int, key: jax.Array) -> Any:
     """What ``config.json`` records, as JSON reads it back. Without ``config``: the
-    algorithm, ``rounds``, ``every``, the algorithm's config and the model it trains
-    (:func:`model_record`; records written before they held it lack the key)."""
+    algorithm, ``rounds``, ``every``, the run's PRNG key (:func:`_key_data`), the
+    algorithm's config and the model it trains (:func:`model_record`; records written
+    before they held the key or the model lack them)."""
     if config is not None:
         cfg = _config_dict(config)
     else:
-        cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "config": _config_dict(algorithm.config)}
+        cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "key": _key_data(key),
+               "config": _config_dict(algorithm.config)}
         model = model_record(getattr(algorithm, "model", None))
         if model is not None:
             cfg["model"] = model
@@ -338,6 +344,13 @@ def _loss_name(model) -> str:
     return getattr(model.loss, "__name__", type(model.loss).__name__)
 
 
+def _key_data(key: jax.Array) -> list:
+    """The key's data as a list of integers: ``jax.random.key(seed)`` is ``[0, seed]`` for a
+    seed below 2**32 (JAX's default threefry keys); ``jax.random.wrap_key_data`` makes the
+    key again."""
+    return np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key).tolist()
+
+
 def _fingerprint_hash(fp: dict) -> str:
     return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -351,7 +364,7 @@ def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: 
         h.update(f"{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     fp = {"algorithm": algorithm.name, "num_agents": data.num_agents, "rounds": rounds, "every": every,
-          "key": np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key).tolist(),
+          "key": _key_data(key),
           "data_sha256": h.hexdigest()}
     fp.update(_flatten("config", json.loads(json.dumps(json_safe(to_python(_config_dict(algorithm.config))),
                                                        default=stable_text))))
@@ -474,7 +487,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     writer = None
     if out is not None:
         writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
-        replace_text(out / "config.json", json.dumps(_config_record(algorithm, config, rounds, every), indent=2) + "\n")
+        replace_text(out / "config.json",
+                     json.dumps(_config_record(algorithm, config, rounds, every, key), indent=2) + "\n")
     if lay.padded:
         state, data = _pad_state(state, lay), lay.pad_data(data)
     if mesh is not None:
