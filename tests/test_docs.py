@@ -134,6 +134,43 @@ def test_changelog_has_the_current_version():
 
 
 @pytest.mark.slow  # CI builds the docs in its own step too
+def _results_rows() -> dict[str, str]:
+    """docs/results.md's table rows: first cell (without backticks) -> the rest of the row."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    return {m.group(1).replace("`", ""): m.group(2) for m in re.finditer(r"^\| (.+?) \| (.+) \|$", text, re.M)}
+
+
+def test_results_page_names_every_file_and_config_key():
+    """docs/results.md lists every file a run writes and the top-level keys of each
+    config.json; a file or key added to the code and not to the page fails here."""
+    import jax
+
+    import cbo_jax.federated as fl
+    from cbo_jax import models
+    from cbo_jax._results import RUN_FILES
+    from cbo_jax.config import to_dict
+    from cbo_jax.experiments.federated import default_config
+    from cbo_jax.federated.runner import _config_record
+
+    rows = _results_rows()
+    files = {name.rstrip("/") for name in rows}
+    assert set(RUN_FILES) | {"history.npz", "options.json", ".lock"} <= files
+
+    def listed(writer: str) -> set[str]:
+        """The row's keys: its backticked names outside parentheses (those explain a key)."""
+        cell, depth, kept = rows[writer].split("|")[0], 0, ""
+        for ch in cell:
+            depth += (ch == "(") - (ch == ")")
+            kept += ch if depth == 0 and ch != ")" else ""
+        return set(re.findall(r"`(\w+)`", kept))
+
+    model = models.mlp_mnist(hidden=(2,), num_classes=3, input_shape=(2, 2))
+    alg = fl.fedavg(model, fl.FedAvgConfig(), 4)
+    assert set(_config_record(alg, None, 2, 1, jax.random.key(0))) == listed("fl.run(..., out=DIR) without config")
+    assert set(to_dict(default_config("fedcbo"))) | {"model"} == listed(
+        "cbo-jax run, cbo-jax demo, fedcbo-table1, fedcbo-noise")
+
+
 def test_docs_build_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
