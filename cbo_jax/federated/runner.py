@@ -572,7 +572,10 @@ def _next_multiple(done: int, k: int) -> int:
 def _postfix(last_eval: dict, latest_round: dict) -> dict:
     """The progress bar's numbers: the latest evaluation's, then the latest round's own
     metrics (the mean local loss of ``round_stats``), three at most."""
-    latest = {**_scalars(to_python(last_eval)), **_scalars(to_python(latest_round))}
+    round_part = _scalars(to_python(latest_round))
+    if "train_loss" in round_part:  # before ε, the selection rates and the other round metrics
+        round_part = {"train_loss": round_part.pop("train_loss"), **round_part}
+    latest = {**_scalars(to_python(last_eval)), **round_part}
     shown = [(k, v) for k, v in latest.items() if k not in ("round", "elapsed_s", "participants")]
     return {k: f"{v:.4g}" for k, v in shown[:3]}
 
