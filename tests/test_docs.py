@@ -133,7 +133,6 @@ def test_changelog_has_the_current_version():
     assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog, re.M)
 
 
-@pytest.mark.slow  # CI builds the docs in its own step too
 def _results_rows() -> dict[str, str]:
     """docs/results.md's table rows: first cell (without backticks) -> the rest of the row."""
     text = (ROOT / "docs" / "results.md").read_text()
@@ -171,6 +170,7 @@ def test_results_page_names_every_file_and_config_key():
         "cbo-jax run, cbo-jax demo, fedcbo-table1, fedcbo-noise")
 
 
+@pytest.mark.slow  # CI builds the docs in its own step too
 def test_docs_build_without_warnings(tmp_path):
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
