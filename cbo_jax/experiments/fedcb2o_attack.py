@@ -207,11 +207,10 @@ def _run_variants(experiment: str, variants: dict, scale: Scale, seeds: int, arg
             record = _record(experiment, name, seed, scale, args, algorithm)
             res = None
             if resume:  # a finished run is read back (its config.json as now written, or the scale alone as before)
-                for form in (record, dataclasses.asdict(scale)):
-                    res = finished(out, algorithm, data, scale.rounds, key, every=every, config=form)
-                    if res is not None:
-                        print(f"{out}: finished earlier, its results read back", flush=True)
-                        break
+                res = finished(out, algorithm, data, scale.rounds, key, every=every, config=record,
+                               earlier=[dataclasses.asdict(scale)])
+                if res is not None:
+                    print(f"{out}: finished earlier, its results read back", flush=True)
             if res is None:
                 metrics = [fm.attack_accuracy(model, ds, cluster, chunk=scale.eval_chunk, test_size=2000)]
                 res = run(algorithm, data, scale.rounds, key, metrics=metrics, round_metrics=round_metrics,

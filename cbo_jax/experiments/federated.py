@@ -303,11 +303,11 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
         # was restored and its summary rewritten with the seconds of the resume). Records
         # written before config.json named the model lack "model".
         recorded = _as_recorded(cfg, Path(out_dir))
-        for form in (_record(recorded, model), recorded):
-            done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every, config=form)
-            if done is not None:
-                print(f"{out_dir}: finished earlier, its results read back", flush=True)
-                return done
+        done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
+                        config=_record(recorded, model), earlier=[recorded])
+        if done is not None:
+            print(f"{out_dir}: finished earlier, its results read back", flush=True)
+            return done
     round_metrics, metrics = fm.default_metrics(model, data, chunk=chunk, test_size=cfg.run.test_size, log=None)
     res = run(algorithm, data, cfg.run.rounds, key, metrics=metrics, round_metrics=round_metrics,
               every=cfg.run.eval_every, out=out_dir, config=_record(cfgs.to_dict(cfg), model), mesh=mesh,

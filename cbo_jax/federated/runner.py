@@ -264,7 +264,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
 
 
 def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, every: int = 1,
-             config: Any = None) -> RunResult | None:
+             config: Any = None, earlier: Sequence[Any] = ()) -> RunResult | None:
     """The results of ``out`` when it holds this run, finished; else ``None``.
 
     :func:`run` with ``resume`` continues from a checkpoint; a finished run that saved
@@ -273,8 +273,10 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     run's :func:`fingerprint` (algorithm, its config, ``rounds``, ``every``, the key, a
     hash of the data), its ``summary.json`` (written last) names ``rounds`` and that
     fingerprint, ``metrics.jsonl`` holds rounds ``1..rounds`` in order, and its
-    ``config.json`` records ``config`` (default: what :func:`run` records without one).
-    Only a checkpoint holds a state, so the result's ``state`` is ``None``; the rows and the
+    ``config.json`` records ``config`` (default: what :func:`run` records without one) or
+    one of ``earlier``, the records an earlier version wrote for the same run (without
+    ``config``, the default record's earlier forms are accepted: without the key, and
+    without the key and the model). Only a checkpoint holds a state, so the result's ``state`` is ``None``; the rows and the
     summary are what the files hold, non-finite numbers as ``None`` (JSON's ``null``).
     """
     out = Path(out)
@@ -296,7 +298,7 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     if saved != fp or summary.get("fingerprint") != _fingerprint_hash(fp):
         return None
     record = _config_record(algorithm, config, rounds, every, key)
-    forms = [record]
+    forms = [record, *(_config_record(algorithm, e, rounds, every, key) for e in earlier)]
     if config is None:  # records written before they held the key, and before they held the model
         forms += [{k: v for k, v in record.items() if k != "key"},
                   {k: v for k, v in record.items() if k not in ("key", "model")}]
@@ -518,12 +520,12 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                 length = min(step - done % step, stop - done)
                 state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
                                           length=length)
+                if bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
+                    rec = jax.device_get(rec)
+                    bar.update(length)
+                    bar.set_postfix(_postfix(last_eval, {k: v[-1] for k, v in rec.items() if np.ndim(v) == 1}))
                 recs.append((length, rec))
                 done += length
-                if bar is not None:
-                    latest_round = {k: v[-1] for k, v in jax.device_get(rec).items() if np.ndim(v) == 1}
-                    bar.update(length)
-                    bar.set_postfix(_postfix(last_eval, latest_round))
             recs = to_python(jax.device_get(recs))
             user = lay.unpad_state(state)
             evaluate = done % every == 0 or done == rounds
