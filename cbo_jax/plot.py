@@ -102,9 +102,9 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     scheduled_dt = "dt" in schedule and getattr(state, "params", None) is not None
     elapsed, times = 0.0, [0.0]  # with a scheduled dt: the sum of the steps' dt
     if progress:
-        from tqdm.auto import tqdm
+        from cbo_jax._progress import progress_bar
 
-        bar = tqdm(total=num_steps, desc="record", unit="step", dynamic_ncols=True)
+        bar = progress_bar(num_steps, desc="record", unit="step")
     try:
         while done < num_steps:
             length = min(every, num_steps - done)

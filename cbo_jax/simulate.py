@@ -27,6 +27,7 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
 from cbo_jax import provenance
+from cbo_jax._progress import advance, progress_bar
 from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
@@ -189,7 +190,8 @@ def simulate(
       chunk_size: steps per compiled scan; the host checks progress and early
         stopping between chunks (a chunk's steps after every run has stopped are left
         out of ``steps`` and the history).
-      progress: show a progress bar (tqdm) with the best energy so far.
+      progress: show a progress bar (tqdm) with the best energy so far (into a file or a
+        pipe, printed at most every 30 s).
       record_consensus: also record the consensus point after every step.
       observe: optional ``observe(state) -> dict`` of arrays computed on device after
         every step and added to the history (for example a mean-field diagnostic);
@@ -340,9 +342,8 @@ def simulate(
                 if bar is not None:
                     # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
                     jax.block_until_ready(state)
-                    bar.update(length)
-                    if hasattr(state, "best_energy"):
-                        bar.set_postfix(best=f"{float(jnp.min(state.best_energy)):.4g}")
+                    best = {"best": f"{float(jnp.min(state.best_energy)):.4g}"} if hasattr(state, "best_energy") else None
+                    advance(bar, length, best)
                 if stopped:
                     break
             if writer is not None and out is not None:
@@ -591,9 +592,7 @@ def _check_state_fits(dynamics: Dynamics, state: Any, levels: int) -> None:
 
 
 def _progress_bar(total: int, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+    return progress_bar(total, desc=desc, unit="step")
 
 
 def _typed(value: Any) -> Any:

@@ -395,7 +395,7 @@ def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
         def update(self, n):
             seen.append((n, current["state"].x.is_ready()))
 
-        def set_postfix(self, **kw):
+        def set_postfix(self, shown, refresh=True):
             pass
 
         def close(self):

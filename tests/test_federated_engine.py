@@ -653,7 +653,8 @@ def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
         def update(self, n):
             updates.append(n)
 
-        def set_postfix(self, shown):
+        def set_postfix(self, shown, refresh=True):
+            assert not refresh  # drawn with the next move: never more often than the bar
             updates.append("postfix")
             postfixes.append(shown)
 
@@ -666,7 +667,7 @@ def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
     assert updates == []
     shown = fl.run(alg, data, 6, jax.random.key(0), progress=True, **kw)
     # the numbers after every round (the local loss) and after each evaluation
-    assert updates == [("start", 6, 0), *[1, "postfix"] * 4, "postfix", *[1, "postfix"] * 2, "postfix", "close"]
+    assert updates == [("start", 6, 0), *["postfix", 1] * 4, "postfix", *["postfix", 1] * 2, "postfix", "close"]
     strip = lambda h: [{k: v for k, v in r.items() if k != "elapsed_s"} for r in h]  # noqa: E731
     assert strip(shown.history) == strip(quiet.history)
     row = quiet.history

@@ -43,6 +43,7 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
 from cbo_jax import provenance
+from cbo_jax._progress import advance, progress_bar
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -216,7 +217,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         directory in use is always refused).
       progress: show a progress bar, moved after every round, with the latest evaluation and
         the latest round's metrics (each round is then its own compiled scan call; the
-        results are the same).
+        results are the same). Into a file or a pipe it prints at most every 30 s.
       tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
       plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
     """
@@ -499,9 +500,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         state, data = shard_fields(state, mesh), shard_fields(data, mesh)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=rounds, initial=done, desc=algorithm.name, unit="round", dynamic_ncols=True)
+        bar = progress_bar(rounds, desc=algorithm.name, unit="round", initial=done)
     last_eval: dict = {}
     try:
         # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
@@ -522,8 +521,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                                           length=length)
                 if bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
                     rec = jax.device_get(rec)
-                    bar.update(length)
-                    bar.set_postfix(_postfix(last_eval, {k: v[-1] for k, v in rec.items() if np.ndim(v) == 1}))
+                    advance(bar, length, _postfix(last_eval, {k: v[-1] for k, v in rec.items() if np.ndim(v) == 1}))
                 recs.append((length, rec))
                 done += length
             recs = to_python(jax.device_get(recs))
@@ -545,8 +543,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                     history.append(row)
                     if writer is not None:
                         writer.write(row)
-            if bar is not None and evaluate:
-                bar.set_postfix(_postfix(last_eval, history[-1]))
+            if bar is not None and evaluate:  # drawn with the next round's move, or when the bar closes
+                bar.set_postfix(_postfix(last_eval, history[-1]), refresh=False)
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
                 ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp}, overwrite=True)
     finally:
