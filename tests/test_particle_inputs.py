@@ -419,3 +419,34 @@ def test_x0_of_strings_objects_or_complex_numbers_is_named(x0, match):
     naming no argument; a complex x0 ran with its imaginary part dropped."""
     with pytest.raises(ValueError, match=rf"x0 must hold real numbers \(float or integer\), got {match}"):
         cj.simulate(cj.cbo(cj.objectives.Rastrigin()), x0, 0, 2)
+
+
+
+def test_a_particle_runs_summary_names_each_setting_it_holds(tmp_path):
+    """summary.json's ``config`` (``writer.describe``) writes each kind of setting by name: the
+    config and its schedule rules as typed dicts, a Chain by its rules, a mirror map by its
+    name, a schedule dict by parameter, non-finite numbers as null (docs/results.md)."""
+    import json
+
+    from cbo_jax.writer import describe
+
+    alpha = cj.schedules.Chain(cj.schedules.Multiplicative(alpha0=10.0, factor=1.1, alpha_max=1e4),
+                               cj.schedules.Multiply(2.0, maximum=1e3))
+    dyn = cj.mirror_cbo(cj.objectives.Rastrigin(), mirror_map=cj.mirror_maps.ProjectionBall(1.0), sigma1=1.0,
+                        alpha=alpha, schedule={"sigma1": cj.schedules.Multiply(0.5, minimum=0.1)})
+    x0 = jax.random.normal(jax.random.key(0), (20, 2))
+    cj.simulate(dyn, x0, jax.random.key(1), 3, out=tmp_path)
+    config = json.loads((tmp_path / "summary.json").read_text())["config"]
+    assert config["type"] == "MirrorCBOConfig" and config["sigma1"] == 1.0
+    assert config["mirror_map"] == {"type": "MirrorMap", "name": "ProjectionBall"}
+    assert config["alpha"] == {"type": "Chain", "rules": [
+        {"type": "Multiplicative", "alpha0": 10.0, "factor": 1.1, "alpha_max": 1e4},
+        {"type": "Multiply", "factor": 2.0, "maximum": 1e3, "minimum": 0.0}]}
+    assert config["schedule"] == {"sigma1": {"type": "Multiply", "factor": 0.5, "maximum": None, "minimum": 0.1}}
+    # the other kinds: named tuples by their fields, sequences, NumPy scalars and arrays, paths, functions
+    params = describe(cj.params.Params(1.0, 2.0, 0.0, 0.0, 0.01, None, None))
+    assert params == {"type": "Params", "lambda1": 1.0, "sigma1": 2.0, "lambda2": 0.0, "sigma2": 0.0, "dt": 0.01,
+                      "alpha": None, "extra": None}
+    assert describe([np.float32(1.5), (np.arange(2), tmp_path)]) == [1.5, [[0, 1], str(tmp_path)]]
+    assert describe(test_a_particle_runs_summary_names_each_setting_it_holds) == (
+        "test_a_particle_runs_summary_names_each_setting_it_holds")
