@@ -59,6 +59,14 @@ class RunResult(NamedTuple):
     history: list  # one dict per round
     summary: dict
 
+    def __repr__(self) -> str:  # the summary in full, the state and the rows by shape and name
+        from cbo_jax import _repr
+
+        names = list(dict.fromkeys(k for row in self.history for k in row)) if isinstance(self.history, list) else []
+        return (f"RunResult(summary={self.summary!r},\n"
+                f"    state={_repr.tree(self.state)},\n"
+                f"    history=[{len(self.history)} rows of {_repr.columns(names)}])")
+
 
 _ROW_KEYS = ("round", "elapsed_s")  # written by the runner into every row
 

@@ -1,0 +1,60 @@
+"""A result printed at a prompt: shapes, scalars and names, not every number."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import cbo_jax as cj
+from cbo_jax import _repr
+from cbo_jax import federated as fl
+
+
+def test_a_simulation_result_prints_its_shapes_not_its_particles():
+    dyn = cj.cbo(lambda x: jnp.sum(x ** 2, -1), sigma1=0.5, dt=0.05)
+    x0 = jax.random.normal(jax.random.key(0), (3, 5000, 2))
+    res = cj.simulate(dyn, x0, jax.random.key(1), 4, num_runs=3, record_consensus=True)
+    text = repr(res)
+    assert len(text) < 600, text
+    assert text.startswith("SimulationResult(steps=4, seconds=")
+    assert "state=CBOState(x=float32[3, 5000, 2], best_energy=float32[3], consensus=float32[3, 2], step=int32[3]" in text
+    assert "history={active: bool[4, 3], alpha: float32[4, 3], best_energy: float32[4, 3], " \
+           "consensus: float32[4, 3, 2], evals: int32[4, 3], min_energy: float32[4, 3]}" in text
+    assert str(res) == text
+    state, history, steps, seconds = res  # still the named tuple it was
+    assert steps == 4 and res._replace(steps=5).steps == 5
+
+
+def test_a_pytree_population_prints_its_leaves_by_path_and_one_run_its_scalars():
+    agents = {"w": jnp.zeros((6, 3, 2)), "b": jnp.zeros((6, 2))}
+    dyn = cj.cbo(cj.population.per_agent(lambda p: jnp.sum((p["w"] - 1) ** 2) + jnp.sum(p["b"] ** 2)),
+                 sigma1=0.5, dt=0.05)
+    res = cj.simulate(dyn, agents, jax.random.key(3), 2)
+    text = repr(res)
+    assert "x={b: float32[6, 2], w: float32[6, 3, 2]}" in text
+    best = float(res.state.best_energy)
+    assert f"best_energy={best:.6g}" in text and "step=2" in text
+
+
+def test_leaves_and_trees():
+    assert _repr.leaf(None) == "None"
+    assert _repr.leaf(np.bool_(True)) == "True" and _repr.leaf(jnp.int32(7)) == "7"
+    assert _repr.leaf(jnp.float32(0.25)) == "0.25" and _repr.leaf(3) == "3"
+    assert _repr.leaf(jax.random.key(0)) == "key<fry>[]"
+    assert _repr.leaf(jnp.zeros((2, 0))) == "float32[2, 0]"
+    big = {f"layer{i}": {"kernel": jnp.zeros((4, 3)), "bias": jnp.zeros((3,))} for i in range(3)}
+    assert _repr.tree(big) == "<dict of 6 arrays: 45 numbers>"
+    assert _repr.tree([jnp.zeros(2), (jnp.ones(3),)]) == "{0: float32[2], 1/0: float32[3]}"
+    assert _repr.columns(list("abcdefghij"), limit=3) == "a, b, c, +7 more"
+
+
+def test_a_federated_run_result_prints_its_summary_and_its_rows_by_name():
+    from test_federated_engine import _tiny_local_run
+
+    data, alg = _tiny_local_run(1)
+    res = fl.run(alg, data, 3, jax.random.key(0), progress=False, plots=False,
+                 round_metrics=[fl.metrics.round_stats])
+    text = repr(res)
+    assert text.startswith(f"RunResult(summary={res.summary!r},")
+    assert "state=LocalState(params={params/bias: float32[4, 3], params/kernel: float32[4, 2, 3]}" in text
+    assert "round=3" in text
+    assert text.endswith("history=[3 rows of round, participants, train_loss, elapsed_s])")
