@@ -1,4 +1,4 @@
-"""A result printed at a prompt: shapes, scalars and names, not every number."""
+"""A result or a data set printed at a prompt: shapes, scalars and names, not every number."""
 
 import jax
 import jax.numpy as jnp
@@ -58,3 +58,19 @@ def test_a_federated_run_result_prints_its_summary_and_its_rows_by_name():
     assert "state=LocalState(params={params/bias: float32[4, 3], params/kernel: float32[4, 2, 3]}" in text
     assert "round=3" in text
     assert text.endswith("history=[3 rows of round, participants, train_loss, elapsed_s])")
+
+
+def test_federated_data_prints_its_counts_and_shapes_not_its_images():
+    x = np.zeros((6, 5, 28, 28), np.uint8)
+    data = fl.FederatedData(x, np.zeros((6, 5), np.int32), np.array([5, 5, 4, 5, 3, 5]),
+                            cluster=np.array([0, 0, 0, 1, 1, 1]), test_x=np.zeros((2, 7, 28, 28), np.uint8),
+                            test_y=np.zeros((2, 7), np.int32))
+    assert repr(data) == (
+        "FederatedData(6 agents, 27 training samples, 2 clusters, 2 test sets;\n"
+        "    x=uint8[6, 5, 28, 28], y=int32[6, 5], counts=int64[6], cluster=int64[6], test_x=uint8[2, 7, 28, 28], "
+        "test_y=int32[2, 7], test_counts=None, test_of=None)")
+    assert repr(data.train.pad(8)) == (
+        "AgentData(8 agents; x=uint8[8, 5, 28, 28], y=int32[8, 5], counts=int32[8], valid=bool[8])")
+    seen = []
+    jax.jit(lambda d: seen.append(repr(d)) or d.counts.sum())(data.train)  # traced fields print by shape too
+    assert seen == ["AgentData(6 agents; x=uint8[6, 5, 28, 28], y=int32[6, 5], counts=int32[6], valid=None)"]

@@ -80,6 +80,12 @@ class AgentData(NamedTuple):
         """``size - N`` inactive padding agents appended: no samples, ``valid`` False."""
         return resize_rows(self._replace(valid=self.agent_mask), size)
 
+    def __repr__(self) -> str:  # shapes, not the images (thousands of numbers at a prompt)
+        from cbo_jax import _repr
+
+        fields = ", ".join(f"{k}={_repr.leaf(v)}" for k, v in self._asdict().items())
+        return f"AgentData({self.num_agents} agents; {fields})"
+
 
 class FederatedData(NamedTuple):
     """A federated benchmark on the host (NumPy arrays).
@@ -126,6 +132,20 @@ class FederatedData(NamedTuple):
     def train(self) -> AgentData:
         """The training side as device arrays, what the algorithms' rounds take."""
         return AgentData(jnp.asarray(self.x), jnp.asarray(self.y), jnp.asarray(self.counts, jnp.int32))
+
+    def __repr__(self) -> str:  # counts and shapes, not the images (thousands of numbers at a prompt)
+        from cbo_jax import _repr
+
+        head = [f"{self.num_agents} agents"]
+        try:
+            head.append(f"{int(np.sum(self.counts)):,} training samples")
+        except Exception:  # counts that are not concrete numbers
+            pass
+        if self.cluster is not None:
+            head.append(f"{self.num_clusters} clusters")
+        head.append(f"{self.num_test_sets} test sets")
+        fields = ", ".join(f"{k}={_repr.leaf(v)}" for k, v in self._asdict().items())
+        return f"FederatedData({', '.join(head)};\n    {fields})"
 
     def test_index(self) -> np.ndarray:
         """``(N,)``: which test set agent ``j`` is measured on.
