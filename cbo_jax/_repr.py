@@ -24,13 +24,17 @@ def leaf(value: Any) -> str:
     if shape is None or dtype is None:
         return _scalar(value) if isinstance(value, (int, float, bool, np.generic)) else type(value).__name__
     if shape == () and _is_number(dtype):
-        return _scalar(np.asarray(value).item())
+        try:
+            return _scalar(np.asarray(value).item())
+        except Exception:  # a traced value (inside jit): its type and shape
+            pass
     return f"{_dtype_name(dtype)}[{', '.join(str(s) for s in shape)}]"
 
 
 def tree(value: Any) -> str:
     """A pytree as its type and its fields' leaves: ``CBOState(x=float32[50, 2], ...)``; a
-    dict of arrays (a model's parameters) as its leaf count and numbers."""
+    dict or list of up to four arrays by their paths (``{b: float32[2], w: float32[3, 2]}``),
+    a larger one (a model's parameters) by its count of arrays and numbers."""
     import jax
 
     fields = _fields(value)

@@ -45,6 +45,9 @@ def test_leaves_and_trees():
     assert _repr.tree(big) == "<dict of 6 arrays: 45 numbers>"
     assert _repr.tree([jnp.zeros(2), (jnp.ones(3),)]) == "{0: float32[2], 1/0: float32[3]}"
     assert _repr.columns(list("abcdefghij"), limit=3) == "a, b, c, +7 more"
+    seen = []
+    jax.jit(lambda s: seen.append(_repr.tree(s)) or s)(cj.params.Params(1.0, 2.0, 0.0, 0.0, 0.01, None, None))
+    assert seen == ["Params(lambda1=float32[], sigma1=float32[], lambda2=float32[], sigma2=float32[], +1 more)"]
 
 
 def test_a_federated_run_result_prints_its_summary_and_its_rows_by_name():
