@@ -98,6 +98,11 @@ class Model(NamedTuple):
     loss: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy
     train_apply: Callable[[PyTree, jax.Array, jax.Array], Any] | None = None
 
+    def __repr__(self) -> str:  # by name: a Flax module's apply printed every attribute of the module
+        loss = getattr(self.loss, "__name__", type(self.loss).__name__)
+        training = "" if self.train_apply is None else ", train_apply=set"
+        return f"Model({self.name!r}, num_classes={self.num_classes}, loss={loss}{training})"
+
     @property
     def is_classifier(self) -> bool:
         return self.num_classes is not None

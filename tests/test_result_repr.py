@@ -77,3 +77,21 @@ def test_federated_data_prints_its_counts_and_shapes_not_its_images():
     seen = []
     jax.jit(lambda d: seen.append(repr(d)) or d.counts.sum())(data.train)  # traced fields print by shape too
     assert seen == ["AgentData(6 agents; x=uint8[6, 5, 28, 28], y=int32[6, 5], counts=int32[6], valid=None)"]
+
+
+def test_a_model_and_an_algorithm_print_by_name_and_config():
+    model = cj.models.mlp_mnist()
+    assert repr(model) == f"Model({model.name!r}, num_classes=10, loss=cross_entropy)"
+    import flax.linen as nn
+
+    class Dropped(nn.Module):
+        @nn.compact
+        def __call__(self, x, train: bool = False):
+            return nn.Dense(3)(nn.Dropout(0.5, deterministic=not train)(x))
+
+    dropout = cj.models.from_flax(Dropped(), jnp.zeros((1, 4)), num_classes=3, name="dropped")
+    assert repr(dropout) == "Model('dropped', num_classes=3, loss=cross_entropy, train_apply=set)"
+    alg = fl.fedavg(model, fl.FedAvgConfig(), 8)
+    text = repr(alg)
+    assert text == f"Algorithm('fedavg', config={alg.config!r}, model={model!r}, num_agents=8)"
+    assert "<function" not in text and " at 0x" not in text

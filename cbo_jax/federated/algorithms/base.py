@@ -77,6 +77,14 @@ class Algorithm(NamedTuple):
     num_agents: int | None = None
     takes: type | None = None
 
+    def __repr__(self) -> str:  # its name, config and model; not its functions' addresses
+        parts = [repr(self.name), f"config={self.config!r}", f"model={self.model!r}"]
+        if self.num_agents is not None:
+            parts.append(f"num_agents={self.num_agents}")
+        if self.takes is not None:
+            parts.append(f"takes={self.takes.__name__}")
+        return f"Algorithm({', '.join(parts)})"
+
 
 def per_agent_fields(*fields: str) -> Callable[[type[_T]], type[_T]]:
     """Class decorator for a state or info NamedTuple: ``fields`` have the agent axis first.
