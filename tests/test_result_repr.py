@@ -95,3 +95,15 @@ def test_a_model_and_an_algorithm_print_by_name_and_config():
     text = repr(alg)
     assert text == f"Algorithm('fedavg', config={alg.config!r}, model={model!r}, num_agents=8)"
     assert "<function" not in text and " at 0x" not in text
+
+
+def test_dynamics_print_their_objective_and_config():
+    config = cj.CBOConfig(sigma1=2.0)
+    assert repr(cj.cbo(cj.objectives.Rastrigin(), config)) == (
+        f"Dynamics(objective=Rastrigin(shift=0.0), config={config!r})")
+
+    def bowl(x):
+        return jnp.sum(x ** 2, -1)
+
+    assert repr(cj.cbo(bowl, config)).startswith(
+        "Dynamics(objective=test_dynamics_print_their_objective_and_config.<locals>.bowl, config=CBOConfig(")

@@ -169,6 +169,10 @@ class Dynamics(NamedTuple):
     record: Callable[[Any], dict] | None = None
     drive: Callable[[Any, PyTree], Any] | None = None
 
+    def __repr__(self) -> str:  # what built it; not its functions' addresses
+        objective = getattr(self.objective, "__qualname__", None) or repr(self.objective)
+        return f"Dynamics(objective={objective}, config={self.config!r})"
+
 
 def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides: Any) -> Dynamics:
     """Build the CBO dynamics for ``objective``.
