@@ -37,8 +37,8 @@ def tree(value: Any) -> str:
     a larger one (a model's parameters) by its count of arrays and numbers."""
     import jax
 
-    fields = _fields(value)
-    if fields is None:
+    named = _fields(value)
+    if named is None:
         paths = jax.tree_util.tree_flatten_with_path(value)[0]
         if not paths:
             return leaf(value)
@@ -48,13 +48,17 @@ def tree(value: Any) -> str:
             return "{" + ", ".join(f"{_path(p)}: {leaf(v)}" for p, v in paths) + "}"
         numbers = sum(int(np.prod(getattr(v, "shape", ()))) for _, v in paths)
         return f"<{type(value).__name__} of {len(paths)} arrays: {numbers:,} numbers>"
-    order = sorted(fields, key=lambda k: _FIRST.index(k) if k in _FIRST else len(_FIRST))
-    shown = [k for k in order if fields[k] is not None][:_MAX_FIELDS]
-    parts = [f"{k}={tree(fields[k])}" for k in shown]
-    more = len([k for k in fields if fields[k] is not None]) - len(shown)
-    if more > 0:
-        parts.append(f"+{more} more")
+    present = sorted((k for k in named if named[k] is not None),
+                     key=lambda k: _FIRST.index(k) if k in _FIRST else len(_FIRST))
+    parts = [f"{k}={tree(named[k])}" for k in present[:_MAX_FIELDS]]
+    if len(present) > _MAX_FIELDS:
+        parts.append(f"+{len(present) - _MAX_FIELDS} more")
     return f"{type(value).__name__}({', '.join(parts)})"
+
+
+def fields(values: dict, sep: str = "=") -> str:
+    """``x=uint8[8, 20, 28, 28], y=int32[8, 20]``: each entry's name and :func:`leaf`."""
+    return ", ".join(f"{k}{sep}{leaf(v)}" for k, v in values.items())
 
 
 def columns(names: list[str], limit: int = 8) -> str:

@@ -76,6 +76,11 @@ def squared_error(outputs: jax.Array, targets: jax.Array) -> jax.Array:
 LOSSES = {"cross_entropy": cross_entropy, "squared_error": squared_error, "mse": squared_error}
 
 
+def loss_name(loss: Callable) -> str:
+    """A loss function's name as results record it (``cross_entropy``; a callable object's class)."""
+    return getattr(loss, "__name__", type(loss).__name__)
+
+
 class Model(NamedTuple):
     """A model for stacked agents.
 
@@ -99,9 +104,8 @@ class Model(NamedTuple):
     train_apply: Callable[[PyTree, jax.Array, jax.Array], Any] | None = None
 
     def __repr__(self) -> str:  # by name: a Flax module's apply printed every attribute of the module
-        loss = getattr(self.loss, "__name__", type(self.loss).__name__)
         training = "" if self.train_apply is None else ", train_apply=set"
-        return f"Model({self.name!r}, num_classes={self.num_classes}, loss={loss}{training})"
+        return f"Model({self.name!r}, num_classes={self.num_classes}, loss={loss_name(self.loss)}{training})"
 
     @property
     def is_classifier(self) -> bool:

@@ -67,11 +67,10 @@ class SimulationResult(NamedTuple):
     def __repr__(self) -> str:  # shapes and names: the arrays printed in full filled a notebook cell
         from cbo_jax import _repr
 
-        history = {k: _repr.leaf(v) for k, v in self.history.items()} if isinstance(self.history, dict) else {}
-        rows = ", ".join(f"{k}: {v}" for k, v in history.items())
+        history = _repr.fields(self.history, sep=": ") if isinstance(self.history, dict) else ""
         return (f"SimulationResult(steps={self.steps}, seconds={self.seconds:.3g},\n"
                 f"    state={_repr.tree(self.state)},\n"
-                f"    history={{{rows}}})")
+                f"    history={{{history}}})")
 
 
 def rng_context(config) -> contextlib.AbstractContextManager:

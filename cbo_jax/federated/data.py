@@ -83,8 +83,7 @@ class AgentData(NamedTuple):
     def __repr__(self) -> str:  # shapes, not the images (thousands of numbers at a prompt)
         from cbo_jax import _repr
 
-        fields = ", ".join(f"{k}={_repr.leaf(v)}" for k, v in self._asdict().items())
-        return f"AgentData({self.num_agents} agents; {fields})"
+        return f"AgentData({self.num_agents} agents; {_repr.fields(self._asdict())})"
 
 
 class FederatedData(NamedTuple):
@@ -144,8 +143,7 @@ class FederatedData(NamedTuple):
         if self.cluster is not None:
             head.append(f"{self.num_clusters} clusters")
         head.append(f"{self.num_test_sets} test sets")
-        fields = ", ".join(f"{k}={_repr.leaf(v)}" for k, v in self._asdict().items())
-        return f"FederatedData({', '.join(head)};\n    {fields})"
+        return f"FederatedData({', '.join(head)};\n    {_repr.fields(self._asdict())})"
 
     def test_index(self) -> np.ndarray:
         """``(N,)``: which test set agent ``j`` is measured on.

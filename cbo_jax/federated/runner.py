@@ -352,7 +352,9 @@ def model_record(model) -> dict | None:
 
 
 def _loss_name(model) -> str:
-    return getattr(model.loss, "__name__", type(model.loss).__name__)
+    from cbo_jax.models import loss_name
+
+    return loss_name(model.loss)
 
 
 def _key_data(key: jax.Array) -> list:
