@@ -9,9 +9,12 @@ rest), and collects the JSON each prints as its last line:
    tau=10), every phase against the same-run matmul ceiling.
 3. ``clustered``: ``clustered_scaling.py``, the clustered system K=4, d=10, N = 1e5..1e7
    (NumPy peer up to 1e6).
-4. ``meanfield``: ``cbo-jax reproduce meanfield-scaling``, N up to 1e6 against an N=1e7
+4. ``consensus``: ``consensus_sum.py``, the consensus point's sum over N = 1e6..1e7 agents
+   summed in blocks against one dot: float32 error and time, and a CBO step at N = 1e7 both
+   ways.
+5. ``meanfield``: ``cbo-jax reproduce meanfield-scaling``, N up to 1e6 against an N=1e7
    reference.
-5. ``table1``: ``cbo-jax reproduce fedcbo-table1 --scale paper`` for ``--table1-rounds``
+6. ``table1``: ``cbo-jax reproduce fedcbo-table1 --scale paper`` for ``--table1-rounds``
    rounds (default 10 of the paper's 100): the wall time of each method at the paper's scale.
    It needs the real MNIST files (``CBO_JAX_DATA_DIR``) and is skipped, with the reason,
    without them.
@@ -75,6 +78,10 @@ SUITES = {
     "clustered": Part(["benchmarks/clustered_scaling.py", "--sizes", "1e5,1e6,1e7", "--numpy-max-n", "1e6"],
                       ["benchmarks/clustered_scaling.py", "--sizes", "1e3", "--repeats", "1"],
                       share=1.5, progress=True),
+    "consensus": Part(["benchmarks/consensus_sum.py", "--sizes", "1e6,1e7,10000003", "--dims", "20",
+                       "--step-sizes", "1e7", "--pairs", "2"],
+                      ["benchmarks/consensus_sum.py", "--quick"],
+                      share=1.0),
     "meanfield": Part(["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "1e2,1e3,1e4,1e5,1e6",
                        "--reference", "1e7", "--no-progress", "--output", "{DIR}", "--overwrite"],
                       ["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "64,256", "--reference", "4096",
@@ -214,6 +221,15 @@ def _rows(name: str, res: dict) -> list[str]:
                 f"{fractions} of the same-run matmul ceiling | "
                 f"ceiling {r['matmul_peak_gflops']:.0f} GFLOP/s (eval_by {st.get('eval_by')}, "
                 f"{'group' if by_model else 'chunk'} {head.get('eval_chunk')}){other} |"]
+    if name == "consensus":
+        out = [f"| consensus sum, N={row['N']:.0e}, d={row['d']} | relative error {row['package_relative_error']:.1e} "
+               f"summed in blocks, {row['dot_relative_error']:.1e} as one dot | blocks {row['package_over_dot_time']:.2f}x "
+               f"the dot's time (same run) | {row['package_form']} |"
+               for row in r["contraction"]]
+        out += [f"| CBO step d={row['d']}, N={row['N']:.0e}, the consensus summed in blocks | "
+                f"{row['package_particle_steps_per_s'] / 1e6:.2f} M particle-steps/s | {row['package_over_dot']:.2f}x "
+                f"one dot (same run, median of {row['pairs']} pairs) | |" for row in r["cbo_step"]]
+        return out
     if name == "meanfield":
         return [f"| meanfield-scaling, N={r['sizes'][0]}..{r['sizes'][-1]}, ref {r['reference_N']:.0e} | "
                 f"slope {r['slope']:.3f} | expected -0.5 | {r['seconds']:.0f} s |"]

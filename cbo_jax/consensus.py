@@ -195,8 +195,8 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
         w = jnp.where(v, jnp.exp(gibbs_exponent(a, jnp.where(v, e - e_min, 0.0))), 0.0)
         rows, _ = pop.zero_nonfinite_rows(_rows(population, start, chunk))  # 0 · NaN would be NaN
         part = jax.tree_util.tree_map(  # bfloat16 / float16 rows are summed in float32
-            lambda leaf: jnp.tensordot(w.astype(pop._accumulation_dtype(leaf.dtype)),
-                                       leaf.astype(pop._accumulation_dtype(leaf.dtype)), axes=(-1, 0)), rows)
+            lambda leaf: pop._rows_dot(w.astype(pop._accumulation_dtype(leaf.dtype)),
+                                      leaf.astype(pop._accumulation_dtype(leaf.dtype))), rows)
         return (den + jnp.sum(w, axis=-1), jax.tree_util.tree_map(jnp.add, num, part)), None
 
     zero_num = jax.tree_util.tree_map(

@@ -8,6 +8,8 @@ networks is another. Every helper here is one vectorised kernel over that axis.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable, cast
 
 import jax
@@ -75,12 +77,71 @@ def _accumulation_dtype(dtype) -> Any:
     return dtype
 
 
+# Above this many agents, one combination of the rows (weights ``(N,)``) is summed in blocks.
+# XLA:CPU's matrix-vector kernel accumulates along the agent axis with an error that grows
+# with N (as a running float32 sum's does): at N = 1e7, d = 20 a consensus point near
+# (1, ..., 1) was off by 1.1e-2, six times the Monte Carlo spread of the consensus itself at
+# that N (1.7e-3). Summed in blocks of at most 8192 rows, the blocks' sums then added, it is
+# off by 7e-7, and the sum took 0.6-0.8 of the dot's time (benchmarks/RESULTS_particles.md,
+# "The consensus sum over 1e7 agents in float32"). A multiply and a reduction, as accurate,
+# took 6-9x the dot's time at d = 10 (exp(-αE) was fused into it and evaluated d times per
+# agent). Several combinations at once (``(K, N)`` weights, K >= 2) are a matrix product,
+# whose kernel already sums in blocks: they stay one dot.
+_ROWS_SUMMED_IN_BLOCKS = 1 << 16
+_BLOCK_ROWS = (256, 8192)  # a block's rows: the largest divisor in this range, else a loop over blocks of 8192
+# The agent axis is first split into gcd(N, _GROUPS) groups, so that an axis sharded over D
+# devices (D divides N and this number: every D <= 16, and many more) splits along its shards
+# and each device sums its own rows; blocks that straddled two devices made XLA gather the rows.
+_GROUPS = 720720  # lcm(1, ..., 16)
+
+
+@functools.lru_cache(maxsize=None)
+def _blocks(n: int) -> tuple[int, int | None]:
+    """``(g, b)``: ``n`` rows as ``g`` groups of ``n / g``, each summed in blocks of ``b`` rows,
+    the largest divisor of ``n / g`` in ``_BLOCK_ROWS`` (``None``: there is none, and ``n / g``
+    is larger than a block: a loop over blocks of the largest size and the rows left).
+    ``g = gcd(n, _GROUPS)``, or its largest divisor that leaves groups of at least a block's
+    least rows (``n = 720720``: 2730 groups of 264 rows, not 720720 of one)."""
+    lo, hi = _BLOCK_ROWS
+    g = math.gcd(n, _GROUPS)
+    if n // g < lo:
+        g = max(d for d in range(1, n // lo + 1) if g % d == 0)
+    return g, next((b for b in range(min(hi, n // g), lo - 1, -1) if (n // g) % b == 0), None)
+
+
+def _rows_dot(w: jax.Array, x: jax.Array) -> jax.Array:
+    """``Σ_i w[..., i] x[i, ...]`` over the agent axis, in ``x``'s dtype (``w`` and ``x`` of one
+    dtype): one dot, except for a single combination of more than ``_ROWS_SUMMED_IN_BLOCKS``
+    rows, which is summed in blocks of at most 8192 rows (the same value, rounded less; no copy
+    of the rows, and no data moved between devices when the agent axis is sharded, see
+    ``_blocks``)."""
+    n = x.shape[0]
+    if n <= _ROWS_SUMMED_IN_BLOCKS or math.prod(w.shape[:-1]) != 1:
+        return jnp.tensordot(w, x, axes=([w.ndim - 1], [0]))
+    shape, tail = w.shape[:-1] + x.shape[1:], x.shape[1:]
+    g, b = _blocks(n)
+    if b is not None:
+        q = n // b
+        return jnp.einsum("qb,qb...->q...", w.reshape(q, b), x.reshape((q, b) + tail)).sum(0).reshape(shape)
+    wg, xg = w.reshape(g, n // g), x.reshape((g, n // g) + tail)
+    b = _BLOCK_ROWS[1]
+    m = n // g - (n // g) % b
+
+    def block(total, start):
+        rows = jax.lax.dynamic_slice_in_dim(xg, start, b, axis=1)
+        return total + jnp.einsum("gb,gb...->g...", jax.lax.dynamic_slice_in_dim(wg, start, b, axis=1), rows), None
+
+    total, _ = jax.lax.scan(block, jnp.zeros((g,) + tail, x.dtype), jnp.arange(0, m, b))
+    total = total + jnp.einsum("gb,gb...->g...", wg[:, m:], xg[:, m:])
+    return total.sum(0).reshape(shape)
+
+
 def _contract_rows(w: jax.Array, leaf: jax.Array) -> jax.Array:
-    # sum_i w[..., i] * leaf[i, ...]  as a single dot over the agent axis.
+    # sum_i w[..., i] * leaf[i, ...] over the agent axis (_rows_dot).
     acc = _accumulation_dtype(leaf.dtype)
     if acc != leaf.dtype:  # bfloat16 / float16 rows: weights and sums in float32, one rounding at the end
-        return jnp.tensordot(w.astype(acc), leaf.astype(acc), axes=([w.ndim - 1], [0])).astype(leaf.dtype)
-    return jnp.tensordot(w.astype(leaf.dtype), leaf, axes=([w.ndim - 1], [0]))
+        return _rows_dot(w.astype(acc), leaf.astype(acc)).astype(leaf.dtype)
+    return _rows_dot(w.astype(leaf.dtype), leaf)
 
 
 def weighted_mean(population: PyTree, weights: jax.Array) -> PyTree:

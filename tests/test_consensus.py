@@ -1,6 +1,7 @@
 """Consensus kernels against float64 NumPy references and their limits."""
 
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -374,3 +375,101 @@ def test_bad_host_inputs_to_the_consensus_functions_are_refused():
     # traced arguments cannot be checked and still run (the federated round's case)
     out = jax.jit(lambda i, a: cj.subset_consensus(x, i, loss, a))(jnp.array([[0, 1], [1, 2]]), 10.0)
     assert out.shape == (2, 2) and np.isfinite(np.asarray(out)).all()
+
+
+def test_consensus_of_many_agents_is_rounded_like_float32_not_summed_in_one_run():
+    """At large N one consensus point is summed in blocks, not by XLA:CPU's matrix-vector
+    kernel, whose error grows with N (1.2e-5 off at N = 2**18 here, 1.1e-2 at 1e7 in
+    benchmarks/consensus_sum.py). Checked for 1-D and (1, N) energies, a leaf with trailing axes, bfloat16 rows,
+    runs under vmap, the streaming form with a chunk of more than 2**16 rows, and an N with no
+    divisor between 256 and 8192 (the loop over blocks and a dot of the rows left)."""
+    tol = 1e-6  # the matrix-vector kernel: 1.2e-5 at N = 2**18, 6e-6 at 2 * 65537
+
+    def close(got, want):
+        err = np.abs(np.asarray(got, np.float64) - want).max()
+        assert err < tol, err
+
+    rng = np.random.default_rng(0)
+    for n in (1 << 18, 2 * 65537):
+        x = rng.normal(size=(n, 3)) + 1.0  # rows of one sign: a running sum's error is not cancelled
+        e = 0.5 * np.sum((x - 1.0) ** 2, axis=1)
+        ref, _ = np_consensus(x, e, 1.0)
+        x32, e32 = jnp.asarray(x, jnp.float32), jnp.asarray(e, jnp.float32)
+        close(cj.consensus_point(x32, e32, 1.0), ref)
+        close(cj.consensus_point(x32, e32[None], 1.0)[0], ref)
+        close(cj.consensus_point({"w": x32.reshape(n, 1, 3)}, e32, 1.0)["w"][0], ref)
+        runs = jax.vmap(lambda s: cj.consensus_point(x32 + s, e32, 1.0))(jnp.arange(2, dtype=jnp.float32))
+        close(runs[1], ref + 1.0)
+    close(consensus.streaming_consensus_point(x32, e32, 1.0, chunk=n // 2), ref)
+    # bfloat16 rows are summed in float32 and rounded once: within bfloat16's half ulp of [1, 2)
+    low = cj.consensus_point(x32.astype(jnp.bfloat16), e32, 1.0)
+    ref_low, _ = np_consensus(np.asarray(x32.astype(jnp.bfloat16).astype(jnp.float32)), e, 1.0)
+    assert np.abs(np.asarray(low, np.float64) - ref_low).max() <= 2.0**-8
+
+
+
+def test_blocks_of_many_agents_divide_the_rows_for_any_n():
+    """The split of N rows into g groups of blocks: g divides N, and either a block divides a group
+    (between 256 and 8192 rows) or the groups are longer than a block (the loop). N = 720720 is
+    divisible by every device count up to 16: one row a group crashed the loop before."""
+    from cbo_jax import population as pop
+
+    for n in (65537, 72008, 100_000, 131_074, 1 << 20, 720_720, 2_162_160, 10_000_000, 10_000_003,
+              *np.random.default_rng(0).integers(65_537, 10**7, 200).tolist()):
+        g, b = pop._blocks(n)
+        assert n % g == 0, (n, g)
+        if b is None:
+            assert n // g > 8192, (n, g)
+        else:
+            assert 256 <= b <= 8192 and (n // g) % b == 0, (n, g, b)
+    assert pop._blocks(10_000_000) == (80, 6250)  # 1600 blocks: a multiple of every device count dividing 80
+    x = np.random.default_rng(1).normal(size=(720_720, 2)) + 1.0
+    e = 0.5 * np.sum((x - 1.0) ** 2, axis=1)
+    ref, _ = np_consensus(x, e, 1.0)
+    m = cj.consensus_point(jnp.asarray(x, jnp.float32), jnp.asarray(e, jnp.float32), 1.0)
+    assert np.abs(np.asarray(m, np.float64) - ref).max() < 1e-6
+
+_SHARDED_SUM = r"""
+import json, os, re
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import cbo_jax as cj
+from cbo_jax import population as pop
+
+mesh = Mesh(np.array(jax.devices()), ("agents",))
+out = {}
+for n in (100_000, 8 * 9001):  # blocks of a divisor; 9001 is prime: the loop over blocks
+    rng = np.random.default_rng(0)
+    x = (rng.normal(size=(n, 3)) + 1.0).astype(np.float32)
+    e = (0.5 * np.sum((x - 1.0) ** 2, axis=1)).astype(np.float32)
+    xs = jax.device_put(x, NamedSharding(mesh, P("agents", None)))
+    es = jax.device_put(e, NamedSharding(mesh, P("agents")))
+    f = jax.jit(lambda x, e: cj.consensus_point(x, e, 1.0))
+    hlo = f.lower(xs, es).compile().as_text()
+    w = np.exp(-(e.astype(np.float64) - e.min()))
+    ref = (w / w.sum()) @ x.astype(np.float64)
+    out[str(n)] = {"blocks": list(pop._blocks(n)),
+                   "moved": sorted(set(re.findall(r"all-gather|all-to-all|collective-permute", hlo))),
+                   "error": float(np.abs(np.asarray(f(xs, es), np.float64) - ref).max())}
+print(json.dumps(out))
+"""
+
+
+def test_consensus_of_many_sharded_agents_is_summed_where_the_rows_are():
+    """On 8 devices (agent axis sharded), the blocks follow the shards: no rows are gathered or
+    moved between devices (blocks across the devices' boundaries, as 125 blocks of 8000 rows
+    for N = 1e6 were, made XLA gather the whole population), and the sum stays accurate."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _SHARDED_SUM], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    for n, r in out.items():
+        assert r["moved"] == [], (n, r)  # blocks across the devices: the loop's rows were gathered
+        assert r["error"] < 3e-6, (n, r)  # (one dot, split over 8 devices, is as close: 1.1e-6, 1.2e-6)
+    assert out["100000"]["blocks"] == [80, 1250] and out["72008"]["blocks"] == [8, None]

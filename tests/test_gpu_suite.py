@@ -64,6 +64,20 @@ def test_suite_in_parts_merges_and_keeps_each_device(tmp_path):
     assert "- command: `python benchmarks/gpu_suite.py --smoke --only meanfield`" in out.read_text()
 
 
+@pytest.mark.slow  # about 20 s
+def test_consensus_part_reports_the_error_and_time_of_both_sums(tmp_path):
+    out = tmp_path / "RESULTS_gpu.md"
+    proc = _suite("--only", "consensus", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "| consensus sum, N=1e+05, d=10 | relative error" in text and "blocks of 1250" in text
+    assert "N=1e+05, d=10 |" in text and "| a loop over blocks |" in text  # N = 100003, a prime
+    assert "| CBO step d=10, N=1e+05, the consensus summed in blocks |" in text
+    result = json.loads(out.with_suffix(".json").read_text())["results"]["consensus"]["result"]
+    big = next(r for r in result["contraction"] if r["N"] == 100000)
+    assert big["package_relative_error"] < big["dot_relative_error"]
+
+
 @pytest.mark.slow
 def test_cbo_throughput_runs_without_cbxpy():
     """The GPU image has no CBXpy: the benchmark must fall back to its own column, not fail."""
