@@ -222,7 +222,7 @@ def _rows(name: str, res: dict) -> list[str]:
                 f"ceiling {r['matmul_peak_gflops']:.0f} GFLOP/s (eval_by {st.get('eval_by')}, "
                 f"{'group' if by_model else 'chunk'} {head.get('eval_chunk')}){other} |"]
     if name == "consensus":
-        out = [f"| consensus sum, N={row['N']:.0e}, d={row['d']} | relative error {row['package_relative_error']:.1e} "
+        out = [f"| consensus sum, N={row['N']:,}, d={row['d']} | relative error {row['package_relative_error']:.1e} "
                f"summed in blocks, {row['dot_relative_error']:.1e} as one dot | blocks {row['package_over_dot_time']:.2f}x "
                f"the dot's time (same run) | {row['package_form']} |"
                for row in r["contraction"]]

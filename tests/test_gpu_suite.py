@@ -70,8 +70,8 @@ def test_consensus_part_reports_the_error_and_time_of_both_sums(tmp_path):
     proc = _suite("--only", "consensus", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = out.read_text()
-    assert "| consensus sum, N=1e+05, d=10 | relative error" in text and "blocks of 1250" in text
-    assert "N=1e+05, d=10 |" in text and "| a loop over blocks |" in text  # N = 100003, a prime
+    assert "| consensus sum, N=100,000, d=10 | relative error" in text and "blocks of 1250" in text
+    assert "| consensus sum, N=100,003, d=10 |" in text and "| a loop over blocks |" in text  # a prime
     assert "| CBO step d=10, N=1e+05, the consensus summed in blocks |" in text
     result = json.loads(out.with_suffix(".json").read_text())["results"]["consensus"]["result"]
     big = next(r for r in result["contraction"] if r["N"] == 100000)
