@@ -84,7 +84,7 @@ def _accumulation_dtype(dtype) -> Any:
 # that N (1.7e-3). Summed in blocks of at most 8192 rows, the blocks' sums then added, it is
 # off by 7e-7, and the sum took 0.6-0.8 of the dot's time (benchmarks/RESULTS_particles.md,
 # "The consensus sum over 1e7 agents in float32"). A multiply and a reduction, as accurate,
-# took 6-9x the dot's time at d = 10 (exp(-αE) was fused into it and evaluated d times per
+# took 6-10x the dot's time at d = 10 (exp(-αE) was fused into it and evaluated d times per
 # agent). Several combinations at once (``(K, N)`` weights, K >= 2) are a matrix product,
 # whose kernel already sums in blocks: they stay one dot.
 _ROWS_SUMMED_IN_BLOCKS = 1 << 16
@@ -101,7 +101,7 @@ def _blocks(n: int) -> tuple[int, int | None]:
     the largest divisor of ``n / g`` in ``_BLOCK_ROWS`` (``None``: there is none, and ``n / g``
     is larger than a block: a loop over blocks of the largest size and the rows left).
     ``g = gcd(n, _GROUPS)``, or its largest divisor that leaves groups of at least a block's
-    least rows (``n = 720720``: 2730 groups of 264 rows, not 720720 of one)."""
+    least rows (``n = 720720``: 2772 groups of 260 rows, not 720720 of one)."""
     lo, hi = _BLOCK_ROWS
     g = math.gcd(n, _GROUPS)
     if n // g < lo:
