@@ -114,3 +114,30 @@ def test_padding_helpers():
     key = jax.random.key(0)
     keys = agent_keys(key, 5)  # fold_in(key, j): agent j's key does not depend on how many follow
     assert np.array_equal(jax.random.key_data(keys[:3]), jax.random.key_data(agent_keys(key, 3)))
+
+
+def test_a_padding_row_with_a_finite_energy_is_never_the_best_point():
+    # A sharded run pads the agent axis with NaN rows. An objective that maps NaN to a number
+    # (jnp.nansum here: the padding's energy is 0, below every real one) made a padding row the
+    # run's best point and its least energy. The padded run, stepped as the mesh would step it,
+    # must report the unpadded run's best point and min_energy.
+    import jax
+    import jax.numpy as jnp
+
+    import cbo_jax as cj
+    from cbo_jax.dynamics import core
+
+    x = np.random.default_rng(0).uniform(-3, 3, (31, 3)).astype(np.float32)
+    dyn = cj.cbo(lambda z: jnp.nansum((z - 1.0) ** 2, axis=-1), alpha=10.0, rng="per-particle")
+    padded = sharding.pad_rows(x, 32)
+    key = jax.random.key(0)
+    run = jax.jit(lambda x0: jax.lax.fori_loop(0, 5, lambda i, s: dyn.step(s), dyn.init(x0, key)))
+    one, two = run(x), run(padded)
+    assert float(two.ctrl.agents) == 31 and np.isnan(np.asarray(two.x)[31]).all()
+    assert float(two.best_energy) > 0.0  # the padding's energy is 0
+    np.testing.assert_allclose(float(two.best_energy), float(one.best_energy), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(two.best_x), np.asarray(one.best_x), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(core.record(two)["min_energy"]), np.asarray(core.record(one)["min_energy"]),
+                               rtol=1e-5)
+    init_only = dyn.init(padded, key)
+    assert float(init_only.best_energy) > 0.0 and np.isfinite(np.asarray(init_only.best_x)).all()

@@ -492,9 +492,12 @@ def record(state) -> dict:
     """
     current = getattr(state.aux, "x_energy", None)
     current = state.energy if current is None else current
+    skip = jnp.isnan(current)
+    if state.ctrl is not None and state.ctrl.agents is not None:  # a sharded run's padding rows
+        skip = skip | (jnp.arange(current.shape[-1]) >= state.ctrl.agents[..., None])
     out = {
         "best_energy": state.best_energy,
-        "min_energy": jnp.min(jnp.where(jnp.isnan(current), jnp.inf, current), axis=-1),
+        "min_energy": jnp.min(jnp.where(skip, jnp.inf, current), axis=-1),
         "alpha": state.alpha,
         "active": state.active,
     }
@@ -506,10 +509,15 @@ def record(state) -> dict:
     return out
 
 
-def _best_row(energy):
+def _best_row(energy, agents=None):
     # Finite energies only, as the consensus weights: a -inf (an objective unbounded below, or an
-    # overflow) got weight zero in the consensus but was taken as the best point.
-    return jnp.argmin(jnp.where(jnp.isfinite(energy), energy, jnp.inf))
+    # overflow) got weight zero in the consensus but was taken as the best point. Rows from
+    # ``agents`` on are a sharded run's NaN padding: an objective that maps NaN to a number
+    # (jnp.nansum, nan_to_num) gave them a finite energy, and a padding row became the best point.
+    ok = jnp.isfinite(energy)
+    if agents is not None:
+        ok = ok & (jnp.arange(energy.shape[0]) < agents)
+    return jnp.argmin(jnp.where(ok, energy, jnp.inf))
 
 
 def _pick_row(tree, energy, row):
@@ -612,7 +620,7 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
         if kernel.admissible is not None:  # a start outside the set moves as given, but is no best point
             worst = jnp.inf if jnp.issubdtype(energy.dtype, jnp.floating) else jnp.iinfo(energy.dtype).max
             best_of = jnp.where(in_set(kernel.admissible, x0), energy, jnp.asarray(worst, energy.dtype))
-        row = _best_row(best_of)
+        row = _best_row(best_of, agents)
         state = CBOState(
             x=x0, energy=energy, grad=grad, consensus=None, alpha=alpha, key=key,
             step=jnp.zeros((), jnp.int32),
@@ -721,7 +729,8 @@ def build(objective: Callable, config: FamilyConfig, kernel: Kernel):
 
     def finish(state, state0, a: Absorbed, grad, m, key, batch, in_batch, f_m, ctrl, evals, pre_evals):
         prm = state.params
-        pts, e_row = _pick_row(a.best_points, a.best_energy, _best_row(a.best_energy))
+        agents = real_agents(state, a.best_energy.shape[0])
+        pts, e_row = _pick_row(a.best_points, a.best_energy, _best_row(a.best_energy, agents))
         improved = jnp.isfinite(e_row) & (e_row < state.best_energy)
         best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, new, old), pts, state.best_x)
         best_energy = jnp.where(improved, e_row, state.best_energy)
