@@ -201,7 +201,9 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
     ``alpha_min <= alpha_max``, ``alpha0 <= alpha_max`` of a multiplicative schedule), leaves
     whose axes do not broadcast to one grid or make a grid of no points, an α-number tuple
     of another schedule kind, or a sweep that
-    switches on a term the dynamics were built without.
+    switches on a term the dynamics were built without (``sigma1``, ``lambda2``, ``sigma2`` at
+    ``0``, and a config's ``switched_off()`` terms: ``drift_constrained_cbo``'s ``sigma_indep``
+    at ``0``, ``reg_combination_cbo``'s ``eps`` at or above 1e15).
     """
     cfg = _config_of(dynamics_or_config)
     params = as_params(params, cfg)
@@ -277,6 +279,16 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
             raise ValueError(f"{_where(name, idx, shape)} = {float(full[name][tuple(idx)])!r}, but the dynamics were "
                              f"built with {why}, which leaves that term out of the compiled step; build them with a "
                              f"non-zero {name} to sweep it{_grid_note(idx, shape)}")
+    # A dynamic's own numbers that decide at build time whether a term is compiled at all
+    # (the config's switched_off(): name -> (values that need the term, why it is out, how to keep it)).
+    for name, (needs, why, fix) in (cfg.switched_off() if hasattr(cfg, "switched_off") else {}).items():
+        bad = np.asarray(needs(full[name]))
+        if bad.any():
+            idx = np.argwhere(bad)[0] if shape else ()
+            short = name.split(".")[-1]
+            raise ValueError(f"{_where(name, idx, shape)} = {float(full[name][tuple(idx)])!r}, but the dynamics were "
+                             f"built with {why} out of the compiled step; build them with {fix} to sweep "
+                             f"{short}{_grid_note(idx, shape)}")
     return tuple(int(s) for s in shape)
 
 

@@ -217,3 +217,31 @@ def test_a_sweep_writes_its_rows_with_the_grid_axes(tmp_path):
     for i, row in enumerate(rows):
         for k in ("best_energy", "alpha", "active"):
             np.testing.assert_allclose(np.asarray(row[k], float), np.asarray(res.history[k][i], float), rtol=1e-6)
+
+
+def test_a_sweep_of_a_constrained_dynamic_that_switches_on_a_term_left_out_is_refused():
+    # drift_constrained_cbo built with sigma_indep=0 compiles no independent-noise prestep, and
+    # reg_combination_cbo built with eps >= 1e15 no constraint drift: a sweep of those numbers ran
+    # every point as the built one, while the state reported the swept value.
+    f = objectives.Ackley(shift=1.0)
+    sphere = cj.constraints.sphere(1.0)
+    x0 = np.random.default_rng(0).uniform(-1, 1, (2, 20, 2)).astype(np.float32)
+    dc = cj.drift_constrained_cbo(f, constraints=sphere, alpha=30.0, sigma1=0.1, eps_indep=1.0)
+    with pytest.raises(ValueError, match=r"sigma_indep\[1\] = 0.5, but the dynamics were built with sigma_indep=0"):
+        cj.simulate(dc, x0, 0, 3, num_runs=2, params=P.grid(dc, sigma_indep=[0.0, 0.5]))
+    P.validate(P.grid(dc, sigma_indep=[0.0, 0.0]), dc)  # zeros leave it off, as built
+    on = cj.drift_constrained_cbo(f, constraints=sphere, alpha=30.0, sigma1=0.1, eps_indep=1.0, sigma_indep=0.5)
+    assert P.validate(P.grid(on, sigma_indep=[0.0, 0.5, 2.0]), on) == (3,)
+    # built with the noise, the sweep's points are those of separately built dynamics
+    swept = cj.simulate(on, x0, 0, 20, num_runs=2, params=P.grid(on, sigma_indep=[0.0, 2.0]))
+    for i, s in enumerate([0.0, 2.0]):
+        alone = cj.simulate(cj.drift_constrained_cbo(f, constraints=sphere, alpha=30.0, sigma1=0.1, eps_indep=1.0,
+                                                     sigma_indep=s), x0, 0, 20, num_runs=2)
+        np.testing.assert_allclose(np.asarray(swept.state.x[i]), np.asarray(alone.state.x), atol=1e-5)
+
+    off = cj.reg_combination_cbo(f, constraints=sphere, alpha=30.0, eps=1e15)
+    point = P.defaults(off)
+    point = point._replace(extra=point.extra._replace(eps=0.01))
+    with pytest.raises(ValueError, match=r"params.extra.eps = 0.01, but the dynamics were built with eps=1e\+15"):
+        cj.simulate(off, x0[0], 0, 3, params=point)
+    P.validate(P.defaults(off)._replace(extra=point.extra._replace(eps=2e15)), off)

@@ -60,6 +60,8 @@ from cbo_jax.dynamics.memory import _no_gradient
 __all__ = ["DriftConstrainedConfig", "HypersurfaceConfig", "RegCombinationConfig", "drift_constrained_cbo",
            "hypersurface_cbo", "reg_combination_cbo"]
 
+_EPS_OFF = 1e15  # reg_combination_cbo: an eps at or above it leaves the constraint drift out
+
 
 class DriftConstrainedParams(NamedTuple):
     eps: Any
@@ -109,6 +111,14 @@ class DriftConstrainedConfig(core.FamilyConfig):
 
     def extra_params(self):
         return DriftConstrainedParams(float(self.eps), float(self.eps_indep), float(self.sigma_indep))
+
+    def switched_off(self) -> dict:
+        """Terms left out of the compiled step by this config's numbers (``params.validate``
+        refuses a sweep that would switch them on): the independent noise at ``sigma_indep = 0``."""
+        if self.sigma_indep > 0:
+            return {}
+        return {"extra.sigma_indep": (lambda v: v != 0, "sigma_indep=0, which leaves the independent noise",
+                                     "a non-zero sigma_indep")}
 
 
 def drift_constrained_cbo(objective: Callable[[PyTree], jax.Array], config: DriftConstrainedConfig | None = None,
@@ -277,6 +287,14 @@ class RegCombinationConfig(core.FamilyConfig):
     def extra_params(self):
         return RegCombinationParams(float(self.eps))
 
+    def switched_off(self) -> dict:
+        """Terms left out of the compiled step (see :meth:`DriftConstrainedConfig.switched_off`):
+        the semi-implicit constraint drift at ``eps >= 1e15``."""
+        if self.eps < _EPS_OFF:
+            return {}
+        return {"extra.eps": (lambda v: v < _EPS_OFF, f"eps={float(self.eps):g} (>= 1e15), which leaves the constraint drift",
+                              "an eps below 1e15")}
+
 
 def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCombinationConfig | None = None,
                         **overrides: Any) -> Dynamics:
@@ -289,7 +307,7 @@ def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCom
     one_constant = len(cs) == 1 and getattr(cs[0], "hess", None) is not None
     if one_constant:  # a single quadric: A_i = I + t_i H = Q (1 + t_i Λ) Qᵀ, one eigendecomposition
         lam_h, q_h = np.linalg.eigh(np.asarray(cs[0].hess, np.float64))
-    implicit = config.eps < 1e15
+    implicit = config.eps < _EPS_OFF
     quiet = config.noise_kind == "none"
 
     def move(ctx: core.Move):
