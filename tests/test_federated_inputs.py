@@ -628,6 +628,20 @@ def test_a_selection_rule_that_draws_wrongly_is_refused_before_the_run(broken, m
         fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 5, rule=broken(_cyclic(2)))
 
 
+def test_a_selection_rule_that_ignores_the_candidates_is_refused_under_partial_participation():
+    """With participation < 1, select is given the mask of this round's participants; a rule that
+    ignored it downloaded agents that did not train this round, marked valid and weighted in full.
+    The built-in rules draw from the candidates and pass the same host check."""
+    xs, ys = _lists(sizes=(5, 4, 6, 3, 5, 4))
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    cfg = fl.FedCBOConfig(M=2, participation=0.5, local=LOCAL)
+    with pytest.raises(ValueError, match="downloads an agent that is not a candidate this round"):
+        fl.fedcbo(model, cfg, 6, rule=_cyclic(2))
+    fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 6, rule=_cyclic(2))  # full participation: every agent
+    for rule in (fl.selection.epsilon_greedy(2, eps0=0.5), fl.selection.prob_sampling(2)):
+        fl.selection.check_rule(rule, 2, 6, 6, "test", candidates=True)
+
+
 def test_metric_names_that_collide_are_refused():
     """A round metric returning "round" rewrote every row's round; two metrics returning one name kept
     the last one's value (round_stats and attack_selection both returned train_loss)."""

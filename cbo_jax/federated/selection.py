@@ -136,7 +136,8 @@ def check_rule(rule, M: int, rows: int, cols: int, where: str, candidates: bool 
     """A rule of one's own, tried on the host before a run: ``init`` gives ``(rows, cols)``,
     and ``select`` in rounds 0 and 1 (after an ``update`` with random losses) gives
     ``(rows, M)`` integer downloads, every filled slot another agent in ``[0, cols)``,
-    distinct within its row (``candidates``: also with half the agents as candidates).
+    distinct within its row (``candidates``: also with half the agents as candidates, where a
+    candidate's filled slots must be candidates).
     Inside the jitted round these could only be wrong quietly: a self-download, an index
     past the agents (clamped by the gather), a repeated agent. Returns ``rule``."""
     if not isinstance(rule, SelectionRule):
@@ -153,7 +154,7 @@ def check_rule(rule, M: int, rows: int, cols: int, where: str, candidates: bool 
     for n in (0, 1):
         for cand in masks:
             sel = rule.select(jax.random.fold_in(key, n), P, jnp.int32(n), None if cand is None else jnp.asarray(cand))
-            _check_selection(sel, rule.name, M, rows, cols, n, where)
+            _check_selection(sel, rule.name, M, rows, cols, n, where, cand)
         loss = jax.random.uniform(jax.random.fold_in(key, 10 + n), (rows, M))
         P = rule.update(P, sel.idx, loss, jnp.full((rows,), 0.5), jnp.ones((rows,), bool), sel.valid)
         if np.shape(P) != (rows, cols):
@@ -162,7 +163,7 @@ def check_rule(rule, M: int, rows: int, cols: int, where: str, candidates: bool 
     return rule
 
 
-def _check_selection(sel, name: str, M: int, rows: int, cols: int, n: int, where: str) -> None:
+def _check_selection(sel, name: str, M: int, rows: int, cols: int, n: int, where: str, candidates=None) -> None:
     what = f"{where}: the rule {name!r} in round {n}"
     if not isinstance(sel, Selection):
         raise ValueError(f"{what}: select must return a Selection(idx, is_random, eps, valid), got "
@@ -178,6 +179,11 @@ def _check_selection(sel, name: str, M: int, rows: int, cols: int, n: int, where
     own = np.arange(rows)[:, None]
     problems = [("an agent outside [0, {})".format(cols), valid & ((idx < 0) | (idx >= cols))),
                 ("the agent itself", valid & (idx == own) & (own < cols))]
+    if candidates is not None:  # a participant downloads only models trained this round (Algorithm 1)
+        cand = np.asarray(candidates, bool)
+        taking_part = np.where(own < cols, cand[np.minimum(own, cols - 1)], True)
+        problems.append(("an agent that is not a candidate this round", valid & taking_part
+                         & ~cand[np.clip(idx, 0, cols - 1)]))
     ordered = np.sort(np.where(valid, idx, -1 - np.arange(M)[None, :]), axis=1)
     problems.append(("an agent twice in one row", np.zeros_like(valid) | np.any(ordered[:, 1:] == ordered[:, :-1],
                                                                                  axis=1, keepdims=True)))
@@ -185,7 +191,8 @@ def _check_selection(sel, name: str, M: int, rows: int, cols: int, n: int, where
         if bad.any():
             j = int(np.argwhere(bad)[0][0])
             raise ValueError(f"{what}: agent {j} downloads {text} ({idx[j].tolist()[:10]}); a download is another "
-                             f"agent, distinct within the row (an empty slot is marked in Selection.valid)")
+                             f"agent, distinct within the row, among the candidates when select is given them (an "
+                             f"empty slot is marked in Selection.valid)")
 
 
 def _init_ones(rows: int, cols: int) -> jax.Array:
