@@ -110,6 +110,14 @@ def unit_interval(name: str, value: Any) -> float:
     return v
 
 
+def epsilon_floor(eps0: float, eps_min: float) -> None:
+    """``eps_min <= eps0``: with the floor above the start, ``ε(n) = max(eps0 - decay·n, eps_min)``
+    is ``eps_min`` in every round and ``eps0`` is never used (two arguments swapped, most likely)."""
+    if eps_min > eps0:
+        raise ValueError(f"eps_min={eps_min!r} is above eps0={eps0!r}: ε(n) = max(eps0 - eps_decay·n, eps_min) would "
+                         f"be eps_min in every round; give eps_min <= eps0 (eps_min = eps0 for a constant ε)")
+
+
 def aggregation_step(lambda1: float, gamma: float) -> float:
     """The consensus step ``λ1 γ`` of FedCBO eq. (20) / FedCB²O: a fraction in ``[0, 1]``."""
     step = float(lambda1) * float(gamma)

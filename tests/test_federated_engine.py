@@ -635,6 +635,23 @@ def test_test_accuracy_refuses_test_labels_and_test_sets_out_of_range():
             cluster=np.zeros(3, int)))
 
 
+def test_as_many_test_sets_as_clusters_and_agents_needs_test_of():
+    # Three agents in three clusters, one test set each: per cluster and per agent are two readings.
+    # The per-cluster one was taken silently, and with cluster=[2, 0, 1] every agent was scored on
+    # another agent's test set.
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(6, 4)).astype(np.float32) for _ in range(3)]
+    ys = [rng.integers(0, 2, 6).astype(np.int32) for _ in range(3)]
+    with pytest.raises(ValueError, match=r"one per cluster or one per agent .*pass test_of"):
+        fl.FederatedData.from_lists(xs, ys, cluster=[2, 0, 1], test_x=xs, test_y=ys).test_index()
+    given = fl.FederatedData.from_lists(xs, ys, cluster=[2, 0, 1], test_x=xs, test_y=ys, test_of=[0, 1, 2])
+    assert given.test_index().tolist() == [0, 1, 2]
+    same = fl.FederatedData.from_lists(xs, ys, cluster=[0, 1, 2], test_x=xs, test_y=ys)  # the readings agree
+    assert same.test_index().tolist() == [0, 1, 2]
+    by_cluster = fl.FederatedData.from_lists(xs + xs[:1], ys + ys[:1], cluster=[2, 0, 1, 2], test_x=xs, test_y=ys)
+    assert by_cluster.test_index().tolist() == [2, 0, 1, 2]
+
+
 def test_progress_bar_moves_every_round_and_changes_no_result(monkeypatch):
     """With ``progress=True`` every round is its own scan call and the bar moves after each
     (it moved only at the evaluations before); the rounds, rows and state are bitwise those

@@ -642,6 +642,18 @@ def test_a_selection_rule_that_ignores_the_candidates_is_refused_under_partial_p
         fl.selection.check_rule(rule, 2, 6, 6, "test", candidates=True)
 
 
+def test_an_attack_data_given_to_an_algorithm_of_agent_data_is_refused():
+    # fedcbo given FedCB²O's AttackData failed inside the traced round with an AttributeError
+    # ('AttackData' object has no attribute 'agent_mask').
+    xs, ys = _lists(sizes=(5, 4, 6, 3))
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    attacked = fl.AttackData.from_lists(xs, ys, xs, ys)
+    for alg in (fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 4), _local(model)):
+        with pytest.raises(ValueError, match=r"takes a FederatedData or an AgentData, got an AttackData.*data\.benign"):
+            fl.run(alg, attacked, 1, jax.random.key(0), progress=False)
+    fl.run(fl.fedcbo(model, fl.FedCBOConfig(M=2, local=LOCAL), 4), attacked.benign, 1, jax.random.key(0), progress=False)
+
+
 def test_metric_names_that_collide_are_refused():
     """A round metric returning "round" rewrote every row's round; two metrics returning one name kept
     the last one's value (round_stats and attack_selection both returned train_loss)."""

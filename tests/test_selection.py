@@ -92,6 +92,7 @@ def test_m_out_of_range():
     (lambda: selection.epsilon_greedy(3, eps0=float("nan")), "eps0"),
     (lambda: selection.epsilon_greedy(3, eps_decay=-0.1), "eps_decay"),
     (lambda: selection.epsilon_greedy(3, eps_min=1.5), "eps_min"),
+    (lambda: selection.epsilon_greedy(3, eps0=0.1, eps_min=0.5), r"eps_min=0.5 is above eps0=0.1"),
     (lambda: selection.prob_sampling(3, kappa=-1.0), "kappa"),
     (lambda: selection.prob_sampling(3, zeta=2.0), "zeta"),
     (lambda: selection.prob_sampling(3, zeta=0.0), "zeta"),
@@ -120,3 +121,16 @@ def test_attacker_selection_checks_m_and_the_malicious_mask(m, match):
         attacks.attacker_selection(jax.random.key(0), cluster, malicious, m)
     idx, valid = attacks.attacker_selection(jax.random.key(0), cluster, np.array([0, 0, 1, 0, 0, 1], bool), 5)
     assert idx.shape == valid.shape == (2, 5)
+
+
+def test_an_epsilon_floor_above_its_start_is_refused():
+    """``eps_min > eps0`` made ε = eps_min in every round, eps0 unused (``eps0=0`` for a greedy
+    run, with the default ``eps_min=0.1``, ran with ε = 0.1). Rules that draw no ε take any."""
+    from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig
+
+    with pytest.raises(ValueError, match=r"eps_min=0.1 is above eps0=0.0"):
+        FedCBOConfig(eps0=0.0)
+    FedCBOConfig(eps0=0.0, eps_min=0.0)
+    FedCBOConfig(eps0=0.3, eps_min=0.3, eps_decay=0.0)
+    FedCBOConfig(selection="prob_sampling", eps0=0.0)
+    FedCBOConfig(selection="uniform", eps0=0.0)

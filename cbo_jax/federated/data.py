@@ -149,7 +149,8 @@ class FederatedData(NamedTuple):
         """``(N,)``: which test set agent ``j`` is measured on.
 
         ``test_of`` when given; otherwise the only test set, the agent's cluster (one
-        test set per cluster), or the agent's own (one test set per agent).
+        test set per cluster), or the agent's own (one test set per agent). As many test sets
+        as clusters and agents, with agent ``j`` not in cluster ``j``, is refused: pass ``test_of``.
         """
         t, n = self.num_test_sets, self.num_agents
         if self.test_of is not None:  # refused when fractional or negative, not truncated
@@ -157,7 +158,12 @@ class FederatedData(NamedTuple):
         if t == 1:
             return np.zeros(n, np.int32)
         if self.cluster is not None and t == self.num_clusters:
-            return np.asarray(self.cluster, np.int32)
+            by_cluster = np.asarray(self.cluster, np.int32)
+            if t == n and not np.array_equal(by_cluster, np.arange(n)):  # one per cluster, or one per agent?
+                raise ValueError(f"cannot tell whether the {t} test sets are one per cluster or one per agent (there "
+                                 f"are {n} agents in {t} clusters, and the readings differ): pass test_of "
+                                 f"(test_of=cluster, or test_of=range({n}))")
+            return by_cluster
         if t == n:
             return np.arange(n, dtype=np.int32)
         raise ValueError(f"cannot tell which of the {t} test sets each of the {n} agents uses: pass test_of")
@@ -212,7 +218,8 @@ class FederatedData(NamedTuple):
             ``test_counts``).
           test_of: optional ``(N,)`` integers, the test set each agent is scored on. Without
             it (:meth:`test_index`): the one test set; agent ``j``'s cluster's when there is
-            one test set per cluster; agent ``j``'s own when there is one per agent.
+            one test set per cluster; agent ``j``'s own when there is one per agent (as many
+            sets as clusters and agents, with the two readings different: pass it).
         """
         if len(xs) != len(ys):
             raise ValueError(f"xs and ys must have one entry per agent; got {len(xs)} and {len(ys)}")

@@ -253,6 +253,12 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         raise ValueError(f"{algorithm.name} takes an {takes.__name__}, got {type(data).__name__}"
                          + (": build one from your per-agent arrays with fl.AttackData.from_lists(train_x, train_y, "
                             "val_x, val_y[, malicious_x, malicious_y])" if takes.__name__ == "AttackData" else ""))
+    from cbo_jax.federated.attacks import AttackData
+
+    if takes is None and isinstance(data, AttackData):  # was an AttributeError from inside the traced round
+        raise ValueError(f"{algorithm.name} takes a FederatedData or an AgentData, got an AttackData (FedCB²O's "
+                         f"benign, validation and malicious agents); pass data.benign for the benign agents alone, "
+                         f"or build the algorithm with takes=AttackData if its round reads one")
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents

@@ -81,12 +81,13 @@ class SelectionRule(NamedTuple):
 def epsilon_greedy(M: int, eps0: float = 0.5, eps_decay: float = 0.01, eps_min: float = 0.1) -> SelectionRule:
     """FedCBO's ε-greedy rule (Remark 3) with ``ε(n) = max(ε0 - decay·n, ε_min)``.
 
-    ``M >= 1`` an integer, ``eps0`` and ``eps_min`` in ``[0, 1]``, ``eps_decay >= 0``
-    (checked here, as :class:`~cbo_jax.federated.algorithms.fedcbo.FedCBOConfig` does)."""
+    ``M >= 1`` an integer, ``eps0`` and ``eps_min`` in ``[0, 1]`` with ``eps_min <= eps0``,
+    ``eps_decay >= 0`` (checked here, as :class:`~cbo_jax.federated.algorithms.fedcbo.FedCBOConfig` does)."""
     _checks.positive_int("M", M)
     _checks.unit_interval("eps0", eps0)
     _checks.non_negative("eps_decay", eps_decay, f32=True)
     _checks.unit_interval("eps_min", eps_min)
+    _checks.epsilon_floor(eps0, eps_min)
 
     def select(key, P, n, candidates=None):
         eps = epsilon_schedule(n, eps0, eps_decay, eps_min)

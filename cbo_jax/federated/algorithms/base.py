@@ -65,7 +65,8 @@ class Algorithm(NamedTuple):
     ``num_agents``: the agents it was built for, where its state has no agent axis to tell
     (FedAvg, IFCA); the runner refuses data of another number. ``takes``: the class of the
     data its round takes, where it is not an :class:`AgentData` (FedCB²O and DFedAvgM take
-    an :class:`~cbo_jax.federated.attacks.AttackData`); the runner refuses other data first.
+    an :class:`~cbo_jax.federated.attacks.AttackData`); the runner refuses other data first,
+    and an ``AttackData`` for an algorithm without ``takes``.
     """
 
     name: str

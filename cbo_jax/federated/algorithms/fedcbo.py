@@ -67,7 +67,7 @@ class FedCBOConfig:
       alpha: α of the weights μ = exp(-α L), eq. (19).
       selection: ``"epsilon_greedy"`` (Remark 3), ``"uniform"``, or ``"prob_sampling"``
         (FedCB²O's ProbSampling, the FedCBO baseline of the FedCB²O paper).
-      eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min).
+      eps0, eps_decay, eps_min: ε(n) = max(eps0 - eps_decay·n, eps_min), ``eps_min <= eps0``.
       noise: Appendix E aggregation noise, ``"none"``, ``"isotropic"`` or ``"anisotropic"``.
       sigma1: its strength σ1.
       noise_gamma: the noise's time step γ_noise, its scale ``σ1 √γ_noise`` (none: ``gamma``,
@@ -123,6 +123,8 @@ class FedCBOConfig:
         _checks.unit_interval("eps0", self.eps0)
         _checks.non_negative("eps_decay", self.eps_decay, f32=True)
         _checks.unit_interval("eps_min", self.eps_min)
+        if self.selection == "epsilon_greedy":  # the other rules draw no ε
+            _checks.epsilon_floor(self.eps0, self.eps_min)
         _checks.one_of("noise", self.noise, ("none", "isotropic", "anisotropic"))
         _checks.non_negative("sigma1", self.sigma1, f32=True)
         if self.noise_gamma is not None:
