@@ -256,6 +256,10 @@ def from_flax(module: nn.Module, example_input: ArrayLike, *, loss: str | Callab
             num_classes = out.shape[-1] if num_classes is None else num_classes
             if num_classes != out.shape[-1]:
                 raise ValueError(f"num_classes={num_classes} but the module outputs {out.shape[-1]} logits")
+            if num_classes < 2:  # softmax over one logit: the loss is 0 and its gradient too, nothing trains
+                raise ValueError(f"{mod} outputs {out.shape[-1]} logit: a cross-entropy classifier needs one logit "
+                                 f"per class, at least 2 (for two classes, nn.Dense(2)); a single output with "
+                                 f"a loss of your own, loss(outputs, y) -> (n,), for a sigmoid")
         else:
             num_classes = None
         loss_fn = LOSSES[loss]

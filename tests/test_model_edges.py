@@ -177,6 +177,7 @@ def test_a_federated_run_trains_a_dropout_model():
     (NoParams(), "NoParams has no parameters"),
     (TupleOut(), "TupleOut outputs a tuple, not one array; loss='cross_entropy'"),
     (DictOut(), "DictOut outputs a dict, not one array"),
+    (nn.Dense(1), "Dense outputs 1 logit: a cross-entropy classifier needs one logit per class, at least 2"),
 ])
 def test_from_flax_refuses_what_it_cannot_run(module, match):
     # AlwaysDrop: flax's InvalidRngError; NoParams: a vmap error over an empty pytree at the first
