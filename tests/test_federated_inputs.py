@@ -679,6 +679,34 @@ def test_metric_names_that_collide_are_refused():
             fl.run(alg, data, 1, jax.random.key(0), progress=False, **kw)
 
 
+def test_declared_metric_names_that_collide_are_refused_before_any_round_runs(monkeypatch):
+    """An evaluation metric's clash was found at its first evaluation, after `every` rounds had
+    trained. The built-in evaluation metrics declare their names (metrics.returning), so a clash
+    among them, or with a round metric, is refused before any round runs: pooled and
+    test_accuracy both return test_acc, pooled and round_stats both return train_loss."""
+    xs, ys = _lists()
+    data = fl.FederatedData.from_lists(xs, ys, test_x=xs, test_y=ys)
+    model = fl.from_flax(Classifier(), xs[0][:1])
+    alg = fl.fedavg(model, fl.FedAvgConfig(local=LOCAL), len(xs))
+    pooled = fl.metrics.pooled(model, data.train, data.test_x, data.test_y, data.test_counts)
+    accuracy = fl.metrics.test_accuracy(model, data)
+    assert pooled.__name__ == "pooled" and "test_acc" in pooled.returns and accuracy.__name__ == "test_accuracy"
+    ran = []
+
+    def counting(info):
+        jax.debug.callback(lambda: ran.append(1))
+        return {}
+
+    for kw, match in [({"metrics": [pooled, accuracy]}, "'test_accuracy' and 'pooled' both return 'test_acc'"),
+                      ({"metrics": [pooled], "round_metrics": [counting, fl.metrics.round_stats]},
+                       "'round_stats' and 'pooled' both return 'train_loss'")]:
+        with pytest.raises(ValueError, match=match):
+            fl.run(alg, data, 6, jax.random.key(0), every=3, progress=False, **kw)
+    assert ran == []  # refused while tracing: no round ran
+    res = fl.run(alg, data, 2, jax.random.key(0), progress=False, metrics=[pooled])
+    assert {"train_loss", "objective", "test_acc"} <= set(res.history[-1])
+
+
 def test_test_accuracy_of_other_data_is_refused_and_first_agents_is_explicit():
     """A 4-agent run scored with a 5-agent data's test_accuracy averaged over 5 "agents" (JAX clamps the
     index); agents='first' measures the first agents of a larger run (FedCB²O's benign ones)."""

@@ -42,7 +42,7 @@ PyTree = Any
 
 __all__ = ["Evaluation", "round_stats", "selection", "cluster_purity", "attack_selection", "test_accuracy",
            "attack_accuracy", "pooled", "privacy", "default_metrics", "selection_rate", "oracle_selection_rate",
-           "selection_frequency", "category_stats", "attack_metrics", "CATEGORIES"]
+           "selection_frequency", "category_stats", "attack_metrics", "returning", "CATEGORIES"]
 
 CATEGORIES = ("same_benign", "same_malicious", "other_benign", "other_malicious")
 
@@ -64,6 +64,18 @@ class Evaluation(NamedTuple):
 
 
 # --------------------------------------------------------------------------- round metrics
+
+
+def returning(name: str, names) -> Callable[[Callable], Callable]:
+    """Decorator for an evaluation metric: its ``__name__`` (what error messages call it) and
+    ``returns``, the names it returns. :func:`cbo_jax.federated.run` checks declared names
+    against each other and against the round metrics' before the first round; a metric that
+    declares none is checked at its first evaluation."""
+    def mark(fn):
+        fn.__name__ = fn.__qualname__ = name
+        fn.returns = tuple(names)
+        return fn
+    return mark
 
 
 def round_stats(info) -> dict:
@@ -395,7 +407,10 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     t = test_x.shape[0]
     clf = model.is_classifier
     groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of == k)) for k in range(t))
+    names = (["test_acc"] if clf else []) + ["test_loss"] + (
+        (["test_acc_per_cluster"] if clf else []) + ["server_model_per_cluster"] if cluster is not None else [])
 
+    @returning("test_accuracy", names)
     def metric(ev: Evaluation) -> dict:
         out: dict[str, Any]
         if ev.kind == "agent":
@@ -514,6 +529,7 @@ def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test
     check_test_sets(dataset.test_x, dataset.test_y, None, np.shape(dataset.test_x)[2:])
     _check_test_values(model, dataset.test_x, dataset.test_y, None)
 
+    @returning("attack_accuracy", [f"{m}{e}" for m in ("overall_acc", "source_acc", "asr") for e in ("", "_per_cluster")])
     def metric(ev: Evaluation) -> dict:
         benign = jax.tree_util.tree_map(lambda a: a[:nb], ev.params)
         n_test = None if ev.last else test_size
@@ -556,6 +572,7 @@ def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
     counts = jnp.full(test_x.shape[:1], test_x.shape[1], jnp.int32) if test_counts is None else test_counts
     test = (test_x, jnp.asarray(test_y), jnp.asarray(counts))
 
+    @returning("pooled", ["train_loss", "objective"] + (["train_acc", "test_acc"] if model.is_classifier else []))
     def metric(ev: Evaluation) -> dict:
         num = int(jax.tree_util.tree_leaves(ev.params)[0].shape[0])
         if ev.kind != "server" or num != 1:
@@ -583,6 +600,7 @@ def privacy(cfg, rounds: int, delta: float | None = None, device_sizes=None) -> 
 
     table = dp.account(cfg, rounds, delta, device_sizes=device_sizes).epsilon
 
+    @returning("privacy", ["epsilon"])
     def metric(ev: Evaluation) -> dict:
         nonlocal table
         if ev.round > len(table):  # ε after k rounds does not depend on how many are tabled

@@ -92,6 +92,27 @@ def _merge(fns: Sequence[Callable], arg, what: str, taken: dict | None = None) -
     return out
 
 
+def _declared(metrics: Sequence[Callable]) -> tuple[tuple[str, str], ...]:
+    """``(name, metric)`` pairs of the names the evaluation metrics declare (their ``returns``,
+    :func:`~cbo_jax.federated.metrics.returning`), checked as :func:`_merge` checks the rows, but
+    before the first round: a clash found at the first evaluation lost the rounds before it."""
+    source: dict[str, str] = {}
+    for fn in metrics:
+        names = getattr(fn, "returns", None)
+        if names is None:
+            continue
+        name = getattr(fn, "__name__", None) or type(fn).__name__
+        for key in names:
+            if key in _ROW_KEYS:
+                raise ValueError(f"the metric {name!r} returns {key!r}, which the runner writes into every row; "
+                                 "name it otherwise")
+            if key in source:
+                raise ValueError(f"the metric {name!r} and {source[key]!r} both return {key!r}: one would overwrite "
+                                 "the other in every row; rename one of them")
+            source[key] = name
+    return tuple(sorted(source.items()))
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _pad_state(state, layout):
     """``layout.pad_state`` compiled once per layout (a bound method of each run's new Layout
@@ -99,11 +120,13 @@ def _pad_state(state, layout):
     return layout.pad_state(state)
 
 
-@functools.partial(jax.jit, static_argnames=("round_fn", "layout", "metrics", "length"), donate_argnums=(0,))
-def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int):
+@functools.partial(jax.jit, static_argnames=("round_fn", "layout", "metrics", "length", "taken"), donate_argnums=(0,))
+def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int, taken: tuple = ()):
+    # taken: the evaluation metrics' declared names; a round metric's clash with one is refused
+    # here, while the rounds are traced, before any of them runs
     def body(s, _):
         s, info = round_fn(s, data)
-        return s, _merge(metrics, layout.trim_info(info), "the round metric")
+        return s, _merge(metrics, layout.trim_info(info), "the round metric", dict(taken))
 
     return jax.lax.scan(body, state, None, length=length)
 
@@ -259,6 +282,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         raise ValueError(f"{algorithm.name} takes a FederatedData or an AgentData, got an AttackData (FedCB²O's "
                          f"benign, validation and malicious agents); pass data.benign for the benign agents alone, "
                          f"or build the algorithm with takes=AttackData if its round reads one")
+    _declared(metrics)  # two evaluation metrics' declared names clash: refused now, not after `every` rounds
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents
@@ -466,6 +490,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
          resume, extend, progress, tensorboard, plots, clusters) -> RunResult:
     n = data.num_agents
     lay = padding.layout(n, mesh)
+    declared = _declared(metrics)
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
@@ -534,7 +559,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             while done < stop:
                 length = min(step - done % step, stop - done)
                 state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
-                                          length=length)
+                                          length=length, taken=declared)
                 if bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
                     rec = jax.device_get(rec)
                     advance(bar, length, _postfix(last_eval, {k: v[-1] for k, v in rec.items() if np.ndim(v) == 1}))
