@@ -203,9 +203,18 @@ def test_selection_metrics():
     assert float(metrics.selection_rate(idx, cluster)) == pytest.approx(10 / 12)
     assert float(metrics.oracle_selection_rate(0.5, cluster)) == pytest.approx(0.5 + 0.5 * 2 / 5)
     # The ε-greedy draw makes ⌊εM⌋ random picks: the oracle of the draw used (M = 3: 1 of 3, then 0 of 3)
-    assert float(metrics.oracle_selection_rate(0.5, cluster, 3)) == pytest.approx(2 / 3 + 1 / 3 * 2 / 5)
-    assert float(metrics.oracle_selection_rate(0.25, cluster, 3)) == pytest.approx(1.0)
-    assert float(metrics.oracle_selection_rate(0.7, cluster, 10)) == pytest.approx(0.3 + 0.7 * 2 / 5)  # 0.7 in f32
+    # (M = 3 against 2 same-cluster peers: capped at 2/3, which a perfect P reaches; the formula gave
+    # 2/3 + 1/3 · 2/5 and 1)
+    assert float(metrics.oracle_selection_rate(0.5, cluster, 3)) == pytest.approx(2 / 3)
+    assert float(metrics.oracle_selection_rate(0.25, cluster, 3)) == pytest.approx(2 / 3)
+    assert float(metrics.oracle_selection_rate(0.5, cluster, 2)) == pytest.approx(1 / 2 + 1 / 2 * 2 / 5)
+    big = jnp.repeat(jnp.arange(2), 11)  # 10 same-cluster peers of 21 others, M = 10
+    assert float(metrics.oracle_selection_rate(0.7, big, 10)) == pytest.approx(0.3 + 0.7 * 10 / 21)  # 0.7 in f32
+    # fewer same-cluster peers than downloads: a perfect P reaches (|C(j)| - 1) / M at most (it said 1)
+    pairs = jnp.repeat(jnp.arange(4), 2)  # one peer each, M = 3
+    assert float(metrics.oracle_selection_rate(0.0, pairs, 3)) == pytest.approx(1 / 3)
+    mixed = jnp.asarray([0, 0, 0, 0, 1, 1])  # 3 peers (uncapped at M = 2) and 1 peer (capped at 1/2)
+    assert float(metrics.oracle_selection_rate(0.0, mixed, 2)) == pytest.approx((4 * 1.0 + 2 * 0.5) / 6)
     # in the round metric, with the info's M
     Info = collections.namedtuple("Info", "idx eps valid")
     got = metrics.selection(np.asarray(cluster))(Info(idx, jnp.float32(0.5), None))

@@ -125,13 +125,21 @@ def oracle_selection_rate(eps, cluster: jax.Array, m: int | None = None) -> jax.
     makes, ``⌊εM⌋ / M`` (:func:`cbo_jax.federated.selection.draw_epsilon_greedy`, as the
     reference code's ``int(ε·M)``); the paper's settings (M = 200) make ``εM`` whole, where
     the two agree. Without it, ``ε`` itself.
+
+    With ``m``, an agent ``j`` with fewer same-cluster peers than downloads (``|C(j)| - 1 < M``:
+    small runs, not the paper's) cannot reach more than ``(|C(j)| - 1) / M``; its term is
+    capped there (the formula gave 1 at ``ε = 0``). Full participation is assumed.
     """
-    if m is not None:
-        eps = jnp.floor(jnp.asarray(eps, jnp.float32) * m + 1e-6) / m
     n = cluster.shape[0]
     sizes = jnp.sum(cluster[:, None] == cluster[None, :], axis=1)
     share = jnp.mean((sizes - 1) / max(n - 1, 1))
-    return (1.0 - eps) + eps * share
+    if m is None:
+        return (1.0 - eps) + eps * share
+    eps = jnp.floor(jnp.asarray(eps, jnp.float32) * m + 1e-6) / m
+    formula = (1.0 - eps) + eps * share
+    per_agent = jnp.minimum((1.0 - eps) + eps * (sizes - 1) / max(n - 1, 1), (sizes - 1) / m)
+    # where no cap binds, the formula as it was (the same rounding as before)
+    return jnp.where(jnp.any(sizes - 1 < m), jnp.mean(per_agent), formula)
 
 
 def selection_frequency(idx: jax.Array, cluster: jax.Array, num_clusters: int,
