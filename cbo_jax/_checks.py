@@ -221,7 +221,8 @@ def all_finite(name: str, tree: Any) -> None:
 
 def as_key(name: str, key: Any) -> jax.Array:
     """A PRNG key from ``key``: typed keys and raw ``uint32`` key data pass unchanged, an
-    integer seed becomes ``jax.random.key(seed)``; anything else is a ``ValueError``.
+    integer seed (also a scalar integer array, traced under ``jit``/``vmap``: its dtype's bits)
+    becomes ``jax.random.key(seed)``; anything else is a ``ValueError``.
 
     Seeds use all 64 bits: JAX without ``jax_enable_x64`` keeps only a seed's low 32 bits
     (``jax.random.key(2**32)`` is ``jax.random.key(0)``), so a seed outside
@@ -244,6 +245,10 @@ def as_key(name: str, key: Any) -> jax.Array:
         words = {"threefry2x32": (2,), "rbg": (4,), "unsafe_rbg": (4,)}.get(jax.config.jax_default_prng_impl, (2, 4))
         if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in words:
             return key
+        # a seed as a scalar integer array: under jit or vmap (an integer argument is traced), or a
+        # NumPy/JAX scalar array; refused before as "a PRNG key or an integer seed, got a tracer of int32"
+        if np.ndim(key) == 0 and jax.dtypes.issubdtype(dtype, np.integer) and not jax.dtypes.issubdtype(dtype, np.bool_):
+            return jax.random.key(key)
     raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"
                      + (f" of dtype {dtype}" if dtype is not None else ""))
 

@@ -24,6 +24,17 @@ def test_minimize_with_dim_and_an_integer_seed_lifts_a_single_particle_objective
     dyn = cj.cbo(objectives.Sphere())
     a = cj.simulate(dyn, x0, 5, 0)
     np.testing.assert_array_equal(jax.random.key_data(a.state.key), jax.random.key_data(jax.random.key(5)))
+    # init under jit and vmap: the integer seed is traced (refused before as "an integer seed, got a
+    # tracer of int32"); the same state as eagerly
+    eager = dyn.init(x0, 7)
+    jitted = jax.jit(dyn.init)(x0, 7)
+    np.testing.assert_array_equal(jax.random.key_data(jitted.key), jax.random.key_data(jax.random.key(7)))
+    np.testing.assert_array_equal(np.asarray(jitted.x), np.asarray(eager.x))
+    batched = jax.vmap(dyn.init)(jnp.stack([x0] * 3), jnp.arange(3))
+    np.testing.assert_array_equal(jax.random.key_data(batched.key), jax.random.key_data(jax.vmap(jax.random.key)(
+        jnp.arange(3))))
+    with pytest.raises(ValueError, match="integer seed"):
+        dyn.init(x0, jnp.float32(7.0))
 
 
 def test_minimize_refuses_an_objective_it_cannot_read_when_n_equals_d():
