@@ -284,6 +284,7 @@ def test_particles_for_stacked_runs_repeat_one_runs_fields():
         (lambda: particles(x, np.zeros(8), num_runs=3), "label must hold integers"),
         (lambda: particles(x[:2], label, num_runs=3), "leading run axis of 3"),
         (lambda: particles(x, label), r"pass num_runs=M"),
+        (lambda: particles(x, np.stack([label] * 3)), r"got \(3, 8\) \(x has 3 rows: .*pass num_runs=M\)"),  # per run
     ]:
         with pytest.raises(ValueError, match=match):
             call()

@@ -200,7 +200,7 @@ def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | 
     for name, arr in (("label", label), ("malicious", malicious), ("pid", pid)):
         if arr.shape != (n,):
             hint = (f" (x has {n} rows: for runs stacked (M, N, ...), pass num_runs=M)"
-                    if arr.ndim == 1 and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
+                    if arr.ndim in (1, 2) and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
             raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}{hint}")
     for name, arr in (("label", label), ("pid", pid)):  # 1.9 was truncated to 1
         if not np.issubdtype(arr.dtype, np.integer):
