@@ -474,7 +474,7 @@ def _cmd_report(args) -> int:
 
     try:
         path = render(args.results_dir, args.output, args.format)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:
         print(f"cbo-jax report: {err}", file=sys.stderr)
         return 2
     print(path)

@@ -43,6 +43,8 @@ __all__ = ["render", "flatten"]
 _MAX_CURVES = 6          # numeric metrics columns drawn per figure
 _MAX_TABLE_ROWS = 200    # key/value rows shown per JSON file
 _SKIP_DIRS = {"checkpoint", "__pycache__"}
+_REPORT_SUFFIXES = (".html", ".htm", ".md", ".markdown")
+_RESULT_SUFFIXES = (".json", ".jsonl", ".png", ".npz")
 
 
 def _scalar(v: Any) -> bool:
@@ -132,6 +134,47 @@ def _numeric_columns(rows: list[dict]) -> list[str]:
         return (pri, -cols[k], k)
 
     return sorted(cols, key=rank)[:_MAX_CURVES]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _runs_in(rows: list[dict]) -> int | None:
+    """The number of runs ``R`` when the rows hold numeric columns as lists over runs (``cbo-jax
+    optimize`` and ``simulate(..., out=)`` write ``[v_1, ..., v_R]``, also for ``R = 1``);
+    ``None`` when they do not."""
+    lengths = {len(v) for r in rows for v in r.values()
+               if isinstance(v, list) and v and all(_number(e) or e is None for e in v) and any(_number(e) for e in v)}
+    return lengths.pop() if len(lengths) == 1 else None
+
+
+def _run_series(rows: list[dict], label: str, mean: bool = False) -> dict[str, list[dict]]:
+    """The rows as curves: as they are; with per-run lists, one series per run (``label run i``,
+    up to 8 runs), else, or with ``mean``, their mean over the runs (non-finite entries left out)."""
+    runs = _runs_in(rows)
+    if runs is None:
+        return {label: rows}
+
+    def pick(r: dict, i: int | None) -> dict:
+        out = {}
+        for k, v in r.items():
+            if isinstance(v, list) and len(v) == runs:
+                vals = [e for e in v if _number(e) and math.isfinite(e)]
+                if i is None:
+                    if vals:
+                        out[k] = sum(vals) / len(vals)
+                elif _number(v[i]):
+                    out[k] = v[i]
+            elif _number(v) or k in ("round", "step"):
+                out[k] = v
+        return out
+
+    if runs == 1:
+        return {label: [pick(r, 0) for r in rows]}
+    if mean or runs > 8:
+        return {f"{label} (mean of {runs} runs)": [pick(r, None) for r in rows]}
+    return {f"{label} run {i}": [pick(r, i) for r in rows] for i in range(runs)}
 
 
 def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
@@ -284,13 +327,15 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
             if comp is not None:
                 section.append(("p", "Comparison of the sub-directories' `summary.json` (numbers that differ):"))
                 section.append(("table", *comp))
-        series = {c.name: rows for c in kids if (c / "metrics.jsonl").is_file()
-                  and (rows := _read_jsonl(c / "metrics.jsonl"))}
+        series = {}  # siblings' curves: a child's runs (lists over runs) by their mean
+        for c in kids:
+            if (c / "metrics.jsonl").is_file() and (rows := _read_jsonl(c / "metrics.jsonl")):
+                series.update(_run_series(rows, c.name, mean=True))
         if len(series) < 2:  # a single child's curves are drawn in its own section
             series = {}
         own = _read_jsonl(d / "metrics.jsonl") if (d / "metrics.jsonl").is_file() else []
         if own and not (d != root and _metrics_children(d.parent) >= 2):
-            series = {d.name or "run": own, **series}
+            series = {**_run_series(own, d.name or "run"), **series}
         if series:
             png = _curves_png(series, f"{title}: metrics.jsonl")
             if png is not None:
@@ -379,7 +424,9 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
 
     Raises:
       FileNotFoundError: ``results_dir`` is not a directory.
-      ValueError: unknown ``fmt``, or the report cannot be written at ``out``.
+      ValueError: unknown ``fmt``; ``results_dir`` holds no results; the report cannot be
+        written at ``out``, or ``out`` is an existing file that is not a report (``.html``,
+        ``.md``) or a results file (``.json``, ``.jsonl``, ``.png``, ``.npz``).
     """
     root = Path(results_dir)
     if not root.is_dir():
@@ -391,6 +438,14 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     out_path = Path(out) if out is not None else root / f"report.{fmt}"
     if out_path.is_dir():  # ``-o reports/``: the report goes inside (writing to it would raise IsADirectoryError)
         out_path = out_path / f"report.{fmt}"
+    suffix = out_path.suffix.lower()
+    if suffix not in _REPORT_SUFFIXES and (out_path.exists() or suffix in _RESULT_SUFFIXES):
+        # `-o run/metrics.jsonl` replaced the run's own rows with the report's HTML
+        what = "an existing file" if out_path.exists() else f"a {suffix} file, which later reports read as results"
+        raise ValueError(f"will not write the report to {out_path}: it is {what}; give a path ending in .html or .md "
+                         f"(or a directory)")
+    if not any(True for _ in _dirs_with_results(root, None)):  # an empty page and exit status 0 hid a wrong path
+        raise ValueError(f"no results found in {root}: no .json, .jsonl or .png files below it")
     try:  # before the report is built: an unwritable path was an OSError traceback
         out_path.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # was "File exists": a file stands where a directory of the path should be

@@ -117,7 +117,40 @@ def test_report_cli_and_bad_input(tmp_path, capsys):
         render(root, fmt="pdf")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "No results found" in render(empty).read_text()
+    with pytest.raises(ValueError, match="no results found in"):  # an empty page and status 0 hid a wrong path
+        render(empty)
+    assert cli.main(["report", str(empty)]) == 2 and not (empty / "report.html").exists()
+    assert "no results found" in capsys.readouterr().err
+    # -o over a run's own files replaced them with the report
+    rows = (root / "fedcbo" / "metrics.jsonl").read_text()
+    for target in (root / "fedcbo" / "metrics.jsonl", root / "fedcbo" / "accuracy.png", root / "new.json"):
+        assert cli.main(["report", str(root), "-o", str(target)]) == 2
+        assert "will not write the report" in capsys.readouterr().err
+    assert (root / "fedcbo" / "metrics.jsonl").read_text() == rows and not (root / "new.json").exists()
+    assert render(root, root / "fedcbo" / "report.md").suffix == ".md"  # a report over a report: fine
+
+
+def test_curves_of_runs_written_as_lists_over_runs(tmp_path):
+    """cbo-jax optimize (and simulate(..., out=) with num_runs) write each value as a list over
+    runs, also for one run: the report drew no curve for them."""
+    root = tmp_path / "opt"
+    root.mkdir()
+    (root / "summary.json").write_text(json.dumps({"best_energy": [0.1, 0.2]}))
+    (root / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": s, "best_energy": [1.0 / s, 2.0 / s], "active": [True, True], "evals": [20 * s, 20 * s]}) + "\n"
+        for s in range(1, 6)))
+    assert render(root, root / "r.md").read_text().count("![") == 1
+    from cbo_jax.report import _run_series
+
+    rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+    series = _run_series(rows, "opt")
+    assert list(series) == ["opt run 0", "opt run 1"]
+    assert [r["best_energy"] for r in series["opt run 1"]] == [2.0 / s for s in range(1, 6)]
+    assert "active" not in series["opt run 0"][0]  # booleans are not curves
+    mean = _run_series(rows, "opt", mean=True)
+    assert list(mean) == ["opt (mean of 2 runs)"] and mean["opt (mean of 2 runs)"][0]["best_energy"] == 1.5
+    one = _run_series([{"step": 1, "e": [3.0]}, {"step": 2, "e": [2.0]}], "x")
+    assert one == {"x": [{"step": 1, "e": 3.0}, {"step": 2, "e": 2.0}]}
 
 
 def test_flatten():
