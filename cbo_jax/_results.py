@@ -20,6 +20,10 @@ __all__ = ["ResultsDir", "RUN_FILES"]
 RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "fingerprint.json", "metrics.png", "checkpoint",
              "events.out.tfevents.*")
 _LOCK = ".lock"
+# Files only a run of this package writes, by any command (a federated run, `cbo-jax optimize`):
+# an overwrite that leaves another command's kind of them behind is refused (the directory would
+# mix two runs, and a report would show both).
+_ANY_RUN = ("fingerprint.json", "metrics.png", "history.npz", "checkpoint", "metrics.jsonl", "summary.json")
 
 
 def _not_a_directory(path: Path) -> Path:
@@ -105,6 +109,14 @@ class ResultsDir:
                 resume = "resume them (--resume; resume=True), " if self.resumable else ""
                 raise ValueError(f"{self.path} already holds results ({names}); {resume}choose another output "
                                  f"directory, or overwrite them (--overwrite; overwrite=True)")
+            foreign = [] if self.owned is None else sorted(
+                {p for pattern in _ANY_RUN if pattern not in self.owned for p in self.path.glob(pattern)})
+            if foreign:
+                self.__exit__()
+                names = ", ".join(p.name + ("/" if p.is_dir() else "") for p in foreign)
+                raise ValueError(f"{self.path} holds the results of another kind of run as well ({names}, which this "
+                                 f"run does not write, so overwriting would leave them beside its own); remove them or "
+                                 f"choose another output directory")
             for p in found:
                 _remove(p)
         return self

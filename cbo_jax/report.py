@@ -444,8 +444,6 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
         what = "an existing file" if out_path.exists() else f"a {suffix} file, which later reports read as results"
         raise ValueError(f"will not write the report to {out_path}: it is {what}; give a path ending in .html or .md "
                          f"(or a directory)")
-    if not any(True for _ in _dirs_with_results(root, None)):  # an empty page and exit status 0 hid a wrong path
-        raise ValueError(f"no results found in {root}: no .json, .jsonl or .png files below it")
     try:  # before the report is built: an unwritable path was an OSError traceback
         out_path.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # was "File exists": a file stands where a directory of the path should be
@@ -455,6 +453,8 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
                          f"not a directory") from None
     except OSError as err:
         raise ValueError(f"cannot write the report to {out_path}: {err.strerror or err}") from None
+    if not any(True for _ in _dirs_with_results(root, None)):  # an empty page and exit status 0 hid a wrong path
+        raise ValueError(f"no results found in {root}: no .json, .jsonl or .png files below it")
     blocks = _blocks(root, out_path)
     try:
         text = _to_html(blocks) if fmt == "html" else _to_markdown(blocks, out_path)

@@ -335,3 +335,18 @@ def test_elapsed_time_goes_on_across_a_resume(finished, tmp_path, capsys):
     assert again[1]["elapsed_s"] == 1000.0 and 1000.0 < again[2]["elapsed_s"] < 1000.0 + 600
     assert json.loads((out / "summary.json").read_text())["seconds"] >= again[2]["elapsed_s"]
     capsys.readouterr()
+
+
+def test_an_overwrite_into_another_kind_of_run_is_refused(finished, tmp_path, capsys):
+    """`cbo-jax optimize --overwrite` into a federated run's directory removed only its own kind of
+    files: fingerprint.json and metrics.png stayed beside the new run, and a report showed both."""
+    out = _copy(finished, tmp_path / "mixed")
+    assert main(["optimize", "--dim", "2", "--steps", "2", "--particles", "10", "--no-progress", "--output", str(out),
+                 "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds the results of another kind of run as well (checkpoint/, fingerprint.json, metrics.png" in err
+    assert (out / "summary.json").read_text() == (finished / "summary.json").read_text()  # nothing removed
+    # the same kind of run is overwritten as before
+    again = _copy(finished, tmp_path / "again")
+    assert _run(again, "--rounds", "1", "--test-size", "50", "--overwrite") == 0
+    assert not (again / "checkpoint").exists() and json.loads((again / "summary.json").read_text())["rounds"] == 1

@@ -600,9 +600,11 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
     if out is not None:
-        write_summary(out / "summary.json", summary)
+        # The plot before the summary, which marks the run finished (`finished`, a resume): an
+        # interrupt while the plot was drawn left a finished run without its metrics.png.
         if plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
+        write_summary(out / "summary.json", summary)
     return RunResult(lay.unpad_state(state), history, summary)
 
 
