@@ -287,7 +287,8 @@ def _add_run(sub) -> None:
         q.add_argument("--resume", action="store_true",
                        help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists; "
                             "refused when the checkpoint belongs to another configuration, seed or data")
-        q.add_argument("--extend", action="store_true", help="with --resume: allow more (or fewer) --rounds")
+        q.add_argument("--extend", action="store_true",
+                       help="with --resume: allow another --rounds (more; or fewer, down to the checkpoint's round)")
         q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
         q.add_argument("--shard", action="store_true",
                        help="split the agents over all devices (any N: padded with inactive agents, dropped from the "

@@ -294,6 +294,9 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
         print(f"memory budget {cfg.run.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
               + ", ".join(f"{c}: {b / 2**30:.2f}" for c, b in plan.items()) + ")", flush=True)
         cfg = dataclasses.replace(cfg, config=dataclasses.replace(cfg.config, eval_chunk=chunk))
+    elif cfg.run.memory_budget_gb is not None:  # was accepted without a word
+        print(f"memory budget {cfg.run.memory_budget_gb} GiB: not used by {cfg.algorithm} (it sizes FedCBO's "
+              f"eval_chunk only)", flush=True)
     model, algorithm = build(cfg, data.num_agents, mesh=mesh)
     data.check(model)
     chunk = getattr(cfg.config, "eval_chunk", 8)
