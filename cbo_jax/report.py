@@ -192,13 +192,14 @@ def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     ncol = min(3, len(columns))
     nrow = math.ceil(len(columns) / ncol)
     fig, axes = subplots(nrow, ncol, figsize=(4.2 * ncol, 3.0 * nrow), squeeze=False)
+    colour = {label: f"C{i % 10}" for i, label in enumerate(series)}  # one colour per run in every panel
     for ax, col in zip(axes.flat, columns):
         for label, rows in series.items():
             pts = [(r.get("round", r.get("step", i + 1)), r[col]) for i, r in enumerate(rows)
                    if isinstance(r.get(col), (int, float)) and not isinstance(r.get(col), bool)]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
+                ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label, color=colour[label])
         ax.set_title(col, fontsize=9)
         ax.set_xlabel("round" if any("round" in r for rows in series.values() for r in rows[:1]) else "step",
                       fontsize=8)
@@ -207,7 +208,9 @@ def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     for ax in list(axes.flat)[len(columns):]:
         ax.axis("off")
     if 1 < len(series) <= 12:
-        axes.flat[0].legend(fontsize=7)
+        from matplotlib.lines import Line2D  # every run, also one the first panel has no points of
+
+        axes.flat[0].legend(handles=[Line2D([], [], color=colour[lab], label=lab) for lab in series], fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     buf = io.BytesIO()
@@ -262,6 +265,44 @@ def _comparison(children: list[tuple[str, dict]]) -> tuple[list[str], list[list[
     return header, [[name] + [_fmt(f[k]) for k in varying[:12]] for name, f in flats]
 
 
+def _seed_groups(kids: list[Path]) -> list[tuple[str, dict, list[dict]]]:
+    """Children without a summary of their own whose sub-directories hold runs (a reproduction's
+    ``METHOD/seedK/``): ``(name, mean of the runs' numeric summary values, mean curves)`` each."""
+    out = []
+    for c in kids:
+        if (c / "summary.json").is_file():
+            continue
+        runs = [g for g in sorted(c.iterdir()) if g.is_dir() and g.name not in _SKIP_DIRS]
+        flats = [flatten({k: v for k, v in s.items() if k != "environment"}) for g in runs
+                 if isinstance(s := _read_json(g / "summary.json"), dict)]
+        if not flats:
+            continue
+        keys = [k for k, v in flats[0].items() if _number(v) and all(_number(f.get(k)) for f in flats[1:])]
+        means = {k: sum(f[k] for f in flats) / len(flats) for k in keys}
+        label = f"{c.name} (mean of {len(flats)})" if len(flats) > 1 else c.name
+        curves = [_read_jsonl(g / "metrics.jsonl") for g in runs if (g / "metrics.jsonl").is_file()]
+        out.append((label, means, _mean_rows([r for r in curves if r])))
+    return out
+
+
+def _mean_rows(runs: list[list[dict]]) -> list[dict]:
+    """Row by row (by ``round``/``step``), the mean of each numeric column over the runs holding it."""
+    by_x: dict[Any, list[dict]] = {}
+    for rows in runs:
+        for i, r in enumerate(rows):
+            by_x.setdefault(r.get("round", r.get("step", i + 1)), []).append(r)
+    out = []
+    for x in sorted(by_x, key=lambda v: (not _number(v), v if _number(v) else 0)):
+        rows = by_x[x]
+        row: dict[str, Any] = {"round" if "round" in rows[0] else "step": x}
+        for k in {k for r in rows for k, v in r.items() if _number(v)} - {"round", "step"}:
+            vals = [r[k] for r in rows if _number(r.get(k)) and math.isfinite(r[k])]
+            if vals:
+                row[k] = sum(vals) / len(vals)
+        out.append(row)
+    return out
+
+
 def _metrics_children(d: Path) -> int:
     return sum((c / "metrics.jsonl").is_file() for c in d.iterdir() if c.is_dir())
 
@@ -295,6 +336,8 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
     dirs = list(_dirs_with_results(root, skip))
     # parents whose children hold summaries also get a section (comparison tables, curves)
     parents = {d.parent for d in dirs if d != root and (d / "summary.json").is_file()}
+    # and their parents, where those have no summary (METHOD/SEED/: the methods compared)
+    parents |= {p.parent for p in parents if p != root and not (p / "summary.json").is_file()}
     dirs = sorted(set(dirs) | {p for p in parents if root in (p, *p.parents)},
                   key=lambda d: str(d.relative_to(root)))
     if not dirs:
@@ -327,10 +370,21 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
             if comp is not None:
                 section.append(("p", "Comparison of the sub-directories' `summary.json` (numbers that differ):"))
                 section.append(("table", *comp))
+        grouped = _seed_groups(kids) if len(summaries) < 2 else []
+        if len(grouped) >= 2:  # METHOD/SEED/ (a reproduction): the methods by their runs' means
+            comp = _comparison([(name, means) for name, means, _ in grouped])
+            if comp is not None:
+                section.append(("p", "Comparison of the sub-directories by the mean over the runs below each "
+                                     "(their `summary.json`; numbers that differ):"))
+                section.append(("table", *comp))
         series = {}  # siblings' curves: a child's runs (lists over runs) by their mean
         for c in kids:
             if (c / "metrics.jsonl").is_file() and (rows := _read_jsonl(c / "metrics.jsonl")):
                 series.update(_run_series(rows, c.name, mean=True))
+        if len(grouped) >= 2:
+            for name, _, rows in grouped:
+                if rows:
+                    series[name] = rows
         if len(series) < 2:  # a single child's curves are drawn in its own section
             series = {}
         own = _read_jsonl(d / "metrics.jsonl") if (d / "metrics.jsonl").is_file() else []

@@ -210,3 +210,25 @@ def test_markdown_report_named_with_a_space_links_its_images_and_is_not_read_as_
     second = render(root, root / "second.md").read_text()
     assert "first report_files" not in second and second.count("![") == 2
     assert first.with_name("first report_files").is_dir()
+
+
+def test_a_reproductions_methods_are_compared_by_their_runs_means(tmp_path):
+    """A reproduction writes METHOD/seedK/: the method directories hold no summary of their own,
+    so the report compared the seeds within each method and never one method with another."""
+    root = tmp_path / "table"
+    for method, accs in (("fedcbo", (90.0, 92.0)), ("fedavg", (80.0, 84.0))):
+        for k, acc in enumerate(accs):
+            d = root / method / f"seed{k}"
+            d.mkdir(parents=True)
+            (d / "summary.json").write_text(json.dumps({"final_test_acc": acc, "rounds": 2}))
+            (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r, "test_acc": acc - 10 * (2 - r)}) + "\n"
+                                                     for r in (1, 2)))
+    text = render(root, tmp_path / "r.md").read_text()
+    top = text.split("## fedavg")[0]
+    assert "by the mean over the runs below each" in top
+    assert "| fedavg (mean of 2) | 82 |" in top and "| fedcbo (mean of 2) | 91 |" in top
+    assert top.count("![") == 1  # the methods' mean curves, overlaid
+    from cbo_jax.report import _mean_rows
+
+    assert _mean_rows([[{"round": 1, "a": 1.0}, {"round": 2, "a": 3.0}], [{"round": 1, "a": 2.0}]]) == [
+        {"round": 1, "a": 1.5}, {"round": 2, "a": 3.0}]
