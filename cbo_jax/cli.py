@@ -147,7 +147,8 @@ def _cmd_optimize(args) -> int:
         if getattr(args, flag[2:].replace("-", "_")) is not None and args.alpha_schedule not in schedules_using:
             raise ValueError(f"{flag} applies to --alpha-schedule {' or '.join(schedules_using)} only "
                              f"(got --alpha-schedule {args.alpha_schedule})")
-    for flag, given in (("--tensorboard", args.tensorboard), ("--log-every", args.log_every is not None)):
+    for flag, given in (("--tensorboard", args.tensorboard), ("--log-every", args.log_every is not None),
+                        ("--overwrite", args.overwrite)):
         if given and args.output is None:
             raise ValueError(f"{flag} needs --output DIR (the metrics are written there)")
     alpha_factor = 1.05 if args.alpha_factor is None else args.alpha_factor

@@ -332,6 +332,7 @@ def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
 @pytest.mark.parametrize("extra,match", [
     (["--tensorboard"], "--tensorboard needs --output"),
     (["--log-every", "5"], "--log-every needs --output"),
+    (["--overwrite"], "--overwrite needs --output"),  # was accepted without a word
     (["--alpha-schedule", "constant", "--alpha-factor", "1.1"], "--alpha-factor .* --alpha-schedule multiplicative"),
     (["--alpha-schedule", "constant", "--alpha-max", "10"], "--alpha-max .* multiplicative or ess"),
     (["--alpha-schedule", "ess", "--alpha-factor", "1.1"], "--alpha-factor .* --alpha-schedule multiplicative"),
