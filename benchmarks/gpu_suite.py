@@ -66,22 +66,25 @@ class Part(NamedTuple):
     files: str = ""  # the name of its own directory of files ({DIR}), when it writes one
 
 
+# The shares follow what each part took on an H200 (2026-12-04; benchmarks/RESULTS_gpu.md): cbo 82 s,
+# fedcbo 42 s, clustered 38 s, consensus 58 s, meanfield 27 s, table1 42 s (10 rounds), so that
+# `--budget 330` lets every part finish (with the earlier shares cbo and consensus were cut at 60 and 42 s).
 SUITES = {
     "cbo": Part(["benchmarks/cbo_throughput.py", "--sizes", "1e4,1e5,1e6,1e7", "--no-partitionable", "--steps", "200",
                  "--cbxpy-max-n", "1e5"],
                 ["benchmarks/cbo_throughput.py", "--quick", "--no-partitionable", "--sizes", "1000"],
-                share=2.0, progress=True),
+                share=3.0, progress=True),
     "fedcbo": Part(["benchmarks/fedcbo_round.py", "--agents", "1200", "--downloads", "200", "--epochs", "10",
                     "--no-compare", "--repeats", "2", "--sweep-chunks", "4,64", "--groups", "4", "--agent-chunks", ""],
                    ["benchmarks/fedcbo_round.py", "--quick", "--no-compare"],
-                   share=3.0),
+                   share=1.6),
     "clustered": Part(["benchmarks/clustered_scaling.py", "--sizes", "1e5,1e6,1e7", "--numpy-max-n", "1e6"],
                       ["benchmarks/clustered_scaling.py", "--sizes", "1e3", "--repeats", "1"],
-                      share=1.5, progress=True),
+                      share=1.4, progress=True),
     "consensus": Part(["benchmarks/consensus_sum.py", "--sizes", "1e6,1e7,10000003", "--dims", "20",
                        "--step-sizes", "1e7", "--pairs", "2"],
                       ["benchmarks/consensus_sum.py", "--quick"],
-                      share=1.0),
+                      share=2.0),
     "meanfield": Part(["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "1e2,1e3,1e4,1e5,1e6",
                        "--reference", "1e7", "--no-progress", "--output", "{DIR}", "--overwrite"],
                       ["-m", "cbo_jax.cli", "reproduce", "meanfield-scaling", "--sizes", "64,256", "--reference", "4096",
@@ -92,7 +95,7 @@ SUITES = {
                     "--overwrite"],
                    ["-m", "cbo_jax.cli", "reproduce", "fedcbo-table1", "--scale", "small", "--seeds", "1",
                     "--rounds", "1", "--source", "bundled", "--no-progress", "--output", "{DIR}", "--overwrite"],
-                   share=2.5, needs_data=True, files="fedcbo-table1"),
+                   share=1.6, needs_data=True, files="fedcbo-table1"),
 }
 TABLE1_METHODS = ("fedcbo", "ifca", "fedavg", "local")
 # A part given less is not started (its time goes to the next): starting JAX on a GPU and compiling
