@@ -150,7 +150,9 @@ def consensus_point(population: PyTree, energy: jax.Array, alpha: ArrayLike,
       mask: optional boolean of the same shape as ``energy``.
 
     Returns a pytree without agent axis (``energy`` 1-D) or with leading axis K.
-    Agents with non-finite parameters or energies get weight zero.
+    Agents with non-finite parameters or energies get weight zero. With no agent left (every
+    one masked out or non-finite) the consensus point is NaN: there is nothing to average
+    (``cbo_jax.simulate`` refuses such a start).
     """
     _check_energy_shape(energy, pop.num_agents(population))
     population, mask = _finite_population(population, None if mask is None else _bool_mask(mask, jnp.shape(energy)))
@@ -276,11 +278,13 @@ def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = N
     only on ties). ``⌈β n⌉`` allows for ``β``'s rounding (``0.3 · 10`` is 3, not 4). Where
     NumPy's default linear interpolation keeps ``⌊(n-1) β⌋ + 1``, the sets differ (never at
     ``β = 0.5``). ``β = 1`` keeps every valid agent (plain CBO). ``beta`` is one number in
-    ``(0, 1]`` for every row (a Python number is checked here; a traced one cannot be).
+    ``(0, 1]`` for every row (a concrete number is checked here; a traced one cannot be).
     Returns a boolean array of the shape of ``energy``; invalid agents are never in the set.
     """
-    if isinstance(beta, (int, float)) and not 0.0 < beta <= 1.0:
-        raise ValueError(f"quantile_mask: beta must lie in (0, 1], got {beta}")
+    if jnp.ndim(beta) == 0 and not isinstance(beta, jax.core.Tracer):  # a concrete number (Python, NumPy, JAX)
+        b = float(np.asarray(beta).real)
+        if not 0.0 < b <= 1.0:  # a NumPy 1.5 kept every agent, a 0.0 only the best one
+            raise ValueError(f"quantile_mask: beta must lie in (0, 1], got {beta}")
     if jnp.ndim(beta) != 0:
         raise ValueError(f"quantile_mask: beta must be one number for every row, got shape {jnp.shape(beta)}")
     energy = jnp.asarray(energy)

@@ -176,6 +176,8 @@ def predicted_decay_rate(lambda1, lambda2=None, sigma1=None, sigma2=None, d: int
                                                            noise)
     # float() refused an array of constants ("works elementwise"); a scalar stays a float
     lip_arr = np.asarray(lipschitz, np.float64)
+    if not np.all(np.isfinite(lip_arr)) or np.any(lip_arr < 0):  # -1 turned a failed condition into a faster rate
+        raise ValueError(f"predicted_decay_rate: lipschitz (M of Theorem 2.3) must be finite and >= 0, got {lipschitz!r}")
     lip: float | np.ndarray = float(lip_arr) if lip_arr.ndim == 0 else lip_arr
     c1 = d if noise == "isotropic" else 1
     return 2 * lambda1 - 2 * lambda2 * lip - c1 * np.square(sigma1) - d * np.square(sigma2) * lip**2

@@ -389,10 +389,20 @@ def _check_some_energy_finite(state, levels: int) -> None:
     energy = getattr(state, "energy", None)
     if not isinstance(energy, jax.Array) or energy.ndim <= levels:
         return
-    some = jnp.any(jnp.isfinite(energy).reshape(energy.shape[:levels] + (-1,)), axis=-1)
+    loss = getattr(state, "loss", None)
+    if isinstance(loss, jax.Array) and loss.shape == energy.shape and energy.ndim >= levels + 2:
+        # the clustered / CB²O system, (K, N): every class needs a particle with a finite lower-level
+        # loss L_k and a finite energy (CB²O: the upper level G); a lower level NaN everywhere
+        # left Q_β empty, and the run went on as NaN with a warning that it "became" so
+        ok = jnp.any(jnp.isfinite(energy) & jnp.isfinite(loss), axis=-1)  # (..., K)
+        some = jnp.all(ok.reshape(energy.shape[:levels] + (-1,)), axis=-1)
+        what = "the objective (for some class k, the lower level L_k or the upper level) is"
+    else:
+        some = jnp.any(jnp.isfinite(energy).reshape(energy.shape[:levels] + (-1,)), axis=-1)
+        what = "the objective is"
     if not bool(jnp.all(some)):  # on device: a sharded state may span hosts
         which = "" if levels == 0 else f" (of {int(jnp.sum(~some))} of the {some.size} runs or grid points)"
-        raise ValueError(f"the objective is NaN or infinite at every particle of x0{which}: the consensus point "
+        raise ValueError(f"{what} NaN or infinite at every particle of x0{which}: the consensus point "
                          "would be NaN. Start the particles where the objective is finite (inside its domain, at "
                          "magnitudes where it does not overflow)")
 

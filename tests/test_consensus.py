@@ -473,3 +473,13 @@ def test_consensus_of_many_sharded_agents_is_summed_where_the_rows_are():
         assert r["moved"] == [], (n, r)  # blocks across the devices: the loop's rows were gathered
         assert r["error"] < 3e-6, (n, r)  # (one dot, split over 8 devices, is as close: 1.1e-6, 1.2e-6)
     assert out["100000"]["blocks"] == [80, 1250] and out["72008"]["blocks"] == [8, None]
+
+
+def test_quantile_mask_checks_a_concrete_beta_of_any_kind():
+    # A Python 1.5 was refused, but a NumPy or JAX 1.5 kept every agent and a 0.0 only the best one.
+    e = jnp.arange(10.0)
+    for beta in (1.5, np.float32(1.5), jnp.asarray(-3.0), np.float64(0.0)):
+        with pytest.raises(ValueError, match=r"beta must lie in \(0, 1\]"):
+            cj.quantile_mask(e, beta)
+    assert int(jnp.sum(cj.quantile_mask(e, np.float32(0.3)))) == 3
+    assert int(jax.jit(lambda b: jnp.sum(cj.quantile_mask(e, b)))(0.3)) == 3  # traced: not checked, as documented

@@ -78,6 +78,9 @@ def test_predicted_rate_formula():
         4.0 - 0.2 - 4 * 0.09 - 4 * 0.0025)
     assert meanfield.predicted_decay_rate(2.0, 0.0, 0.3, 0.0, d=4, lipschitz=1.0, noise="anisotropic") == pytest.approx(
         4.0 - 0.09)
+    for bad in (-1.0, float("nan"), [1.0, -0.5]):  # a negative M gave a faster rate (3.5 where M = 1 gives -0.5)
+        with pytest.raises(ValueError, match="lipschitz .* must be finite and >= 0"):
+            meanfield.predicted_decay_rate(1.0, 1.0, 0.5, 0.0, d=2, lipschitz=bad)
 
 
 def test_rates_read_the_numbers_and_noise_of_dynamics_or_params():

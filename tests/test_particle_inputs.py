@@ -362,6 +362,23 @@ def test_a_start_where_the_objective_is_nowhere_finite_is_refused():
     assert np.isfinite(cj.simulate(log, one, 0, 3).state.best_energy)
 
 
+def test_a_bilevel_start_with_a_lower_level_nowhere_finite_is_refused():
+    """CB²O with L = inf everywhere: Q_β was empty, the consensus and particles NaN, and the warning
+    said the objective "became" non-finite after step 1. Refused at the start, as an upper level G
+    nowhere finite already was; one finite particle of each class is enough."""
+    x0 = np.random.default_rng(0).normal(size=(12, 2)).astype(np.float32)
+    lower = lambda x: jnp.full(x.shape[0], jnp.inf)  # noqa: E731
+    upper = lambda x: jnp.sum((x - 1.0) ** 2, -1)  # noqa: E731
+    for dyn in (cj.cb2o(lower, upper, cj.ClusteredConfig(beta=0.5)), cj.cb2o(upper, lower, cj.ClusteredConfig(beta=0.5)),
+                cj.clustered([upper, lower])):
+        with pytest.raises(ValueError, match=r"lower level L_k or the upper level\) is NaN or infinite at every "
+                                             r"particle of x0"):
+            cj.simulate(dyn, cj.particles(x0), 0, 3)
+    partly = lambda x: jnp.where(x[:, 0] > 0, jnp.sum(x ** 2, -1), jnp.inf)  # noqa: E731
+    res = cj.simulate(cj.cb2o(partly, upper, cj.ClusteredConfig(beta=0.5)), cj.particles(x0), 0, 3)
+    assert np.isfinite(np.asarray(res.state.consensus)).all()
+
+
 def test_a_run_whose_objective_turns_nan_everywhere_is_warned_about():
     """An objective NaN outside |x| <= 4, with noise that throws every particle out: the consensus
     and the particles were NaN from step 3 on while best_energy stayed finite, and the run looked
