@@ -81,15 +81,20 @@ def _merge(fns: Sequence[Callable], arg, what: str, taken: dict | None = None) -
         name = getattr(fn, "__name__", None) or type(fn).__name__
         got = _checks.returns_dict(f"{what} {name!r}", fn(arg), "metric name -> value, e.g. {'loss': ...}")
         for key in got:
-            if key in _ROW_KEYS:
-                raise ValueError(f"{what} {name!r} returns {key!r}, which the runner writes into every row; "
-                                 "name it otherwise")
-            if key in source:
-                raise ValueError(f"{what} {name!r} and {source[key]!r} both return {key!r}: one would overwrite "
-                                 "the other in every row; rename one of them")
-            source[key] = name
+            _claim(source, key, name, what)
         out.update(got)
     return out
+
+
+def _claim(source: dict, key: str, name: str, what: str) -> None:
+    """Record that metric ``name`` returns ``key`` in ``source`` (name -> metric); a runner's row key
+    or a name another metric returns is an error naming both."""
+    if key in _ROW_KEYS:
+        raise ValueError(f"{what} {name!r} returns {key!r}, which the runner writes into every row; name it otherwise")
+    if key in source:
+        raise ValueError(f"{what} {name!r} and {source[key]!r} both return {key!r}: one would overwrite the other in "
+                         "every row; rename one of them")
+    source[key] = name
 
 
 def _declared(metrics: Sequence[Callable]) -> tuple[tuple[str, str], ...]:
@@ -103,13 +108,7 @@ def _declared(metrics: Sequence[Callable]) -> tuple[tuple[str, str], ...]:
             continue
         name = getattr(fn, "__name__", None) or type(fn).__name__
         for key in names:
-            if key in _ROW_KEYS:
-                raise ValueError(f"the metric {name!r} returns {key!r}, which the runner writes into every row; "
-                                 "name it otherwise")
-            if key in source:
-                raise ValueError(f"the metric {name!r} and {source[key]!r} both return {key!r}: one would overwrite "
-                                 "the other in every row; rename one of them")
-            source[key] = name
+            _claim(source, key, name, "the metric")
     return tuple(sorted(source.items()))
 
 
@@ -282,7 +281,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         raise ValueError(f"{algorithm.name} takes a FederatedData or an AgentData, got an AttackData (FedCB²O's "
                          f"benign, validation and malicious agents); pass data.benign for the benign agents alone, "
                          f"or build the algorithm with takes=AttackData if its round reads one")
-    _declared(metrics)  # two evaluation metrics' declared names clash: refused now, not after `every` rounds
+    declared = _declared(metrics)  # a clash of declared names: refused now, not after `every` rounds
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents
@@ -298,7 +297,8 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         # JAX's partitionable threefry (its default since 0.5) guarantees that.
         res = _run(algorithm, data, rounds, key, fp, metrics=metrics, round_metrics=round_metrics,
                    every=every, out=out, config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume,
-                   extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters)
+                   extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters,
+                   declared=declared)
     return res
 
 
@@ -487,10 +487,10 @@ def _read_fingerprint(out: Path) -> dict | None:
 
 
 def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every,
-         resume, extend, progress, tensorboard, plots, clusters) -> RunResult:
+         resume, extend, progress, tensorboard, plots, clusters, declared=()) -> RunResult:
+    # declared: the evaluation metrics' declared names (run's _declared), refused in the rounds' trace
     n = data.num_agents
     lay = padding.layout(n, mesh)
-    declared = _declared(metrics)
     t0 = time.perf_counter()
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
