@@ -135,7 +135,7 @@ def test_curves_of_runs_written_as_lists_over_runs(tmp_path):
     runs, also for one run: the report drew no curve for them."""
     root = tmp_path / "opt"
     root.mkdir()
-    (root / "summary.json").write_text(json.dumps({"best_energy": [0.1, 0.2]}))
+    (root / "summary.json").write_text(json.dumps({"runs": 2, "best_energy": 0.1}))  # as optimize records them
     (root / "metrics.jsonl").write_text("".join(json.dumps(
         {"step": s, "best_energy": [1.0 / s, 2.0 / s], "active": [True, True], "evals": [20 * s, 20 * s]}) + "\n"
         for s in range(1, 6)))
@@ -143,13 +143,13 @@ def test_curves_of_runs_written_as_lists_over_runs(tmp_path):
     from cbo_jax.report import _run_series
 
     rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
-    series = _run_series(rows, "opt")
+    series = _run_series(rows, "opt", 2)
     assert list(series) == ["opt run 0", "opt run 1"]
     assert [r["best_energy"] for r in series["opt run 1"]] == [2.0 / s for s in range(1, 6)]
     assert "active" not in series["opt run 0"][0]  # booleans are not curves
-    mean = _run_series(rows, "opt", mean=True)
+    mean = _run_series(rows, "opt", 2, mean=True)
     assert list(mean) == ["opt (mean of 2 runs)"] and mean["opt (mean of 2 runs)"][0]["best_energy"] == 1.5
-    one = _run_series([{"step": 1, "e": [3.0]}, {"step": 2, "e": [2.0]}], "x")
+    one = _run_series([{"step": 1, "e": [3.0]}, {"step": 2, "e": [2.0]}], "x", 1)
     assert one == {"x": [{"step": 1, "e": 3.0}, {"step": 2, "e": 2.0}]}
 
 
@@ -232,3 +232,227 @@ def test_a_reproductions_methods_are_compared_by_their_runs_means(tmp_path):
 
     assert _mean_rows([[{"round": 1, "a": 1.0}, {"round": 2, "a": 3.0}], [{"round": 1, "a": 2.0}]]) == [
         {"round": 1, "a": 1.5}, {"round": 2, "a": 3.0}]
+
+
+# ------------------------------------------------------------------ issue 57, items 6 and 7
+
+def test_report_embeds_no_png_read_through_a_symbolic_link(tmp_path, capsys):
+    """``out/leak.png -> secret`` embedded the secret's bytes in the page (base64)."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"\x89PNG top secret bytes")
+    root = tmp_path / "out"
+    (root / "run").mkdir(parents=True)
+    (root / "run" / "summary.json").write_text(json.dumps({"final_test_acc": 1.0}))
+    (root / "leak.png").symlink_to(secret)
+    (root / "run" / "also.png").symlink_to(secret)
+    page = render(root).read_text()
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert not any(b"secret" in base64.b64decode(i) for i in images)
+    assert "skipped: <code>leak.png</code>: a symbolic link" in page
+    assert "skipped: <code>also.png</code>: a symbolic link" in page
+    assert "skipped: run/also.png: a symbolic link" in capsys.readouterr().err
+    text = render(root, tmp_path / "r.md").read_text()
+    assert "skipped: `leak.png`: a symbolic link" in text
+    assert not any(b"secret" in f.read_bytes() for f in tmp_path.glob("r_files/*"))
+    # a directory holding only links is no results at all
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "x.png").symlink_to(secret)
+    with pytest.raises(ValueError, match=r"no results found .*1 symbolic link skipped"):
+        render(only)
+
+
+def test_report_shows_no_json_read_through_a_symbolic_link(tmp_path):
+    """``out/leak.json -> creds.json`` showed the credentials as a table; a linked metrics.jsonl,
+    summary.json or directory was read as well."""
+    creds = tmp_path / "creds.json"
+    creds.write_text(json.dumps({"password": "hunter2-secret"}))
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"round": r, "secret_curve": r}) + "\n" for r in (1, 2)))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "summary.json").write_text(json.dumps({"leaked_key": 7}))
+    root = tmp_path / "out"
+    for name in ("a", "b"):
+        (root / name).mkdir(parents=True)
+        (root / name / "summary.json").write_text(json.dumps({"final_test_acc": 1.0 if name == "a" else 2.0}))
+    (root / "leak.json").symlink_to(creds)
+    (root / "a" / "metrics.jsonl").symlink_to(rows)
+    (root / "b" / "config.json").symlink_to(creds)
+    (root / "linked").symlink_to(elsewhere, target_is_directory=True)
+    for fmt in ("html", "md"):
+        page = render(root, fmt=fmt).read_text()
+        assert "hunter2" not in page and "password" not in page and "leaked_key" not in page, fmt
+        assert "secret_curve" not in page and page.count("a symbolic link") == 4, fmt
+    assert "skipped: <code>linked</code>: a symbolic link" in render(root).read_text()
+    # nor is the report written through one: ``report.html -> ~/.bashrc`` replaced the target
+    (root / "report.html").unlink()
+    (root / "report.html").symlink_to(creds)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        render(root)
+    assert "hunter2" in creds.read_text()
+
+
+def _parse_md(text):
+    markdown_it = pytest.importorskip("markdown_it")
+    return markdown_it.MarkdownIt("commonmark").render(text)
+
+
+def test_markdown_report_escapes_html_from_keys_values_and_names(tmp_path):
+    """The Markdown report kept raw HTML from summary keys, config values and names."""
+    root = tmp_path / "out"
+    d = root / "<img src=x onerror=alert(1)>"
+    d.mkdir(parents=True)
+    (d / "summary.json").write_text(json.dumps({"<script>alert('key')</script>": "<img src=y onerror=alert(2)>",
+                                                "link": "[click](javascript:alert(3))", "final": 1.0}))
+    (d / "<b onmouseover=x>.json").write_text(json.dumps({"lr": "<iframe src=z>"}))
+    (d / "two\n\n# <u onclick=x>lines.json").write_text(json.dumps({"a": 1}))  # a paragraph, a heading
+    text = render(root, tmp_path / "r.md").read_text()
+    for raw in ("<script", "<img", "<iframe", "[click](javascript:", "\n# "):
+        assert raw not in text, raw
+    assert "`<b onmouseover=x>.json`" in text  # a name: a code span, which shows its text as it is
+    assert "&lt;script&gt;" in text and "&lt;img src=y onerror=alert(2)&gt;" in text
+    html_out = _parse_md(text)  # as a CommonMark renderer shows it: no element from the directory
+    for tag in ("<script", "<iframe", "<img", "<b ", "<u ", 'href="javascript', "<h1>&lt;u"):
+        assert tag not in html_out, tag
+    assert "&lt;img src=x onerror=alert(1)&gt;" in html_out  # shown as text
+
+
+def test_a_backtick_in_a_name_stays_inside_its_code_span(tmp_path):
+    """``a`b.json`` closed the code span at its backtick (Markdown; the HTML split its name too)."""
+    root = tmp_path / "out"
+    root.mkdir()
+    (root / "a`b <i>.json").write_text(json.dumps({"x": 1}))
+    (root / "``two`.json").write_text(json.dumps({"y": 2}))
+    text = render(root, tmp_path / "r.md").read_text()
+    assert "``a`b <i>.json``" in text and "``` ``two`.json ```" in text
+    assert "<code>a`b &lt;i&gt;.json</code>" in render(root).read_text()
+    html_out = _parse_md(text)
+    assert "<code>a`b &lt;i&gt;.json</code>" in html_out and "<code>``two`.json</code>" in html_out
+
+
+def _federated(root, name, rows, clusters=4):
+    """A results directory as ``cbo-jax run``/``demo`` writes it: one value per round, no runs."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps({"algorithm": name, "data": {"clusters": clusters}}))
+    (d / "summary.json").write_text(json.dumps({"algorithm": name, "rounds": len(rows), "num_clusters": clusters,
+                                                "final_test_acc": rows[-1]["test_acc"]}))
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"round": r + 1, **row}) + "\n" for r, row in enumerate(rows)))
+    return d
+
+
+def _demo_like(tmp_path):
+    root = tmp_path / "demo"
+    _federated(root, "fedcbo", [
+        {"train_loss": 2.0, "test_acc": 40.0, "test_acc_per_cluster": [30.0, 40.0, 45.0, 45.0]},
+        {"train_loss": 1.5, "test_acc": 50.0, "test_acc_per_cluster": [38.0, 59.0, 54.0, 49.0]}])
+    _federated(root, "ifca", [{"train_loss": 1.9, "test_acc": 45.0, "test_acc_per_cluster": [40.0, 50.0, 45.0, 45.0],
+                               "server_model_per_cluster": [0, 1, 2, 1]},
+                              {"train_loss": 1.4, "test_acc": 63.0, "test_acc_per_cluster": [72.0, 55.0, 73.0, 52.0],
+                               "server_model_per_cluster": [3, 1, 2, 1]}])
+    return root
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The series each figure was given and the figures drawn, as ``[(series, fig)]``."""
+    import cbo_jax._plotting as plotting
+    from cbo_jax import report
+
+    seen, figs = [], []
+    original, subplots = report._curves_png, plotting.subplots
+
+    def spy(series, title, *a, **k):
+        seen.append(series)
+        return original(series, title, *a, **k)
+
+    def spy_subplots(*a, **k):
+        fig, axes = subplots(*a, **k)
+        figs.append(fig)
+        return fig, axes
+
+    monkeypatch.setattr(report, "_curves_png", spy)
+    monkeypatch.setattr(plotting, "subplots", spy_subplots)
+    return seen, figs
+
+
+def _panel(fig, title):
+    (ax,) = [ax for ax in fig.axes if ax.get_title() == title]
+    return ax
+
+
+def test_the_runs_of_a_run_are_counted_from_its_directory_not_from_a_list(tmp_path, drawn):
+    """The demo's legend said "(mean of 4 runs)" for methods that ran once: any 4-element list
+    (4 clusters) was taken for 4 runs."""
+    seen, _ = drawn
+    render(_demo_like(tmp_path))
+    assert [sorted(s) for s in seen] == [["fedcbo", "ifca"]]
+    # optimize records its runs (summary.json "runs", config.json options.runs): 3 runs, 4 coordinates
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    (opt / "summary.json").write_text(json.dumps({"runs": 3, "best_energy": 0.1}))
+    (opt / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": s, "best_energy": [1.0 / s, 2.0 / s, 3.0 / s], "consensus": [[0.0] * 4] * 3}) + "\n"
+        for s in (1, 2)))
+    seen.clear()
+    render(opt)
+    assert sorted(seen[0]) == ["opt run 0", "opt run 1", "opt run 2"]
+    # simulate(..., out=) without num_runs: a 4-vector per step is not 4 runs
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    (sim / "summary.json").write_text(json.dumps({"num_runs": None, "steps": 2}))
+    (sim / "metrics.jsonl").write_text("".join(json.dumps(
+        {"step": s, "best_energy": 1.0 / s, "consensus": [s, 2 * s, 3 * s, 4 * s]}) + "\n" for s in (1, 2)))
+    seen.clear()
+    render(sim)
+    assert list(seen[0]) == ["sim"] and seen[0]["sim"][1]["consensus"] == [2, 4, 6, 8]
+
+
+def test_per_cluster_quantities_are_drawn_one_line_per_cluster(tmp_path, drawn):
+    """``test_acc_per_cluster`` was drawn as the mean of the clusters (a copy of ``test_acc``)."""
+    _, figs = drawn
+    render(_demo_like(tmp_path))
+    ax = _panel(figs[0], "test_acc_per_cluster")
+    lines = {(line.get_label(), tuple(line.get_ydata())) for line in ax.get_lines()}
+    assert ("fedcbo", (30.0, 38.0)) not in lines  # not one line per method
+    ys = sorted(tuple(line.get_ydata()) for line in ax.get_lines())
+    assert ys == sorted([(30.0, 38.0), (40.0, 59.0), (45.0, 54.0), (45.0, 49.0),
+                         (40.0, 72.0), (50.0, 55.0), (45.0, 73.0), (45.0, 52.0)])
+
+
+def test_categorical_values_are_never_averaged(tmp_path, drawn):
+    """``server_model_per_cluster`` (cluster indices [3, 1, 2, 1]) was drawn as their mean, 1.75."""
+    seen, figs = drawn
+    render(_demo_like(tmp_path))
+    ax = _panel(figs[0], "server_model_per_cluster")
+    ys = sorted(tuple(line.get_ydata()) for line in ax.get_lines())
+    assert ys == [(0, 3), (1, 1), (1, 1), (2, 2)]
+    assert all(line.get_drawstyle().startswith("steps") for line in ax.get_lines())
+    # nor over seeds (METHOD/seedK) or runs: an index has no mean
+    root = tmp_path / "table"
+    for k, models in enumerate(([0, 1], [1, 1])):
+        d = root / "ifca" / f"seed{k}"
+        d.mkdir(parents=True)
+        (d / "summary.json").write_text(json.dumps({"final_test_acc": 50.0 + k, "final_assignment": k}))
+        (d / "metrics.jsonl").write_text(json.dumps({"round": 1, "test_acc": 50.0 + k,
+                                                     "server_model_per_cluster": models}) + "\n"
+                                         + json.dumps({"round": 2, "test_acc": 60.0 + k}) + "\n")
+    (root / "fedavg" / "seed0").mkdir(parents=True)
+    (root / "fedavg" / "seed0" / "summary.json").write_text(json.dumps({"final_test_acc": 40.0,
+                                                                         "final_assignment": 0}))
+    (root / "fedavg" / "seed0" / "metrics.jsonl").write_text(json.dumps({"round": 1, "test_acc": 40.0}) + "\n")
+    seen.clear()
+    text = render(root, tmp_path / "r.md").read_text()
+    rows = seen[0]["ifca (mean of 2)"]
+    assert rows[0]["test_acc"] == 50.5 and "server_model_per_cluster" not in rows[0]
+    assert not re.search(r"\|\s*0\.5\s*\|", text.split("## fedavg")[0])  # final_assignment: 0 and 1, no mean
+    opt = tmp_path / "opt"
+    for name in ("a", "b"):
+        (opt / name).mkdir(parents=True)
+        (opt / name / "summary.json").write_text(json.dumps({"runs": 2, "x": 1 if name == "a" else 2}))
+        (opt / name / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": s, "best_energy": [1.0, 2.0], "best_index": [0, 3]}) + "\n" for s in (1, 2)))
+    seen.clear()
+    render(opt)
+    assert seen[0]["a (mean of 2 runs)"][0] == {"step": 1, "best_energy": 1.5}
