@@ -787,3 +787,24 @@ def test_round_stats_reads_an_info_given_as_a_dict():
     info = {"train_loss": jnp.array([1.0, 3.0]), "active": jnp.array([True, True])}
     out = fl.metrics.round_stats(info)
     assert float(out["train_loss"]) == 2.0 and int(out["participants"]) == 2
+
+
+@pytest.mark.parametrize("where", ["x", "y", "test_x"])
+def test_complex_inputs_are_refused(where):
+    """A complex array ran with its imaginary part silently dropped (the particle API refused it)."""
+    xs, ys = _lists()
+    x, y = np.stack([a[:1] for a in xs]), np.stack([b[:1] for b in ys])
+    arrays = {"x": x, "y": y, "test_x": x[:, :1]}
+    arrays[where] = arrays[where] * (1 + 1j)
+    model = models.logistic_regression(4, 3)
+    with pytest.raises(ValueError, match=rf"{where} is complex \(complex(64|128)\).*drop the imaginary part"):
+        data = fl.FederatedData.from_arrays(arrays["x"], arrays["y"], test_x=arrays["test_x"], test_y=y[:, :1])
+        fl.run(_local(model), data, 1, jax.random.key(0), progress=False, metrics=[fl.metrics.test_accuracy(model, data)])
+
+
+def test_object_arrays_are_named_before_jax_sees_them(monkeypatch):
+    """An object-dtype ``x`` given to ``fl.run`` failed in JAX with "Error interpreting argument"."""
+    xs, ys = _lists()
+    x, y = np.stack([a[:1] for a in xs]), np.stack([b[:1] for b in ys])
+    data = fl.AgentData(x.astype(object), y, np.ones(4, np.int32))
+    _refused(_local(models.logistic_regression(4, 3)), data, r"x has dtype object, not a number type", monkeypatch)

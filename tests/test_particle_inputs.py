@@ -467,3 +467,38 @@ def test_a_particle_runs_summary_names_each_setting_it_holds(tmp_path):
     assert describe([np.float32(1.5), (np.arange(2), tmp_path)]) == [1.5, [[0, 1], str(tmp_path)]]
     assert describe(test_a_particle_runs_summary_names_each_setting_it_holds) == (
         "test_a_particle_runs_summary_names_each_setting_it_holds")
+
+
+_F = cj.objectives.Quadratic(shift=0.5)
+_EVERY_DYNAMICS = {
+    "cbo": lambda: cj.cbo(_F),
+    "cbo_memory": lambda: cj.cbo_memory(_F),
+    "pso": lambda: cj.pso(_F),
+    "cbs": lambda: cj.cbs(_F),
+    "polar_cbo": lambda: cj.polar_cbo(_F),
+    "adam_cbo": lambda: cj.adam_cbo(_F),
+    "mirror_cbo": lambda: cj.mirror_cbo(_F),
+    "drift_constrained_cbo": lambda: cj.drift_constrained_cbo(_F, constraints=cj.constraints.sphere(1.0)),
+    "hypersurface_cbo": lambda: cj.hypersurface_cbo(_F),
+    "reg_combination_cbo": lambda: cj.reg_combination_cbo(_F, constraints=cj.constraints.sphere(1.0), eps=0.1),
+    "clustered": lambda: cj.clustered([_F, _F]),
+    "cb2o": lambda: cj.cb2o(_F, _F),
+}
+
+
+@pytest.mark.parametrize("name", list(_EVERY_DYNAMICS))
+def test_particles_of_no_coordinates_are_refused(name):
+    """``d = 0`` (``x0`` of shape ``(N, 0)``) ran every dynamics, on nothing, as ``N = 0`` is refused."""
+    dyn = _EVERY_DYNAMICS[name]()
+    x0 = np.zeros((6, 0), np.float32)
+    if name in ("clustered", "cb2o"):
+        x0 = cj.particles(x0)
+    with pytest.raises(ValueError, match=r"no coordinates per particle \(d = 0"):
+        cj.simulate(dyn, x0, 0, 2)
+
+
+def test_minimize_refuses_particles_of_no_coordinates():
+    with pytest.raises(ValueError, match=r"d = 0"):
+        cj.minimize(cj.objectives.Sphere(), np.zeros((6, 0), np.float32), 0, 2)
+    with pytest.raises(ValueError, match=r"dim must be >= 1"):
+        cj.minimize(cj.objectives.Sphere(), dim=0, key=0, num_steps=2)

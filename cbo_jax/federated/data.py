@@ -280,10 +280,33 @@ class FederatedData(NamedTuple):
         return self
 
 
+def check_numeric(name: str, a: Any) -> None:
+    """Refuse an array that is not boolean, integer or real floating: a complex array (JAX's
+    float models would drop the imaginary part without a word) or an object array (a ragged
+    list, or mixed types: JAX's "Error interpreting argument")."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is None:
+        try:
+            dtype = np.asarray(a).dtype
+        except ValueError:  # a ragged nested list (NumPy >= 1.24)
+            dtype = np.dtype(object)
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise ValueError(f"{name} is complex ({dtype}); the models take real numbers and would drop the imaginary "
+                         f"part: pass the real and imaginary parts as separate features (np.stack([a.real, a.imag], "
+                         f"-1))")
+    if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer) or dtype == bool):
+        raise ValueError(f"{name} has dtype {dtype}, not a number type: pass one numeric array (a ragged or "
+                         f"mixed-type list gives dtype object; FederatedData.from_lists stacks agents of different "
+                         f"sizes)")
+
+
 def check_test_sets(test_x: Any, test_y: Any, test_counts: Any, sample_shape: tuple, label_shape: tuple | None = None
                     ) -> None:
     """Refuse test sets that are not ``(T, n_test) + sample_shape`` with labels ``(T, n_test)``
-    (``+ label_shape`` where given), or ``test_counts`` that are not one integer per set."""
+    (``+ label_shape`` where given), or ``test_counts`` that are not one integer per set, or
+    that are not real numbers (:func:`check_numeric`)."""
+    check_numeric("test_x", test_x)
+    check_numeric("test_y", test_y)
     tx, ty = np.shape(test_x), np.shape(test_y)
     if (len(tx) < 2 or tx[2:] != tuple(sample_shape) or ty[:2] != tx[:2]
             or (label_shape is not None and ty[2:] != tuple(label_shape))):
@@ -340,8 +363,9 @@ def check_training(x: Any, y: Any, counts: Any, valid: Any = None, *, model: Mod
     ``x``/``y``: ``(N, n_max, ...)`` inputs and labels or targets, ``counts``: ``(N,)`` real
     samples of each agent, ``valid``: ``(N,)`` the real agents (``None``: all; inactive
     padding agents hold no samples). Checks the shapes, that ``counts`` are integers in
-    ``[1, n_max]`` for every real agent, that floating inputs and targets are finite on the
-    real samples (naming the agent and the sample), and, given a ``model``, that it takes
+    ``[1, n_max]`` for every real agent, that inputs and targets are real numbers
+    (:func:`check_numeric`) and, where floating, finite on the real samples (naming the agent
+    and the sample), and, given a ``model``, that it takes
     the inputs and that its output and per-sample loss fit the labels
     (:func:`check_model`, abstract: nothing is compiled) and, for a classifier, that the
     labels lie in ``[0, classes)``. ``prefix`` names the group in the messages
@@ -349,6 +373,8 @@ def check_training(x: Any, y: Any, counts: Any, valid: Any = None, *, model: Mod
     :func:`cbo_jax.federated.run` calls this at the start of every run.
     """
     xn, yn, cn = _field(prefix, "x"), _field(prefix, "y"), _field(prefix, "counts")
+    check_numeric(xn, x)
+    check_numeric(yn, y)
     xs, ys = tuple(np.shape(x)), tuple(np.shape(y))
     if len(xs) < 2 or ys[:2] != xs[:2]:
         raise ValueError(f"{xn} must be (N, n_max, ...) and {yn} (N, n_max, ...) with the same first two axes; got "
