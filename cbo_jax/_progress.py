@@ -7,21 +7,33 @@ carriage-return-separated copy of the line, so there a bar prints at most once e
 environment variable, where set, decides instead.
 
 Numbers beside the bar (``postfix``) are set without a redraw of their own: they appear with
-the next move, so they never print more often than the bar.
+the next move, so they never print more often than the bar. Until its first move a bar says
+:data:`COMPILING`: the first chunk of steps or rounds compiles before it returns (half a minute
+for a large run, with the bar at 0 % and no word).
+
+:class:`Stopwatch` is the clock of a run's ``elapsed_s`` and ``seconds``: the time of its work,
+without the time the process was stopped.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
+import time
+import weakref
 from typing import Any
 
 LOG_INTERVAL_S = 30.0
 """Least seconds between two prints of a bar whose output is not a terminal."""
 
+COMPILING = "compiling…"
+"""A bar's postfix until its first move."""
+
 
 def progress_bar(total: int, *, desc: str, unit: str, initial: int = 0) -> Any:
-    """A ``tqdm.auto`` bar over ``total`` units, quieter when its output is a log file."""
+    """A ``tqdm.auto`` bar over ``total`` units, quieter when its output is a log file; it says
+    :data:`COMPILING` until :func:`advance` first moves it."""
     from tqdm.auto import tqdm
 
     kwargs: dict[str, Any] = {}
@@ -29,14 +41,96 @@ def progress_bar(total: int, *, desc: str, unit: str, initial: int = 0) -> Any:
         # maxinterval too: tqdm's monitor thread otherwise forces a redraw every 10 s once it
         # has raised the bar's miniters.
         kwargs.update(mininterval=LOG_INTERVAL_S, maxinterval=LOG_INTERVAL_S)
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, **kwargs)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, postfix=COMPILING, **kwargs)
 
 
 def advance(bar: Any, n: int, postfix: dict | None = None) -> None:
     """Move ``bar`` by ``n`` units, with ``postfix`` beside it (drawn with the move, if drawn)."""
     if postfix is not None:
         bar.set_postfix(postfix, refresh=False)
+    elif getattr(bar, "postfix", None) == COMPILING:
+        bar.set_postfix_str("", refresh=False)
     bar.update(n)
+
+
+# --------------------------------------------------------------------------------------
+# the run's clock
+# --------------------------------------------------------------------------------------
+
+BEAT_S = 0.25
+"""Seconds between two beats of the thread that watches for stops."""
+LATE_S = 1.0
+"""A beat later than this (beyond :data:`BEAT_S`) means the process did not run in between:
+stopped (Ctrl-Z, ``SIGSTOP``, a batch scheduler's suspend). That time is not work."""
+
+_lock = threading.Lock()
+_watches: weakref.WeakSet = weakref.WeakSet()  # the live stopwatches: the thread beats while there are any
+_thread: threading.Thread | None = None
+_last_beat = 0.0
+_stopped_s = 0.0  # the stops the thread has seen, in total
+
+
+def _beat() -> None:
+    global _thread, _last_beat, _stopped_s
+    while True:
+        time.sleep(BEAT_S)
+        with _lock:
+            now = time.perf_counter()
+            late = now - _last_beat - BEAT_S
+            if late > LATE_S:
+                _stopped_s += late
+            _last_beat = now
+            if not _watches:
+                _thread = None
+                return
+
+
+def _stopped(now: float) -> float:
+    """Seconds stopped up to ``now`` (under ``_lock``), a stop the thread has not seen yet included."""
+    late = now - _last_beat - BEAT_S
+    return _stopped_s + (late if _thread is not None and late > LATE_S else 0.0)
+
+
+def _after_fork() -> None:  # the child has no watching thread: the next stopwatch starts one
+    global _lock, _thread, _last_beat
+    _lock, _thread, _last_beat = threading.Lock(), None, time.perf_counter()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+class Stopwatch:
+    """Seconds of work since it was made, plus ``offset`` (the work of earlier processes of a
+    resumed run): the wall time less the time the process was stopped and continued (Ctrl-Z
+    and ``fg``, ``SIGSTOP`` and ``SIGCONT``, a batch scheduler's suspend and resume), which a
+    wall clock counted as work. A thread beats every :data:`BEAT_S` seconds while a stopwatch
+    lives; a beat more than :data:`LATE_S` seconds late marks a stop. Calling it gives the
+    seconds; they never go backwards."""
+
+    def __init__(self, offset: float = 0.0):
+        global _thread, _last_beat
+        self.offset = float(offset)
+        with _lock:
+            now = time.perf_counter()
+            if _thread is None:
+                _last_beat = now
+                thread = threading.Thread(target=_beat, name="cbo_jax-stopwatch", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no threads here: a wall clock
+                    thread = None
+                _thread = thread
+            _watches.add(self)
+            self._start, self._stopped = now, _stopped(now)
+        self._shown = 0.0
+
+    def __call__(self) -> float:
+        with _lock:
+            now = time.perf_counter()
+            work = now - self._start - (_stopped(now) - self._stopped)
+        self._shown = max(self._shown, work)
+        return self.offset + self._shown
 
 
 def _to_log(cls: type) -> bool:

@@ -45,6 +45,51 @@ class _Defaults(argparse.HelpFormatter):
 from cbo_jax.experiments import seed as _run_seed  # a run's seed (NumPy and JAX): 0 .. 2**32 - 1
 
 
+class _Parser(argparse.ArgumentParser):
+    """The command's parsers; argparse makes every sub-command's parser of its parent's class.
+
+    Flags are written in full: argparse took a prefix (``--agent``) for the flag it begins
+    (``--agents``) without a word. An unknown flag is one line naming the nearest flags of the
+    sub-command (argparse printed its usage and a bare "unrecognized arguments"); exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        flags = [a for a in extras if a.startswith("-") and len(a) > 1 and not _is_number(a)]
+        if flags:
+            self._unrecognized(flags, namespace)
+        return namespace, extras
+
+    def _unrecognized(self, flags: list[str], namespace) -> None:
+        import difflib
+
+        parser: argparse.ArgumentParser = self  # the innermost parser the command line chose
+        while True:
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            name = getattr(namespace, subs[0].dest, None) if subs else None
+            if not subs or name not in subs[0].choices:
+                break
+            parser = subs[0].choices[name]
+        known = sorted({o for a in parser._actions for o in a.option_strings})
+        named = []
+        for flag in flags:
+            close = difflib.get_close_matches(flag.split("=", 1)[0], known, n=3)
+            named.append(flag.split("=", 1)[0] + (f" (did you mean {' or '.join(close)}?)" if close else ""))
+        self.exit(2, f"{parser.prog}: error: unrecognized arguments: {', '.join(named)}; `{parser.prog} --help` "
+                     f"lists the options\n")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _add_optimize(sub) -> None:
     from cbo_jax.mirror_maps import MIRROR_MAPS
     from cbo_jax.objectives import OBJECTIVES
@@ -56,7 +101,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("--shift", type=float, default=0.0, help="move the minimiser by this amount in every coordinate")
     p.add_argument("--particles", "-N", type=_positive_int, default=100, help="particles per run N")
     p.add_argument("--runs", "-M", type=_positive_int, default=1, help="independent runs, vmapped")
-    p.add_argument("--steps", type=_nonnegative_int, default=2000, help="steps of the Euler–Maruyama scheme")
+    p.add_argument("--steps", type=_nonnegative_int, default=2000,
+                   help="steps of the Euler–Maruyama scheme (at most 2**31 - 1)")
     p.add_argument("--dt", type=float, default=0.01, help="time step dt")
     p.add_argument("--lambda1", type=float, default=1.0, help="consensus drift λ1")
     p.add_argument("--sigma1", type=float, default=1.0, help="consensus noise σ1")
@@ -88,7 +134,8 @@ def _add_optimize(sub) -> None:
     p.add_argument("--diff-tol", type=float, default=None,
                    help="stop a run once its consensus point moves less than this in a step")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="floating-point precision")
-    p.add_argument("--seed", type=_seed, default=0, help="seed of the initial particles and the noise")
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="seed of the initial particles and the noise (0 to 2**64 - 1, each its own key)")
     p.add_argument("--output", type=Path, default=None,
                    help="directory for summary.json, config.json (every setting), history.npz and metrics.jsonl "
                         "(one row per logged step)")
@@ -127,19 +174,21 @@ def _cmd_optimize(args) -> int:
     import jax
     import numpy as np
 
-    from cbo_jax import schedules
-    from cbo_jax.dynamics.cbo import CBOConfig
     from cbo_jax.objectives import get_objective
     from cbo_jax.simulate import simulate
 
     from cbo_jax import _checks
 
-    # non-finite or float32-overflowing bounds were reported as "x0 has N non-finite entries"
-    for flag, value in (("--init-low", args.init_low), ("--init-high", args.init_high)):
-        _checks.finite_number(flag, value, f32=args.dtype == "float32")
+    # non-finite or float32-overflowing bounds were reported as "x0 has N non-finite entries", a shift
+    # as "the objective is NaN or infinite at every particle"
+    try:
+        for flag, value in (("--init-low", args.init_low), ("--init-high", args.init_high), ("--shift", args.shift)):
+            _checks.finite_number(flag, value, f32=args.dtype == "float32")
+        _checks.non_negative("--alpha", args.alpha, f32=args.dtype == "float32")  # was named alpha0, the config's field
+    except ValueError as err:
+        raise _named_by_flag(err) from None
     if not args.init_low < args.init_high:
         raise ValueError(f"--init-low ({args.init_low}) must be below --init-high ({args.init_high})")
-    _checks.non_negative("--alpha", args.alpha, f32=args.dtype == "float32")  # was named alpha0, the config's field
     # Flags of a schedule other than the one chosen were accepted and had no effect; so were
     # --tensorboard and --log-every without --output (nothing is written).
     uses = {"--alpha-factor": ("multiplicative",), "--alpha-max": ("multiplicative", "ess"), "--ess-eta": ("ess",)}
@@ -151,32 +200,10 @@ def _cmd_optimize(args) -> int:
                         ("--overwrite", args.overwrite)):
         if given and args.output is None:
             raise ValueError(f"{flag} needs --output DIR (the metrics are written there)")
-    alpha_factor = 1.05 if args.alpha_factor is None else args.alpha_factor
-    alpha_max = 1e5 if args.alpha_max is None else args.alpha_max
-    alpha: schedules.Constant | schedules.Multiplicative | schedules.EffectiveSampleSize
-    if args.alpha_schedule == "constant":
-        alpha = schedules.Constant(args.alpha)
-    elif args.alpha_schedule == "multiplicative":
-        alpha = schedules.Multiplicative(args.alpha, alpha_factor, alpha_max)
-    else:
-        alpha = schedules.EffectiveSampleSize(eta=0.5 if args.ess_eta is None else args.ess_eta, alpha0=args.alpha,
-                                              alpha_max=alpha_max)
-    common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha,
-                  energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype, rng=args.rng)
-    if args.noise is not None:  # else the dynamic's own default (CBS's covariance noise is what makes it CBS)
-        common["noise"] = args.noise
-    if args.mirror_map is not None and args.dynamic != "mirror_cbo":
-        raise ValueError(f"--mirror-map needs --dynamic mirror_cbo (got --dynamic {args.dynamic})")
-    if args.dynamic == "mirror_cbo":
-        common["mirror_map"] = args.mirror_map
-    if args.dynamic == "cbo":
-        cfg = CBOConfig(lambda2=args.lambda2, sigma2=args.sigma2, **common)
-    else:
-        from cbo_jax.dynamics.family import CONFIGS
-
-        if args.lambda2 or args.sigma2:
-            raise ValueError("--lambda2/--sigma2 (gradient terms) are only available with --dynamic cbo")
-        cfg = CONFIGS[args.dynamic](**common)
+    try:
+        cfg = _optimize_config(args)
+    except ValueError as err:  # named the configs' fields: "factor must be > 0" for --alpha-factor 0
+        raise _named_by_flag(err) from None
     objective = get_objective(args.objective, shift=args.shift)
     # Asked before the run: an objective whose minimiser is not known in this dimension (Michalewicz in
     # d = 3) failed after the whole run, without a summary; its distances and minimum are null instead.
@@ -258,6 +285,65 @@ def _cmd_optimize(args) -> int:
         print(f"saved          {args.output}/summary.json, config.json, history.npz, metrics.jsonl")
     print(json.dumps(_json_safe(summary)))
     return 0
+
+
+# The configs' and schedules' fields that optimize's flags set, as their errors name them
+_OPTIMIZE_FLAGS = {"alpha0": "--alpha", "factor": "--alpha-factor", "alpha_max": "--alpha-max", "eta": "--ess-eta",
+                   "dt": "--dt", "lambda1": "--lambda1", "sigma1": "--sigma1", "lambda2": "--lambda2",
+                   "sigma2": "--sigma2", "energy_tol": "--energy-tol", "diff_tol": "--diff-tol"}
+
+
+def _named_by_flag(err: ValueError) -> ValueError:
+    """``err`` with the field it names (``factor``, ``alpha.alpha_max``) written as optimize's flag,
+    and float32's overflow answered with ``--dtype float64``."""
+    import re
+
+    text = str(err)
+    field = re.match(r"(?:alpha\.)?(\w+)(?= )", text)
+    if field is not None and field.group(1) in _OPTIMIZE_FLAGS:
+        text = _OPTIMIZE_FLAGS[field.group(1)] + text[field.end():]
+        # the other fields it names (an identifier, not a word of the sentence: alpha0, not factor)
+        text = re.sub(r"\b(?:alpha\.)?(\w+_\w+|\w+\d)\b",
+                      lambda m: _OPTIMIZE_FLAGS.get(m.group(1), m.group(0)), text)
+    if "overflows float32" in text:
+        text = text.replace("dtype='float64'", "--dtype float64")
+        if "--dtype float64" not in text:
+            text += "; --dtype float64 computes in float64"
+    return ValueError(text) if text != str(err) else err
+
+
+def _optimize_config(args):
+    """The dynamics' config of ``cbo-jax optimize``'s flags."""
+    from cbo_jax import schedules
+    from cbo_jax.dynamics.cbo import CBOConfig
+
+    alpha_factor = 1.05 if args.alpha_factor is None else args.alpha_factor
+    alpha_max = 1e5 if args.alpha_max is None else args.alpha_max
+    alpha: schedules.Constant | schedules.Multiplicative | schedules.EffectiveSampleSize
+    if args.alpha_schedule == "constant":
+        alpha = schedules.Constant(args.alpha)
+    elif args.alpha_schedule == "multiplicative":
+        alpha = schedules.Multiplicative(args.alpha, alpha_factor, alpha_max)
+    else:
+        alpha = schedules.EffectiveSampleSize(eta=0.5 if args.ess_eta is None else args.ess_eta, alpha0=args.alpha,
+                                              alpha_max=alpha_max)
+    common = dict(lambda1=args.lambda1, sigma1=args.sigma1, dt=args.dt, alpha=alpha,
+                  energy_tol=args.energy_tol, diff_tol=args.diff_tol, dtype=args.dtype, rng=args.rng)
+    if args.noise is not None:  # else the dynamic's own default (CBS's covariance noise is what makes it CBS)
+        common["noise"] = args.noise
+    if args.mirror_map is not None and args.dynamic != "mirror_cbo":
+        raise ValueError(f"--mirror-map needs --dynamic mirror_cbo (got --dynamic {args.dynamic})")
+    if args.dynamic == "mirror_cbo":
+        common["mirror_map"] = args.mirror_map
+    if args.dynamic == "cbo":
+        cfg = CBOConfig(lambda2=args.lambda2, sigma2=args.sigma2, **common)
+    else:
+        from cbo_jax.dynamics.family import CONFIGS
+
+        if args.lambda2 or args.sigma2:
+            raise ValueError("--lambda2/--sigma2 (gradient terms) are only available with --dynamic cbo")
+        cfg = CONFIGS[args.dynamic](**common)
+    return cfg
 
 
 def _optimize_record(args, cfg) -> dict:
@@ -508,7 +594,7 @@ def _maybe_initialize_distributed(args) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from cbo_jax import __version__
 
-    parser = argparse.ArgumentParser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
+    parser = _Parser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
     parser.add_argument("--version", action="version", version=f"cbo-jax {__version__}")
     multi = parser.add_argument_group("multi-process (see cbo_jax.distributed)")
     multi.add_argument("--coordinator", default=None, metavar="HOST:PORT",

@@ -41,9 +41,9 @@ def test_optimize_prints_summary_and_saves(tmp_path, capsys):
 
 def test_optimize_bad_input_is_a_clear_error(capsys):
     assert main(["optimize", "--dt", "0", "--no-progress"]) == 2
-    assert "dt must be > 0" in capsys.readouterr().err
+    assert "--dt must be > 0" in capsys.readouterr().err
     assert main(["optimize", "--sigma1", "-1", "--no-progress"]) == 2
-    assert "sigma1" in capsys.readouterr().err
+    assert "--sigma1" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["optimize", "--particles", "0"])
     # errors name the flags (the config's alpha0 and num_steps were named before)
@@ -55,8 +55,10 @@ def test_optimize_bad_input_is_a_clear_error(capsys):
     with pytest.raises(SystemExit):  # and the help shows the defaults
         main(["optimize", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    for shown in ("--steps STEPS steps of the Euler–Maruyama scheme (default: 2000)", "(default: rastrigin)",
-                  "--seed SEED seed of the initial particles and the noise (default: 0)"):
+    for shown in ("--steps STEPS steps of the Euler–Maruyama scheme (at most 2**31 - 1) (default: 2000)",
+                  "(default: rastrigin)",
+                  "--seed SEED seed of the initial particles and the noise (0 to 2**64 - 1, each its own key) "
+                  "(default: 0)"):
         assert shown in text, shown
     assert "(default: None)" not in text
 
@@ -134,9 +136,9 @@ def test_optimize_writes_metrics_jsonl_and_guards_its_output(tmp_path, capsys):
 
 @pytest.mark.parametrize("extra,match", [
     (["--alpha", "1e39", "--alpha-schedule", "constant"], "overflows float32"),
-    (["--alpha", "10", "--alpha-max", "1e39"], "alpha_max = 1e\\+39 overflows float32"),
-    (["--alpha", "100", "--alpha-max", "1"], "alpha0 = 100.0 is above alpha_max"),
-    (["--shift", "nan"], "shift must be a finite number"),
+    (["--alpha", "10", "--alpha-max", "1e39"], "--alpha-max = 1e\\+39 overflows float32"),
+    (["--alpha", "100", "--alpha-max", "1"], "--alpha = 100.0 is above --alpha-max = 1.0: .* give --alpha-max >= --alpha"),
+    (["--shift", "nan"], "--shift must be finite"),
     (["--particles", "2000000000", "--dim", "10"], "needs about .* GiB"),
 ])
 def test_optimize_values_that_would_be_silent_garbage_are_refused(capsys, extra, match):
@@ -425,3 +427,95 @@ def test_optimize_sharded_with_padding_equals_the_unsharded_run_per_particle(tmp
     assert sharded["best_energy"] == pytest.approx(plain["best_energy"], rel=1e-5, abs=1e-9)
     _, err = run("--shard")
     assert "padded to a multiple of 4 devices" in err and "--rng per-particle" in err
+
+
+def test_optimize_seeds_are_non_negative_and_each_its_own_key(capsys):
+    """``--seed -1`` and ``--seed 4294967295`` were one key (JAX keeps a 32-bit seed's low word), as
+    were ``-2**63`` and ``2**63``: 64 bits of key data cannot tell the 1.5 * 2**64 seeds of
+    -2**63 .. 2**64 - 1 apart. ``--seed`` is 0 .. 2**64 - 1, each its own key (those below 2**32
+    the keys they always were); a negative seed is refused."""
+    import jax
+
+    from cbo_jax import _checks
+    from cbo_jax.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["optimize", "--seed", "-1", "--no-progress"])
+    assert exit_.value.code == 2 and "argument --seed: must be >= 0, got -1" in capsys.readouterr().err
+    seeds = [0, 1, 2**31, 2**32 - 1, 2**32, 2**63, 2**64 - 1]
+    keys = [tuple(jax.random.key_data(_checks.as_key("--seed", build_parser().parse_args(
+        ["optimize", "--seed", str(s)]).seed)).tolist()) for s in seeds]
+    assert len(set(keys)) == len(seeds)
+    assert keys[:4] == [tuple(jax.random.key_data(jax.random.key(s)).tolist()) for s in seeds[:4]]
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", "--steps", "99999999999999999999"],  # was accepted, and ran until killed
+    ["optimize", "--steps", str(2**31)],
+    ["reproduce", "fedcb2o-tg", "--T-G", str(2**31)],
+])
+def test_counts_beyond_int32_are_refused_naming_the_flag(argv, capsys):
+    from cbo_jax.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+    assert f"argument {argv[-2]}: must be at most 2**31 - 1 (JAX counts in int32)" in capsys.readouterr().err
+    assert build_parser().parse_args(["optimize", "--steps", str(2**31 - 1)]).steps == 2**31 - 1
+
+
+@pytest.mark.parametrize("extra,match", [
+    # the configs' and schedules' field names: "factor must be > 0" named no flag
+    (["--alpha-factor", "0"], "--alpha-factor must be > 0, got 0.0"),
+    (["--alpha-max", "-1"], "--alpha-max must be >= 0"),
+    (["--alpha-schedule", "ess", "--ess-eta", "2"], "--ess-eta must lie in"),
+    (["--dt", "0"], "--dt must be > 0"),
+    (["--dynamic", "cbs", "--sigma1", "-1"], "--sigma1 must be >= 0"),
+    (["--diff-tol", "-1"], "--diff-tol must be >= 0"),
+    (["--lambda1", "1e40"], r"--lambda1 = 1e\+40 overflows float32 .*--dtype float64"),
+    (["--alpha-max", "1e40"], r"--alpha-max = 1e\+40 overflows float32 .*--dtype float64"),
+    # blamed the objective ("NaN or infinite at every particle of x0")
+    (["--shift", "1e40"], r"--shift = 1e\+40 overflows float32 .*--dtype float64"),
+])
+def test_optimize_errors_name_the_flag(capsys, extra, match):
+    assert main(["optimize", "--steps", "2", "--dim", "2", "--particles", "4", "--no-progress", *extra]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("argv", [
+    ["optimize", "--step", "5"],  # an abbreviation of --steps, taken for it without a word
+    ["run", "fedcbo", "--agent", "8"],  # of --agents
+    ["reproduce", "cb2o-malicious", "--malicious", "0.1", "--part", "10"],
+    ["--coord", "h:1", "optimize"],
+])
+def test_flags_are_not_abbreviated(argv, capsys):
+    from cbo_jax.cli import build_parser
+
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(argv)
+    assert exit_.value.code == 2
+
+
+@pytest.mark.parametrize("argv,wrong,nearest", [
+    (["optimize", "--partcles", "10"], "--partcles", "--particles"),
+    (["optimize", "--alpha-fator=1.1"], "--alpha-fator", "--alpha-factor"),
+    (["run", "fedcbo", "--agent", "8"], "--agent", "--agents"),
+    (["reproduce", "clustered-consensus", "--sed", "1"], "--sed", "--seed"),
+])
+def test_a_misspelt_flag_is_one_line_naming_the_nearest(argv, wrong, nearest, capsys):
+    """argparse's answer was its usage and a bare "unrecognized arguments: --partcles 10"."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--no-progress"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert f"unrecognized arguments: {wrong}" in err and f"did you mean {nearest}" in err, err
+
+
+def test_the_progress_bar_says_compiling_until_the_first_steps_return(capsys):
+    """The bar sat at 0 % without a word while XLA compiled the first chunk (~30 s for a large run)."""
+    assert main(["optimize", "--objective", "sphere", "--dim", "2", "--particles", "4", "--steps", "3"]) == 0
+    draws = [d for d in re.split(r"[\r\n]", capsys.readouterr().err) if "cbo sphere" in d]
+    assert "compiling…" in draws[0] and "0/3" in draws[0], draws
+    assert "compiling" not in draws[-1] and "3/3" in draws[-1], draws

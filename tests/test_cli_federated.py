@@ -241,3 +241,65 @@ def test_fedcb2o_reproductions_refuse_flags_they_ignore(name, flags, match, tmp_
     assert main(["reproduce", name, *flags, "--output", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert match in err and "Traceback" not in err
+
+
+def test_config_that_is_a_directory_is_named_so(tmp_path, capsys):
+    # was "--config DIR: no such file"
+    assert main(["run", "local", "--config", str(tmp_path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"--config {tmp_path} is a directory, not a file" in err and "no such file" not in err
+
+
+def test_elapsed_time_leaves_out_the_time_the_process_was_stopped(tmp_path, monkeypatch, capsys):
+    """A run stopped (Ctrl-Z, SIGSTOP, a batch scheduler's suspend) and continued counted the stop
+    in its ``elapsed_s`` and ``seconds`` (154 s against 87 s of work). Here the clock jumps
+    1000 s before each scan of rounds, as over a stop that no heartbeat saw."""
+    import time
+
+    from cbo_jax.federated import runner
+
+    real_clock, real_scan, jump = time.perf_counter, runner._scan_rounds, [0.0]
+
+    def scan(*args, **kwargs):
+        jump[0] += 1000.0
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: real_clock() + jump[0])
+    monkeypatch.setattr(runner, "_scan_rounds", scan)
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(TINY_BASELINE))
+    out = tmp_path / "r"
+    assert main(["run", "local", "--config", str(cfg), "--output", str(out), "--no-progress"]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert jump[0] == 2000.0 and 0 < rows[0]["elapsed_s"] <= rows[1]["elapsed_s"] < 500
+    assert rows[1]["elapsed_s"] - 0.01 <= json.loads((out / "summary.json").read_text())["seconds"] < 500
+
+
+@pytest.mark.skipif(not hasattr(__import__("signal"), "SIGSTOP"), reason="POSIX signals")
+def test_stopwatch_leaves_out_a_real_stop():
+    """The clock of elapsed_s in a process stopped with SIGSTOP for 2.5 s and continued."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import cbo_jax
+
+    path = Path(cbo_jax.__file__).parent / "_progress.py"  # loaded alone: no JAX import in the child
+    code = (f"import importlib.util, sys\nspec = importlib.util.spec_from_file_location('p', {str(path)!r})\n"
+            "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n"
+            "clock = p.Stopwatch(offset=10.0)\nprint('ready', flush=True)\nsys.stdin.readline()\n"
+            "print(clock(), flush=True)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "ready\n"
+        t0 = time.perf_counter()
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(2.5)
+        os.kill(child.pid, signal.SIGCONT)
+        out, _ = child.communicate("\n", timeout=60)
+    finally:
+        child.kill()
+    assert time.perf_counter() - t0 >= 2.5 and 10.0 < float(out) < 11.0

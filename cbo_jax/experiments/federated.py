@@ -179,6 +179,9 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
     values: dict = {}
     if getattr(args, "config", None):
         path = Path(args.config)
+        if path.is_dir():  # was "no such file"
+            raise ValueError(f"--config {path} is a directory, not a file: give its config.json (or another JSON "
+                             f"file of options)")
         if not path.is_file():
             raise ValueError(f"--config {path}: no such file")
         try:

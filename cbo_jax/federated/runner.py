@@ -30,7 +30,6 @@ import functools
 import hashlib
 import json
 import math
-import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
@@ -43,7 +42,7 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
 from cbo_jax import provenance
-from cbo_jax._progress import advance, progress_bar
+from cbo_jax._progress import Stopwatch, advance, progress_bar
 from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -491,7 +490,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     # declared: the evaluation metrics' declared names (run's _declared), refused in the rounds' trace
     n = data.num_agents
     lay = padding.layout(n, mesh)
-    t0 = time.perf_counter()
+    clock = Stopwatch()  # elapsed_s and seconds: the run's work, not the time its process was stopped
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
     done = 0
@@ -521,7 +520,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                 raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the "
                                  f"checkpoint's); cannot resume")
             # elapsed_s and the summary's seconds go on from the kept rounds' time, as in one process
-            t0 -= max((r["elapsed_s"] for r in history if isinstance(r.get("elapsed_s"), (int, float))), default=0.0)
+            clock.offset = max((r["elapsed_s"] for r in history if isinstance(r.get("elapsed_s"), (int, float))),
+                               default=0.0)
         elif rows:  # its rows are replaced as the run goes again: say so, it may have been long
             warnings.warn(f"resuming {out}: it holds {len(rows)} rows but no checkpoint (the run saved none: "
                           f"checkpoint_every / --checkpoint-every saves them), so the run starts again from round 0",
@@ -580,7 +580,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                     row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
                     if evaluate and r == done:
                         row.update(last_eval)
-                        row["elapsed_s"] = round(time.perf_counter() - t0, 3)
+                        row["elapsed_s"] = round(clock(), 3)
                     history.append(row)
                     if writer is not None:
                         writer.write(row)
@@ -594,7 +594,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         if writer is not None:
             writer.close()
     summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n,
-               "seconds": round(time.perf_counter() - t0, 2),
+               "seconds": round(clock(), 2),
                "fingerprint": _fingerprint_hash(fp)}
     if clusters is not None:
         summary["num_clusters"] = clusters
