@@ -24,10 +24,15 @@ previous step intact. Restoring checks, before anything is returned, that
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import shutil
+import sys
+import threading
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from cbo_jax import _results
 
 PyTree = Any
 
@@ -161,7 +168,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
     held, partial = _listed(path)
     if step in partial:  # not a step (steps() leaves it out), but orbax would refuse to write over it
-        shutil.rmtree(path / str(step))
+        _remove_step(path / str(step))
     later = [s for s in held if s > step]
     if later and not overwrite:  # orbax's keep policy then deleted the later steps, or kept them beside this one
         raise CheckpointError(f"{path} holds later steps {later} than step {step}: a checkpoint directory holds one "
@@ -171,18 +178,91 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         raise CheckpointError(f"{path} already holds step {step}: pass overwrite=True to replace it, or "
                               f"save another step (steps there: {held})")
     replaced = [s for s in held if s >= step]
-    if replaced:
-        with _manager(path, keep, create=True) as mgr:
-            for s in replaced:
-                mgr.delete(s)
-    with _manager(path, keep, create=True) as mgr:
-        items = {"meta": ocp.args.JsonSave(record)}
-        if jax.tree_util.tree_leaves(stored):
-            items["state"] = ocp.args.StandardSave(stored)
-        mgr.save(int(step), args=ocp.args.Composite(**items), force=True)
-        mgr.wait_until_finished()
-    _write_digest(path / str(int(step)))
+    nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(arrays))
+    # A full disk inside orbax was ~100 lines of its threads' tracebacks (and a ValueError of
+    # tensorstore's): one DiskFullError naming the step now. The steps before it stay whole.
+    with _quiet_threads(), _results.full_disk(path / str(step), nbytes):
+        try:
+            if replaced:
+                with _manager(path, keep, create=True) as mgr:
+                    for s in replaced:
+                        mgr.delete(s)
+            with _manager(path, keep, create=True) as mgr:
+                items = {"meta": ocp.args.JsonSave(record)}
+                if jax.tree_util.tree_leaves(stored):
+                    items["state"] = ocp.args.StandardSave(stored)
+                mgr.save(int(step), args=ocp.args.Composite(**items), force=True)
+                mgr.wait_until_finished()
+            _write_digest(path / str(int(step)))
+        except Exception as err:
+            code = _results.full_errno(err)
+            if code is None or isinstance(err, _results.DiskFullError):
+                raise
+            raise _results.DiskFullError(code, path / str(step), nbytes) from None
     return path
+
+
+def _remove_step(step_dir: Path) -> None:
+    """Remove a step directory; one that is a link is unlinked, its target left alone."""
+    step_dir.unlink() if step_dir.is_symlink() else shutil.rmtree(step_dir)
+
+
+class _DropThreadErrors(logging.Filter):
+    """Drops orbax's log records of an exception in one of its threads: the save raises it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "raised an exception" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _quiet_threads():
+    """While a save runs: orbax's threads' failures are not logged (with their tracebacks) beside
+    the exception the save raises; after a failure, orbax's threads still running are waited
+    for (they logged theirs later, at interpreter shutdown: "cannot schedule new futures after
+    interpreter shutdown"), and the callbacks of tensorstore's writes into orbax's closed event
+    loop are not printed (:func:`_ignore_closed_loop_callbacks`)."""
+    _ignore_closed_loop_callbacks()
+    before = set(threading.enumerate())
+    loggers = [logging.getLogger("absl")]
+    drop = _DropThreadErrors()
+    for lg in loggers:
+        lg.addFilter(drop)
+    try:
+        yield
+    except BaseException:
+        for t in set(threading.enumerate()) - before:
+            if t is not threading.current_thread() and type(t).__module__.startswith("orbax"):
+                t.join(timeout=60)
+        raise
+    finally:
+        for lg in loggers:
+            lg.removeFilter(drop)
+
+
+def _closed_loop_callback(kind, value, tb) -> bool:
+    """Whether an exception is a callback's into an asyncio event loop that was closed."""
+    last = traceback.extract_tb(tb)[-1:] if tb is not None else []
+    return (kind is RuntimeError and str(value) == "Event loop is closed" and bool(last)
+            and last[0].name == "_check_closed"
+            and last[0].filename.endswith(os.path.join("asyncio", "base_events.py")))
+
+
+def _ignore_closed_loop_callbacks() -> None:
+    """When a save fails, tensorstore's writes still under way finish after the failure ended
+    orbax's event loop, and each one's callback into the closed loop was printed as a
+    traceback ("RuntimeError: Event loop is closed", through ``sys.unraisablehook``, from
+    tensorstore's threads, while the command printed its error). Those alone are not
+    printed; every other exception goes to the hook there was. Installed once, at the first save."""
+    previous = sys.unraisablehook
+    if getattr(previous, "_cbo_jax_closed_loop", False):
+        return
+
+    def hook(unraisable):
+        if not _closed_loop_callback(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            previous(unraisable)
+
+    hook._cbo_jax_closed_loop = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 def steps(path: str | Path) -> list[int]:

@@ -275,13 +275,16 @@ def _cmd_optimize(args) -> int:
     print(f"time           {res.seconds:.2f} s incl. compilation ({summary['particle_steps_per_s']:.3g} particle-steps/s)")
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
-        from cbo_jax.writer import replace_text, write_summary
+        import io
+
+        from cbo_jax.writer import replace_bytes, replace_text, write_summary
 
         write_summary(args.output / "summary.json", summary)
         replace_text(args.output / "config.json", json.dumps(_optimize_record(args, cfg), indent=2) + "\n")
         # "step": the step of each row (1..steps), the time axis metrics.jsonl's rows carry
-        np.savez(args.output / "history.npz", step=np.arange(1, res.steps + 1), **res.history, best_x=best_x,
-                 consensus=cons)
+        buf = io.BytesIO()  # written as the other files are: whole, never through a link in its place
+        np.savez(buf, step=np.arange(1, res.steps + 1), **res.history, best_x=best_x, consensus=cons)
+        replace_bytes(args.output / "history.npz", buf.getvalue())
         print(f"saved          {args.output}/summary.json, config.json, history.npz, metrics.jsonl")
     print(json.dumps(_json_safe(summary)))
     return 0
@@ -658,6 +661,16 @@ def _main(argv: list[str] | None) -> int:
             return args.func(args)
     except ValueError as err:  # bad input, including DataError from the loaders
         print(f"cbo-jax: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full disk or quota: one line naming the path and the space, not a traceback
+        from cbo_jax._results import FULL, full_message
+
+        if err.errno not in FULL:
+            raise
+        command = getattr(args, "command", None)
+        resumable = command == "run" or (command == "reproduce" and hasattr(args, "resume"))
+        hint = "; free some space (or choose another --output), then --resume continues the run" if resumable else ""
+        print(f"cbo-jax: error: {full_message(err, getattr(args, 'output', None))}{hint}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: one line, not a traceback through JAX's internals
         # `cbo-jax run` and the reproductions made of federated runs resume; the hint was printed after any command

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl", "replace_text", "write_summary"]
+__all__ = ["MetricsWriter", "json_safe", "to_python", "read_jsonl", "replace_bytes", "replace_text", "write_summary"]
 
 
 def to_python(value: Any) -> Any:
@@ -105,14 +105,41 @@ def replace_text(path: Path, text: str) -> None:
 
     The text goes to a temporary file beside ``path`` that replaces it when complete; a
     ``summary.json`` or a resumed run's ``metrics.jsonl`` rewritten in place was left cut
-    short or empty by a kill while it was written.
+    short or empty by a kill while it was written. See :func:`replace_bytes`.
     """
+    replace_bytes(path, text.encode("utf-8"))
+
+
+def replace_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all (as :func:`replace_text`), never through a link.
+
+    A symbolic link at ``path`` or at the temporary file's name is refused with a
+    ``ValueError`` naming it (the text was written into the link's target: a colleague's
+    file, outside the results directory); the temporary file is created anew
+    (``O_EXCL | O_NOFOLLOW``), and the rename replaces ``path`` itself. A full disk or quota
+    is a :class:`~cbo_jax._results.DiskFullError` naming ``path`` and the space.
+    """
+    from cbo_jax._results import full_disk, refuse_link
+
+    path = Path(path)
+    refuse_link(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    refuse_link(tmp)
+    tmp.unlink(missing_ok=True)  # left by a killed process that had this pid
+    with full_disk(path, len(data)):
+        try:
+            _write_new(tmp, data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _write_new(path: Path, data: bytes) -> None:
+    """Write ``data`` to a file created at ``path`` (which must not exist: nor a link there)."""
+    from cbo_jax._results import open_nofollow
+
+    with open(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
+        fh.write(data)
 
 
 def _scalars(prefix: str, value: Any):
@@ -184,9 +211,13 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.directory), flush_secs=5, purge_step=purge)
 
     def write(self, row: dict) -> None:
+        from cbo_jax._results import full_disk, open_nofollow
+
         row = json_safe(to_python(row))
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(row, allow_nan=False) + "\n")
+        line = (json.dumps(row, allow_nan=False) + "\n").encode("utf-8")
+        with full_disk(self.path, len(line)):  # never appended through a link planted in the file's place
+            with open(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab") as fh:
+                fh.write(line)
         if self._tb is not None:
             step = int(row.get(self.step_key, 0))
             for name, v in _scalars("", {k: v for k, v in row.items() if k != self.step_key}):

@@ -7,7 +7,6 @@ differs. The kill-and-resume equality of the rows is tests/test_federated_engine
 
 import dataclasses
 import json
-import pathlib
 import re
 import shutil
 
@@ -141,14 +140,14 @@ def test_read_meta_and_restore_give_the_same_fallback(tmp_path):
 
 
 def _disk_full_after(monkeypatch, nbytes):
-    """``Path.write_text`` writes ``nbytes`` characters, then fails as a full disk does."""
-    real = pathlib.Path.write_text
+    """The atomic writes' new file gets ``nbytes`` bytes, then the write fails as a full disk does."""
+    real = writer._write_new
 
-    def write_text(self, data, *args, **kwargs):
-        real(self, data[:nbytes], *args, **kwargs)
+    def write_new(path, data):
+        real(path, data[:nbytes])
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pathlib.Path, "write_text", write_text)
+    monkeypatch.setattr(writer, "_write_new", write_new)
 
 
 def test_a_resume_that_fails_rewriting_the_rows_keeps_them(tmp_path, monkeypatch):
