@@ -672,6 +672,13 @@ def _main(argv: list[str] | None) -> int:
         hint = "; free some space (or choose another --output), then --resume continues the run" if resumable else ""
         print(f"cbo-jax: error: {full_message(err, getattr(args, 'output', None))}{hint}", file=sys.stderr)
         return 2
+    except RuntimeError as err:  # --on-diverged stop: the run stopped at a NaN; one line, status 1
+        from cbo_jax.federated.runner import DivergedError
+
+        if not isinstance(err, DivergedError):
+            raise
+        print(f"cbo-jax: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: one line, not a traceback through JAX's internals
         # `cbo-jax run` and the reproductions made of federated runs resume; the hint was printed after any command
         command = getattr(args, "command", None)

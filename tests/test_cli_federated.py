@@ -303,3 +303,24 @@ def test_stopwatch_leaves_out_a_real_stop():
     finally:
         child.kill()
     assert time.perf_counter() - t0 >= 2.5 and 10.0 < float(out) < 11.0
+
+
+def test_on_diverged_stop_ends_the_run_in_one_line(tmp_path, capsys):
+    """``--on-diverged stop``: the first diverged agent ends the run with one line naming the
+    round and the agents (exit status 1), its rows so far written; without it the run goes on and
+    counts them (``diverged_agents``)."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps({**TINY_BASELINE, "rounds": 3}))
+    out = tmp_path / "stopped"
+    assert main(["run", "local", "--config", str(cfg), "--local.lr", "1e30", "--on-diverged", "stop",
+                 "--output", str(out), "--no-progress"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cbo-jax: error: local, round 1: agents 0, 1,") and "on_diverged='stop'" in err, err
+    assert len(err.splitlines()) == 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1] and rows[0]["diverged_agents"] == 8
+    assert not (out / "summary.json").exists()
+    assert main(["run", "local", "--config", str(cfg), "--local.lr", "1e30", "--no-progress"]) == 0
+    assert _last_json(capsys.readouterr().out)["final_diverged_agents"] == 8
+    assert main(["run", "local", "--config", str(cfg), "--on-diverged", "never", "--no-progress"]) == 2
+    assert "on_diverged must be one of ['stop', 'warn']" in capsys.readouterr().err

@@ -30,7 +30,7 @@ from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
-from cbo_jax.federated.runner import RunResult, model_record, finished, run
+from cbo_jax.federated.runner import ON_DIVERGED, RunResult, finished, model_record, run
 from cbo_jax.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
@@ -90,6 +90,9 @@ class RunOptions:
       checkpoint_every: checkpoint every this many rounds (none: never).
       memory_budget_gb: FedCBO: pick the largest eval_chunk whose round fits this many GiB.
       tensorboard: also write TensorBoard event files to the results directory.
+      on_diverged: an agent whose model holds a NaN or an infinity (left out of every
+        average, counted in the rows' diverged_agents): "warn" (go on, naming it) or "stop"
+        (end the run there, its rows so far written).
     """
 
     rounds: int = 100
@@ -99,9 +102,11 @@ class RunOptions:
     checkpoint_every: int | None = None
     memory_budget_gb: float | None = None
     tensorboard: bool = False
+    on_diverged: str = "warn"
 
     def __post_init__(self):
         cfgs.check_types(self)
+        _checks.one_of("on_diverged", self.on_diverged, ON_DIVERGED)
         _checks.positive_int("rounds", self.rounds)
         _checks.positive_int("eval_every", self.eval_every)
         if self.test_size is not None:
@@ -318,7 +323,7 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     res = run(algorithm, data, cfg.run.rounds, key, metrics=metrics, round_metrics=round_metrics,
               every=cfg.run.eval_every, out=out_dir, config=_record(cfgs.to_dict(cfg), model), mesh=mesh,
               checkpoint_every=cfg.run.checkpoint_every, resume=resume, extend=extend, overwrite=overwrite,
-              progress=progress, tensorboard=cfg.run.tensorboard)
+              progress=progress, tensorboard=cfg.run.tensorboard, on_diverged=cfg.run.on_diverged)
     return res
 
 
@@ -333,7 +338,7 @@ def _record(config: dict, model: models.Model) -> dict:
 # run's fingerprint), how often it checkpoints, what it writes besides the rows, and the
 # memory budget (the eval_chunk it picks is in the fingerprint).
 _RESUME_MAY_CHANGE = {("data", "source"), ("data", "data_dir"), ("run", "checkpoint_every"), ("run", "tensorboard"),
-                      ("run", "memory_budget_gb"), ("config", "eval_chunk")}
+                      ("run", "memory_budget_gb"), ("config", "eval_chunk"), ("run", "on_diverged")}
 
 
 def _as_recorded(cfg, out: Path) -> dict:

@@ -8,7 +8,7 @@
 ...              metrics=[fl.metrics.test_accuracy(model, data)], out="results/mine")
 
 An algorithm of one's own is an :class:`Algorithm` built from the same pieces the package's
-algorithms use (``local_train``, ``participants``, ``broadcast``, ``init_population``,
+algorithms use (``local_train``, ``participants``, ``broadcast``, ``diverged``, ``init_population``,
 ``per_agent_fields``); a selection rule of one's own is a :class:`SelectionRule` passed as
 ``fedcbo(..., rule=)`` (``docs/guides/extending.md``, ``examples/federated_custom_algorithm.py``).
 """
@@ -18,19 +18,20 @@ from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
                                           fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
-from cbo_jax.federated.algorithms.base import BaselineConfig, broadcast, participants, per_agent_fields
+from cbo_jax.federated.algorithms.base import BaselineConfig, broadcast, diverged, participants, per_agent_fields
 from cbo_jax.federated.algorithms.fedcb2o import class_losses, robustness_criterion
 from cbo_jax.federated.attacks import AttackData
 from cbo_jax.federated.data import AgentData, FederatedData, rotated_mnist
 from cbo_jax.federated.local import LocalSGDConfig, local_train
-from cbo_jax.federated.runner import RunResult, run
+from cbo_jax.federated.runner import DivergedError, RunResult, run
 from cbo_jax.federated.selection import SelectionRule, epsilon_greedy, prob_sampling, uniform
 from cbo_jax.models import Model, from_flax, init_population
 
-__all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
+__all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMConfig", "DivergedError", "FedAvgConfig",
+           "FedCB2OConfig", "FedCBOConfig",
            "FedPDConfig", "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model",
            "RunResult", "SGLDConfig", "SelectionRule", "class_losses", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
            "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
            "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform",
            # building an algorithm of one's own (docs/guides/extending.md)
-           "broadcast", "init_population", "local_train", "participants", "per_agent_fields", "selection"]
+           "broadcast", "diverged", "init_population", "local_train", "participants", "per_agent_fields", "selection"]

@@ -41,6 +41,7 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import checkpoint as ckpt
+from cbo_jax import population as pop
 from cbo_jax import provenance
 from cbo_jax._progress import Stopwatch, advance, progress_bar
 from cbo_jax._results import ResultsDir
@@ -50,7 +51,14 @@ from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python, write_summary
 
-__all__ = ["RunResult", "finished", "fingerprint", "model_record", "run"]
+__all__ = ["DivergedError", "RunResult", "finished", "fingerprint", "model_record", "run"]
+
+ON_DIVERGED = ("warn", "stop")
+
+
+class DivergedError(RuntimeError):
+    """A run with ``on_diverged="stop"`` met a model holding a NaN or an infinity. The message
+    names the round and the agents (or server models); the rows up to that round are written."""
 
 
 class RunResult(NamedTuple):
@@ -67,7 +75,8 @@ class RunResult(NamedTuple):
                 f"    history=[{len(self.history)} rows of {_repr.columns(names)}])")
 
 
-_ROW_KEYS = ("round", "elapsed_s")  # written by the runner into every row
+# written by the runner into every row (diverged_agents: where the algorithm's info or models tell it)
+_ROW_KEYS = ("round", "elapsed_s", "diverged_agents")
 
 
 def _merge(fns: Sequence[Callable], arg, what: str, taken: dict | None = None) -> dict:
@@ -118,15 +127,71 @@ def _pad_state(state, layout):
     return layout.pad_state(state)
 
 
-@functools.partial(jax.jit, static_argnames=("round_fn", "layout", "metrics", "length", "taken"), donate_argnums=(0,))
-def _scan_rounds(state, data, *, round_fn, layout, metrics, length: int, taken: tuple = ()):
+def _nonfinite(info, state, eval_models, layout) -> dict:
+    """The round's diverged models: ``"agents"``, the ``(N,)`` real agents whose model held a NaN or
+    an infinity (the info's ``diverged``, which every algorithm of the package reports; else, for
+    per-agent models, their rows), and ``"servers"``, the ``(K,)`` server models that do."""
+    out = {}
+    flags = getattr(info, "diverged", None)
+    kind, params = eval_models(state)
+    if kind == "server":
+        out["servers"] = ~pop.tree_isfinite_rows(params)
+    elif flags is None:
+        flags = ~pop.tree_isfinite_rows(jax.tree_util.tree_map(lambda a: a[:layout.n], params))
+    if flags is not None:
+        out["agents"] = flags
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("round_fn", "eval_models", "layout", "metrics", "length", "taken"),
+                   donate_argnums=(0,))
+def _scan_rounds(state, data, *, round_fn, eval_models, layout, metrics, length: int, taken: tuple = ()):
     # taken: the evaluation metrics' declared names; a round metric's clash with one is refused
     # here, while the rounds are traced, before any of them runs
     def body(s, _):
         s, info = round_fn(s, data)
-        return s, _merge(metrics, layout.trim_info(info), "the round metric", dict(taken))
+        info = layout.trim_info(info)
+        row = _merge(metrics, info, "the round metric", dict(taken))
+        bad = _nonfinite(info, s, eval_models, layout)
+        if "agents" in bad:
+            row["diverged_agents"] = jnp.sum(bad["agents"], dtype=jnp.int32)
+        return s, (row, bad)
 
     return jax.lax.scan(body, state, None, length=length)
+
+
+def _diverged_news(start: int, recs: list, seen: set) -> list[tuple[int, list[int], list[int]]]:
+    """``(round, new agents, server models)`` of each round of ``recs`` (host copies of the scans'
+    ``(row, bad)``) where an agent diverged that had not before (``seen``, updated), or a server model
+    held a NaN or an infinity."""
+    news, r = [], start
+    for length, (_, bad) in recs:
+        for i in range(length):
+            r += 1
+            agents = [int(j) for j in np.flatnonzero(bad["agents"][i])] if "agents" in bad else []
+            servers = [int(k) for k in np.flatnonzero(bad["servers"][i])] if "servers" in bad else []
+            new = [j for j in agents if j not in seen]
+            seen.update(new)
+            if new or servers:
+                news.append((r, new, servers))
+    return news
+
+
+def _diverged_message(name: str, r: int, agents: list[int], servers: list[int]) -> str:
+    def listed(ids):
+        return ", ".join(map(str, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+    parts = []
+    if agents:
+        many = len(agents) > 1
+        parts.append(f"agent{'s' if many else ''} {listed(agents)} {'hold' if many else 'holds'} a NaN or an infinity "
+                     f"(diverged) and {'are' if many else 'is'} left out of every average; the rows count them "
+                     f"(diverged_agents)")
+    if servers:
+        many = len(servers) > 1
+        parts.append(f"server model{'s' if many else ''} {listed(servers)} {'hold' if many else 'holds'} a NaN or an "
+                     f"infinity")
+    return f"{name}, round {r}: " + "; ".join(parts)
 
 
 def _train_view(data):
@@ -202,7 +267,8 @@ def _config_dict(cfg) -> Any:
 def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
         round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
         mesh: Mesh | None = None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
-        overwrite: bool = False, progress: bool = True, tensorboard: bool = False, plots: bool = True) -> RunResult:
+        overwrite: bool = False, progress: bool = True, tensorboard: bool = False, plots: bool = True,
+        on_diverged: str = "warn") -> RunResult:
     """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
 
     Args:
@@ -249,6 +315,13 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         results are the same). Into a file or a pipe it prints at most every 30 s.
       tensorboard: also write TensorBoard event files to ``out`` (needs tensorboardX).
       plots: with ``out``, draw every scalar curve to ``out/metrics.png``.
+      on_diverged: what a model holding a NaN or an infinity does to the run. Every algorithm
+        of the package leaves such a model (a diverged agent) out of every average, and each
+        row counts them (``diverged_agents``; the summary lists them under ``"diverged"``).
+        ``"warn"`` (default): the run goes on, with a ``RuntimeWarning`` naming the round and the
+        agents the first time each agent diverges, or whenever a server model is not finite.
+        ``"stop"``: the run raises :class:`DivergedError` naming them, after writing the rows
+        up to that round (no summary: the run did not finish).
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
@@ -259,6 +332,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     metrics, round_metrics = _metric_fns("metrics", metrics), _metric_fns("round_metrics", round_metrics)
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("every", every)
+    _checks.one_of("on_diverged", on_diverged, ON_DIVERGED)
     if checkpoint_every is not None:
         _checks.positive_int("checkpoint_every", checkpoint_every)
     out = Path(out) if out is not None else None
@@ -297,7 +371,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         res = _run(algorithm, data, rounds, key, fp, metrics=metrics, round_metrics=round_metrics,
                    every=every, out=out, config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume,
                    extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters,
-                   declared=declared)
+                   declared=declared, on_diverged=on_diverged)
     return res
 
 
@@ -486,7 +560,7 @@ def _read_fingerprint(out: Path) -> dict | None:
 
 
 def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every,
-         resume, extend, progress, tensorboard, plots, clusters, declared=()) -> RunResult:
+         resume, extend, progress, tensorboard, plots, clusters, declared=(), on_diverged="warn") -> RunResult:
     # declared: the evaluation metrics' declared names (run's _declared), refused in the rounds' trace
     n = data.num_agents
     lay = padding.layout(n, mesh)
@@ -543,6 +617,7 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     if progress:
         bar = progress_bar(rounds, desc=algorithm.name, unit="round", initial=done)
     last_eval: dict = {}
+    diverged: set[int] = set()  # the agents that diverged so far (warned about once)
     try:
         # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
         # a couple of scan lengths compile. The rounds are the same whatever the scans. With a
@@ -558,14 +633,16 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
             start, recs = done, []
             while done < stop:
                 length = min(step - done % step, stop - done)
-                state, rec = _scan_rounds(state, data, round_fn=algorithm.round, layout=lay, metrics=round_metrics,
-                                          length=length, taken=declared)
+                state, rec = _scan_rounds(state, data, round_fn=algorithm.round, eval_models=algorithm.eval_models,
+                                          layout=lay, metrics=round_metrics, length=length, taken=declared)
                 if bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
                     rec = jax.device_get(rec)
-                    advance(bar, length, _postfix(last_eval, {k: v[-1] for k, v in rec.items() if np.ndim(v) == 1}))
+                    advance(bar, length, _postfix(last_eval, {k: v[-1] for k, v in rec[0].items() if np.ndim(v) == 1}))
                 recs.append((length, rec))
                 done += length
-            recs = to_python(jax.device_get(recs))
+            recs = jax.device_get(recs)
+            news = _diverged_news(start, recs, diverged)
+            recs = [(length, to_python(row)) for length, (row, _) in recs]
             user = lay.unpad_state(state)
             evaluate = done % every == 0 or done == rounds
             if evaluate:
@@ -586,6 +663,13 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
                         writer.write(row)
             if bar is not None and evaluate:  # drawn with the next round's move, or when the bar closes
                 bar.set_postfix(_postfix(last_eval, history[-1]), refresh=False)
+            for r, agents, servers in news:  # after the rows up to them are written
+                message = _diverged_message(algorithm.name, r, agents, servers)
+                if on_diverged == "stop":
+                    raise DivergedError(f"{message}; the run stops (on_diverged='stop'), its rows up to round {done} "
+                                        f"are written" + (f" in {out}" if out is not None else ""))
+                warnings.warn(f"{message} (on_diverged='stop' / --on-diverged stop stops the run instead)",
+                              RuntimeWarning, stacklevel=3)
             if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
                 ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp}, overwrite=True)
     finally:
@@ -599,6 +683,8 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
     if clusters is not None:
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
+    if diverged:
+        summary["diverged"] = sorted(diverged)  # every agent that diverged in this process's rounds
     if out is not None:
         # The plot before the summary, which marks the run finished (`finished`, a resume): an
         # interrupt while the plot was drawn left a finished run without its metrics.png.
@@ -619,7 +705,8 @@ def _postfix(last_eval: dict, latest_round: dict) -> dict:
     if "train_loss" in round_part:  # before ε, the selection rates and the other round metrics
         round_part = {"train_loss": round_part.pop("train_loss"), **round_part}
     latest = {**_scalars(to_python(last_eval)), **round_part}
-    shown = [(k, v) for k, v in latest.items() if k not in ("round", "elapsed_s", "participants")]
+    shown = [(k, v) for k, v in latest.items()
+             if k not in ("round", "elapsed_s", "participants") and not (k == "diverged_agents" and v == 0)]
     return {k: f"{v:.4g}" for k, v in shown[:3]}
 
 
@@ -632,6 +719,8 @@ def plot_history(history: list[dict], path: Path, title: str = "") -> Path | Non
     from cbo_jax._plotting import subplots
 
     keys = [k for k in dict.fromkeys(k for r in history for k in _scalars(r)) if k not in ("round", "elapsed_s")]
+    if not any(r.get("diverged_agents") for r in history):  # no panel of zeros in every run's figure
+        keys = [k for k in keys if k != "diverged_agents"]
     panels = [k for k in keys if not (k.endswith("_oracle") and k[:-len("_oracle")] in keys)]  # a pair: one panel
     if not panels:
         return None

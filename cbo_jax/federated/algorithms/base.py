@@ -29,13 +29,13 @@ from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig
-from cbo_jax.population import tree_where_rows
+from cbo_jax.population import tree_isfinite_rows, tree_where_rows
 from cbo_jax.population import weighted_average as weighted_rows_mean
 
 PyTree = Any
 
 __all__ = ["AgentData", "Algorithm", "BaselineConfig", "participants", "tree_where_rows", "weighted_rows_mean",
-           "broadcast", "agent_fields", "per_agent_fields"]
+           "broadcast", "agent_fields", "per_agent_fields", "diverged"]
 
 _T = TypeVar("_T")
 
@@ -121,6 +121,15 @@ def participants(key: jax.Array, valid: jax.Array, participation: float) -> jax.
     size = jnp.maximum(1, jnp.round(participation * jnp.sum(valid)))
     rank = jnp.argsort(jnp.argsort(u))
     return valid & (rank < size)
+
+
+def diverged(params: PyTree, real: jax.Array | int) -> jax.Array:
+    """``(N,)``: the agents whose model holds a NaN or an infinity, among ``real`` (a mask, or
+    the number of real agents, which come first). An info's ``diverged`` field, which the
+    runner counts (``diverged_agents``) and reports (``on_diverged``)."""
+    ok = tree_isfinite_rows(params)
+    mask = jnp.arange(ok.shape[0]) < real if isinstance(real, int) else real
+    return mask & ~ok
 
 
 def broadcast(params: PyTree, n: int) -> PyTree:

@@ -65,12 +65,13 @@ class DFedAvgMState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("train_loss")
+@per_agent_fields("train_loss", "diverged")
 class DFedAvgMInfo(NamedTuple):
     idx: jax.Array  # (N, M) neighbours
     weights: jax.Array  # (N, M) their normalised weights
     self_weight: jax.Array  # (N,) the agent's own weight
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
+    diverged: jax.Array | None = None  # (N,) agents whose trained model held a NaN or an infinity (weight 0)
 
 
 def group_neighbours(key: jax.Array, groups, m: int) -> jax.Array:
@@ -126,7 +127,7 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         params = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0),
                                         weighted_rows_mean(clean, dense), trained.params)
         total = jnp.maximum(jnp.sum(w, axis=1) + w_self, 1e-30)
-        info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss)
+        info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss, (jnp.arange(size) < n) & ~ok)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info
 
     return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)

@@ -39,10 +39,11 @@ class FedAvgState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("active", "train_loss")
+@per_agent_fields("active", "train_loss", "diverged")
 class FedAvgInfo(NamedTuple):
     active: jax.Array  # (N,) agents in G_n
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
+    diverged: jax.Array | None = None  # (N,) agents of G_n whose trained model held a NaN or an infinity (weight 0)
 
 
 def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
@@ -64,7 +65,7 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         averaged = weighted_rows_mean(clean, weights)
         params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
                                         state.params)
-        return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss)
+        return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)
 
     return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
                      cfg, model=model, num_agents=num_agents)

@@ -11,18 +11,16 @@ García Trillos, Akash, Li, Riedl and Zhu (§3.4, Algorithms 1–2). Per round `
    b. download ``θ_i, i ∈ A_n``; evaluate them on ``j``'s VALIDATION split: the mean
       loss ``L_j^i`` and the class-wise losses ``L_{j,c}(θ_i)``;
    c. ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)``, eq. (3.12) (``P_start``);
-   d. robustness criterion, eq. (3.15):
-      ``G^i = max_c [ L_{j,c}(θ_i) - L_{j,c}(θ_j) ]`` over the classes present in the
-      validation split (upper-level objective of the bi-level problem);
+   d. robustness criterion, eq. (3.15): ``G^i = max_c [ L_{j,c}(θ_i) - L_{j,c}(θ_j) ]`` over the classes
+      present in the validation split (upper-level objective of the bi-level problem);
    e. ``m_j = Σ_i θ_i μ_i / Σ_i μ_i``, ``μ_i = exp(-α G^i)`` over the downloads
       (eq. (3.13)), and ``θ_j ← θ_j - λ1 γ (θ_j - m_j)`` (eq. (3.14));
    f. before round ``T_G`` the energy is the mean validation loss ``L_j^i`` (as FedCBO).
 3. The attackers follow their own strategy (:mod:`cbo_jax.federated.attacks`).
 
-``criterion="loss"``: FedCBO with ProbSampling, the attacked baseline. Steps a, c:
-:mod:`cbo_jax.federated.selection`; step e: :mod:`cbo_jax.federated.aggregation` (a NaN/inf
-download weighs nothing; no usable download: the agent keeps its model).
-:meth:`FedCB2OConfig.reference_code`: the reference code's form.
+``criterion="loss"``: FedCBO with ProbSampling, the attacked baseline. Steps a, c: :mod:`cbo_jax.federated.selection`;
+step e: :mod:`cbo_jax.federated.aggregation` (a NaN/inf download weighs nothing; no usable download: the agent keeps
+its model). :meth:`FedCB2OConfig.reference_code`: the reference code's form.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax.federated import selection
 from cbo_jax.federated.aggregation import Energy, consensus_downloads
-from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields
+from cbo_jax.federated.algorithms.base import Algorithm, diverged, per_agent_fields
 from cbo_jax.federated.attacks import (AttackData, agent_roles, attacker_average, attacker_selection, check_split,
                                       grouped_local_train)
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
@@ -132,7 +130,7 @@ class FedCB2OState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("train_loss")
+@per_agent_fields("train_loss", "diverged")
 class FedCB2OInfo(NamedTuple):
     """Per round, for the benign agents' downloads (``R = N_b`` rows) and every agent's training."""
 
@@ -143,6 +141,7 @@ class FedCB2OInfo(NamedTuple):
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (R,) no usable download: the agent kept its own model
     valid: jax.Array | None  # (R, M) slots that hold a download (ProbSampling may fill fewer than M)
+    diverged: jax.Array | None = None  # (N,) agents whose model holds a NaN or an infinity (never averaged)
 
 
 def class_losses(model: Model, params: PyTree, x: jax.Array, y: jax.Array, count: jax.Array,
@@ -244,7 +243,8 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
             parts.append(attacker_average(params, jnp.asarray(attackers), a_idx, a_valid, sizes))
         # Agents after the N real ones (padding) keep their models.
         new = jax.tree_util.tree_map(lambda t, *ps: jnp.concatenate(ps + (t[n:],), axis=0), params, *parts)
-        info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid)
+        info = FedCB2OInfo(sel.idx, agg.weights, agg.self_weight, agg.loss, trained.loss, agg.fallback, sel.valid,
+                           diverged(new, n))
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
     return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)

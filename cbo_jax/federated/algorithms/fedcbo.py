@@ -42,7 +42,8 @@ from cbo_jax.federated import selection
 from cbo_jax.federated.selection import SelectionRule
 from cbo_jax.federated.aggregation import (DownloadMap, consensus_by_model, consensus_downloads, group_loss,
                                            loss_energy)
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, participants, per_agent_fields, tree_where_rows
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, diverged, participants, per_agent_fields,
+                                               tree_where_rows)
 from cbo_jax.federated.local import LocalSGDConfig, local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 from cbo_jax.sde import diffusion, per_particle_normal
@@ -160,7 +161,7 @@ class FedCBOState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("active", "idx", "is_random", "train_loss", "fallback", "valid")
+@per_agent_fields("active", "idx", "is_random", "train_loss", "fallback", "valid", "diverged")
 class FedCBOInfo(NamedTuple):
     """Per round: ``G_n``, the downloads, ε, the local loss, who kept its own model."""
 
@@ -171,6 +172,7 @@ class FedCBOInfo(NamedTuple):
     train_loss: jax.Array  # (N,) mean mini-batch loss of the last local epoch
     fallback: jax.Array  # (N,) no usable download: the agent kept its own model
     valid: jax.Array | None = None  # (N, M) slots holding a download (ProbSampling, participation < 1; None: all)
+    diverged: jax.Array | None = None  # (N,) agents whose model holds a NaN or an infinity (weight 0 in every average)
 
 
 def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: DownloadMap | None = None,
@@ -229,7 +231,8 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
         params = tree_where_rows(active, new, params)
         P = rule.update(state.P, sel.idx, agg.loss, agg.own_loss, active, valid)
-        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, valid)
+        info = FedCBOInfo(active, sel.idx, sel.is_random, sel.eps, trained.loss, agg.fallback & active, valid,
+                          diverged(params, data.agent_mask))
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
     return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)

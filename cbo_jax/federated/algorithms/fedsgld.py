@@ -22,13 +22,13 @@ in parallel (vmapped):
 
 The server averages the messages, ``x0^new = (1/N) Σ_i x0_i^+``, and broadcasts with
 momentum, ``x0_i ← x0^new + β (x0^new - x0^old)`` (``β = 0``: FedPD's plain broadcast).
+A message holding a NaN or an infinity (a diverged node: ``info.diverged``) is left out of the
+average; with no finite message the server keeps ``x0^old``. The oracle and its
+Poisson-subsampled gradient are :mod:`cbo_jax.federated.langevin`.
 
-The oracle and its Poisson-subsampled gradient are :mod:`cbo_jax.federated.langevin`.
-
-Naming: the paper's Algorithms 1–2 write η for three things (the oracle step, the dual step and the
-momentum coefficient); here they are three parameters, ``lr`` (η), ``dual_lr`` (η_λ,
-default 1 so that ``λ_i ← λ_i + γ (x_i - x0_i)`` as in FedPD) and ``server_momentum``
-(β). The oracle's noise scale ε is called ``noise`` to keep ε for differential privacy.
+Naming: the paper's Algorithms 1–2 write η for the oracle step, the dual step and the momentum
+coefficient; here they are ``lr`` (η), ``dual_lr`` (η_λ, default 1 so that ``λ_i ← λ_i + γ (x_i -
+x0_i)`` as in FedPD) and ``server_momentum`` (β). The oracle's noise scale ε is ``noise``.
 The oracle is the Euler–Maruyama discretisation of ``dX = -∇L_i dt + sqrt(2T) dW``
 with temperature ``T = ε² / 2``: its iterates sample ``exp(-L_i / T)`` as ``η → 0``.
 
@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax.config import check_types
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast, per_agent_fields
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, broadcast, diverged, per_agent_fields
 from cbo_jax.federated.langevin import (OracleSpec, SGLDConfig, check_clip_norm, poisson_clipped_grad, poisson_grad,
                                        sgld_oracle)
 from cbo_jax.federated.local import agent_keys
@@ -172,11 +172,12 @@ class PrimalDualState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("train_loss", "clipped")
+@per_agent_fields("train_loss", "clipped", "diverged")
 class PrimalDualInfo(NamedTuple):
     train_loss: jax.Array  # (N,) F_i at the node's returned iterate
     clipped: jax.Array  # (N,) batch clipping: share of the oracle steps whose h was clipped; per-sample
     # clipping: mean over the steps of the share of sampled per-sample gradients that were clipped
+    diverged: jax.Array | None = None  # (N,) the node's message held a NaN or an infinity: left out of the average
 
 
 def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
@@ -214,15 +215,16 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
         x_out = res.average
         lam = jax.tree_util.tree_map(lambda l, a, b: l + dual_lr * gamma * (a - b), state.lam, x_out, state.x0)
         msg = jax.tree_util.tree_map(lambda a, l: a + l / gamma, x_out, lam)
-        valid = data.agent_mask  # the server averages the real nodes' messages
-        x0_new = jax.tree_util.tree_map(
-            lambda m: jnp.sum(jnp.where(valid.reshape((rows,) + (1,) * (m.ndim - 1)), m, 0), axis=0)
-            / jnp.sum(valid).astype(m.dtype), msg)
+        bad = diverged(msg, data.agent_mask)  # a NaN or an infinity never reaches the server's average
+        valid = data.agent_mask & ~bad
+        x0_new = jax.tree_util.tree_map(lambda m, old: jnp.where(jnp.any(valid), jnp.sum(jnp.where(
+            valid.reshape((rows,) + (1,) * (m.ndim - 1)), m, 0), axis=0) / jnp.sum(valid).astype(m.dtype), old),
+            msg, state.server)
         x0_bcast = jax.tree_util.tree_map(lambda new, old: new + beta * (new - old), x0_new, state.server)
         train_loss = jax.vmap(lambda p, xi, yi, ci: masked_loss(model, p, xi, yi, jnp.arange(xi.shape[0]) < ci))(
             x_out, data.x, data.y, data.counts)
         new = PrimalDualState(res.last, lam, broadcast(x0_bcast, rows), x0_new, state.round + 1, key)
-        return new, PrimalDualInfo(train_loss, res.clipped)
+        return new, PrimalDualInfo(train_loss, res.clipped, bad)
 
     def eval_models(state):
         return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.server)

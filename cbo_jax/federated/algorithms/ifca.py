@@ -51,11 +51,12 @@ class IFCAState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("active", "assignment", "train_loss")
+@per_agent_fields("active", "assignment", "train_loss", "diverged")
 class IFCAInfo(NamedTuple):
     active: jax.Array  # (N,)
     assignment: jax.Array  # (N,) each agent's cluster estimate
     train_loss: jax.Array  # (N,)
+    diverged: jax.Array | None = None  # (N,) agents of G_n whose trained model held a NaN or an infinity (weight 0)
 
 
 def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
@@ -84,6 +85,6 @@ def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
         params = jax.tree_util.tree_map(
             lambda new, old: jnp.where(jnp.reshape(chosen, (cfg.k,) + (1,) * (new.ndim - 1)), new, old), averaged,
             state.params)
-        return IFCAState(params, state.round + 1, key), IFCAInfo(active, assignment, trained.loss)
+        return IFCAState(params, state.round + 1, key), IFCAInfo(active, assignment, trained.loss, active & ~finite)
 
     return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg, model=model, num_agents=num_agents)

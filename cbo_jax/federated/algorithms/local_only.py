@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
-                                               tree_where_rows)
+from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, diverged, participants,
+                                               per_agent_fields, tree_where_rows)
 from cbo_jax.federated.local import local_train, make_optimizer
 from cbo_jax.models import Model, init_population
 
@@ -30,10 +30,11 @@ class LocalState(NamedTuple):
     key: jax.Array
 
 
-@per_agent_fields("active", "train_loss")
+@per_agent_fields("active", "train_loss", "diverged")
 class LocalInfo(NamedTuple):
     active: jax.Array  # (N,)
     train_loss: jax.Array  # (N,)
+    diverged: jax.Array | None = None  # (N,) real agents whose model holds a NaN or an infinity
 
 
 def local_only(model: Model, cfg: LocalConfig, num_agents: int) -> Algorithm:
@@ -51,6 +52,7 @@ def local_only(model: Model, cfg: LocalConfig, num_agents: int) -> Algorithm:
         trained = local_train(model, cfg.local, state.params, state.opt_state, data, k_local)
         params = tree_where_rows(active, trained.params, state.params)
         opt_state = tree_where_rows(active, trained.opt_state, state.opt_state)
-        return LocalState(params, opt_state, state.round + 1, key), LocalInfo(active, trained.loss)
+        info = LocalInfo(active, trained.loss, diverged(params, data.agent_mask))
+        return LocalState(params, opt_state, state.round + 1, key), info
 
     return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
