@@ -60,26 +60,35 @@ def advance(bar: Any, n: int, postfix: dict | None = None) -> None:
 BEAT_S = 0.25
 """Seconds between two beats of the thread that watches for stops."""
 LATE_S = 1.0
-"""A beat later than this (beyond :data:`BEAT_S`) means the process did not run in between:
-stopped (Ctrl-Z, ``SIGSTOP``, a batch scheduler's suspend). That time is not work."""
+"""A beat later than this (beyond :data:`BEAT_S`), with the process's CPU clock still in between
+(less than :data:`BUSY` of the gap), means the process did not run: stopped (Ctrl-Z, ``SIGSTOP``,
+a batch scheduler's suspend). That time is not work. A beat late because the process was busy
+(its CPU clock ran: a long call holding the interpreter, a loaded machine) is work."""
+BUSY = 0.1
 
 _lock = threading.Lock()
 _watches: weakref.WeakSet = weakref.WeakSet()  # the live stopwatches: the thread beats while there are any
 _thread: threading.Thread | None = None
 _last_beat = 0.0
+_last_cpu = 0.0  # the process's CPU time (every thread's) at the last beat
 _stopped_s = 0.0  # the stops the thread has seen, in total
 
 
+def _stop(now: float, cpu: float) -> float:
+    """Seconds stopped since the last beat (under ``_lock``): the lateness of a beat when the
+    process used (almost) no CPU time meanwhile, else 0."""
+    late = now - _last_beat - BEAT_S
+    return late if late > LATE_S and cpu - _last_cpu < BUSY * late else 0.0
+
+
 def _beat() -> None:
-    global _thread, _last_beat, _stopped_s
+    global _thread, _last_beat, _last_cpu, _stopped_s
     while True:
         time.sleep(BEAT_S)
         with _lock:
-            now = time.perf_counter()
-            late = now - _last_beat - BEAT_S
-            if late > LATE_S:
-                _stopped_s += late
-            _last_beat = now
+            now, cpu = time.perf_counter(), time.process_time()
+            _stopped_s += _stop(now, cpu)
+            _last_beat, _last_cpu = now, cpu
             if not _watches:
                 _thread = None
                 return
@@ -87,13 +96,12 @@ def _beat() -> None:
 
 def _stopped(now: float) -> float:
     """Seconds stopped up to ``now`` (under ``_lock``), a stop the thread has not seen yet included."""
-    late = now - _last_beat - BEAT_S
-    return _stopped_s + (late if _thread is not None and late > LATE_S else 0.0)
+    return _stopped_s + (_stop(now, time.process_time()) if _thread is not None else 0.0)
 
 
 def _after_fork() -> None:  # the child has no watching thread: the next stopwatch starts one
-    global _lock, _thread, _last_beat
-    _lock, _thread, _last_beat = threading.Lock(), None, time.perf_counter()
+    global _lock, _thread, _last_beat, _last_cpu
+    _lock, _thread, _last_beat, _last_cpu = threading.Lock(), None, time.perf_counter(), time.process_time()
 
 
 if hasattr(os, "register_at_fork"):
@@ -105,16 +113,16 @@ class Stopwatch:
     resumed run): the wall time less the time the process was stopped and continued (Ctrl-Z
     and ``fg``, ``SIGSTOP`` and ``SIGCONT``, a batch scheduler's suspend and resume), which a
     wall clock counted as work. A thread beats every :data:`BEAT_S` seconds while a stopwatch
-    lives; a beat more than :data:`LATE_S` seconds late marks a stop. Calling it gives the
-    seconds; they never go backwards."""
+    lives; a beat more than :data:`LATE_S` seconds late, the process's CPU clock still
+    meanwhile, marks a stop. Calling it gives the seconds; they never go backwards."""
 
     def __init__(self, offset: float = 0.0):
-        global _thread, _last_beat
+        global _thread, _last_beat, _last_cpu
         self.offset = float(offset)
         with _lock:
             now = time.perf_counter()
             if _thread is None:
-                _last_beat = now
+                _last_beat, _last_cpu = now, time.process_time()
                 thread = threading.Thread(target=_beat, name="cbo_jax-stopwatch", daemon=True)
                 try:
                     thread.start()

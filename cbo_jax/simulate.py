@@ -231,6 +231,8 @@ def simulate(
                         f"{type(dynamics).__name__}{hint}")
     if isinstance(num_steps, bool) or not isinstance(num_steps, (int, np.integer)) or num_steps < 0:
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+    if num_steps > 2**31 - 1:  # the step counter is an int32: more steps never finish (and wrap around)
+        raise ValueError(f"num_steps must be at most 2**31 - 1 (JAX counts steps in int32), got {num_steps!r}")
     _checks.flags(progress=progress, record_consensus=record_consensus, tensorboard=tensorboard, overwrite=overwrite)
     if observe is not None and not callable(observe):
         raise TypeError(f"observe must be a function observe(state) -> dict, got {type(observe).__name__}")

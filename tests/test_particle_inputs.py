@@ -502,3 +502,10 @@ def test_minimize_refuses_particles_of_no_coordinates():
         cj.minimize(cj.objectives.Sphere(), np.zeros((6, 0), np.float32), 0, 2)
     with pytest.raises(ValueError, match=r"dim must be >= 1"):
         cj.minimize(cj.objectives.Sphere(), dim=0, key=0, num_steps=2)
+
+
+def test_a_number_of_steps_beyond_int32_is_refused():
+    """``simulate(num_steps=10**20)`` was accepted and ran until killed (``cbo-jax optimize
+    --steps`` is refused likewise)."""
+    with pytest.raises(ValueError, match=r"num_steps must be at most 2\*\*31 - 1"):
+        cj.simulate(cj.cbo(cj.objectives.Sphere()), np.zeros((4, 2), np.float32), 0, 10**20)

@@ -73,3 +73,16 @@ def test_simulate_with_progress_into_a_log(monkeypatch, no_tqdm_env):
     draws = _draws(log.getvalue())
     assert len(draws) == 2, draws
     assert "40/40" in draws[-1] and f"best={float(jnp.min(res.state.best_energy)):.4g}" in draws[-1]
+
+
+def test_a_late_beat_is_a_stop_only_when_the_process_used_no_cpu(monkeypatch):
+    """A beat 2 s late while the process ran (its CPU clock moved: a long call holding the
+    interpreter, a loaded machine) is work; 2 s late with the CPU clock still is a stop."""
+    from cbo_jax import _progress
+
+    monkeypatch.setattr(_progress, "_last_beat", 100.0)
+    monkeypatch.setattr(_progress, "_last_cpu", 50.0)
+    now = 100.0 + _progress.BEAT_S + 2.0
+    assert _progress._stop(now, 51.5) == 0.0  # busy
+    assert _progress._stop(now, 50.01) == pytest.approx(2.0)  # stopped
+    assert _progress._stop(100.0 + _progress.BEAT_S + 0.5, 50.0) == 0.0  # on time
