@@ -320,7 +320,9 @@ def test_on_diverged_stop_ends_the_run_in_one_line(tmp_path, capsys):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rows] == [1] and rows[0]["diverged_agents"] == 8
     assert not (out / "summary.json").exists()
-    assert main(["run", "local", "--config", str(cfg), "--local.lr", "1e30", "--no-progress"]) == 0
+    assert main(["run", "local", "--config", str(cfg), "--local.lr", "1e30", "--output", str(tmp_path / "went_on"),
+                 "--no-progress"]) == 0
     assert _last_json(capsys.readouterr().out)["final_diverged_agents"] == 8
-    assert main(["run", "local", "--config", str(cfg), "--on-diverged", "never", "--no-progress"]) == 2
+    assert main(["run", "local", "--config", str(cfg), "--on-diverged", "never", "--output", str(tmp_path / "no"),
+                 "--no-progress"]) == 2
     assert "on_diverged must be one of ['stop', 'warn']" in capsys.readouterr().err
