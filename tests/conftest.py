@@ -128,6 +128,41 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the order is kept otherwise
 
 
+# The tests of the real MNIST files (the full 60000 + 10000 images, not the bundled subset) read
+# them from the directory CBO_JAX_DATA_DIR names. Without it a test skips saying how to run it;
+# in CI (the CI variable set, as CI services and `CI=true bash .ci/run` do) it fails instead,
+# so that CI never passes with them silently left out.
+REAL_MNIST_HOW = ("set CBO_JAX_DATA_DIR to the directory holding mnist/ with the four MNIST IDX files "
+                  "(train-images-idx3-ubyte.gz etc.; ../shared/data beside this checkout) to run this test")
+
+
+def in_ci(environ=os.environ) -> bool:
+    """Whether the tests run in CI: ``CI`` set to anything but empty, ``0``, ``false`` or ``no``."""
+    return environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def real_mnist(environ=os.environ):
+    """``(directory, MNIST)``: the real MNIST files from ``$CBO_JAX_DATA_DIR``, read.
+
+    When the variable is unset or the files cannot be read, the calling test is skipped with the
+    reason and the way to run it, or, in CI (:func:`in_ci`), it fails with them (called in the
+    test's body, not by a fixture: a fixture's failure is reported as an error, not a failure)."""
+    __tracebackhide__ = True  # the skip is reported at the calling test's line
+    from cbo_jax.federated import mnist
+
+    directory = environ.get("CBO_JAX_DATA_DIR")
+    if not directory:
+        why = f"CBO_JAX_DATA_DIR is not set: {REAL_MNIST_HOW}"
+    else:
+        try:
+            return directory, mnist.load_mnist("idx", directory)
+        except mnist.DataError as err:
+            why = f"CBO_JAX_DATA_DIR={directory!r} holds no readable MNIST IDX files ({err}): {REAL_MNIST_HOW}"
+    if in_ci(environ):
+        pytest.fail(f"CI must run the tests of the real MNIST files: {why}", pytrace=False)
+    pytest.skip(why)
+
+
 @pytest.fixture
 def tfds(monkeypatch, tmp_path):
     """``tensorflow_datasets`` (the test is skipped without it), with Python's temporary

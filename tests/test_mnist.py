@@ -1,7 +1,7 @@
 """MNIST sources: IDX reader (and its errors), bundled subset, tfds (mocked), real files."""
 
 import gzip
-import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -86,12 +86,12 @@ def test_tfds_source_with_mock_data(tfds):
     assert data.test_labels.shape == (12,) and data.source == "tfds"
 
 
-DATA_DIR = os.environ.get("CBO_JAX_DATA_DIR")
-
-
-@pytest.mark.skipif(not DATA_DIR, reason="CBO_JAX_DATA_DIR is not set (real MNIST IDX files)")
 def test_real_mnist_idx_files_match_published_facts():
-    data = mnist.load_mnist("auto")
+    """Skipped without CBO_JAX_DATA_DIR (the reason says how to run it); fails in CI without it."""
+    from conftest import real_mnist
+
+    _, data = real_mnist()
+    assert mnist.load_mnist("auto").source == data.source  # auto reads the directory the variable names
     assert data.train_images.shape == (60_000, 28, 28) and data.test_images.shape == (10_000, 28, 28)
     assert np.bincount(data.train_labels, minlength=10).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
     assert np.bincount(data.test_labels, minlength=10).tolist() == [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -99,6 +99,23 @@ def test_real_mnist_idx_files_match_published_facts():
     with np.load(mnist.BUNDLED_PATH) as z:
         idx = z["train_index"]
     np.testing.assert_array_equal(bundled.train_images, data.train_images[idx])
+
+
+@pytest.mark.parametrize("ci", ["", "false", "0", "true", "1"])
+def test_real_mnist_tests_skip_saying_why_and_fail_in_ci(tmp_path, ci):
+    """The tests of the real files skip with the way to run them when CBO_JAX_DATA_DIR is unset
+    or names no MNIST files; in CI (CI=true) they fail instead, so CI always runs them."""
+    from conftest import real_mnist
+
+    outcome = pytest.fail.Exception if ci in ("true", "1") else pytest.skip.Exception
+    for env, why in [({}, "CBO_JAX_DATA_DIR is not set: set CBO_JAX_DATA_DIR to the directory holding mnist/"),
+                     ({"CBO_JAX_DATA_DIR": str(tmp_path)},
+                      f"CBO_JAX_DATA_DIR={re.escape(repr(str(tmp_path)))} holds no readable MNIST IDX files "
+                      ".*not found.*: set CBO_JAX_DATA_DIR to the directory holding mnist/")]:
+        with pytest.raises(outcome, match=why):
+            real_mnist(dict(env, CI=ci))
+    directory, data = real_mnist({"CBO_JAX_DATA_DIR": str(_fake_dir(tmp_path)), "CI": ci})
+    assert directory == str(tmp_path) and data.train_images.shape == (30, 28, 28)
 
 
 @pytest.mark.parametrize("split, stem", [("train", "train-images-idx3-ubyte"), ("test", "t10k-images-idx3-ubyte")])

@@ -1,6 +1,7 @@
 """Mutation-testing gaps in FedCB²O and its attackers (cbo_jax.federated.algorithms.fedcb2o,
 cbo_jax.federated.attacks). Tiny sizes, float64 NumPy references or closed forms."""
 
+import dataclasses
 import functools
 
 import jax
@@ -91,6 +92,32 @@ def test_reference_form_weighs_the_own_model_by_its_loss_before_T_G():
         np.testing.assert_allclose(np.asarray(info.weights[j])[ok], mu[:-1], rtol=1e-4, atol=1e-6)
         np.testing.assert_allclose(float(info.self_weight[j]), mu[-1], rtol=1e-4, atol=1e-6)
     assert capped > 0  # some agent's own loss is above its best download's: self_largest would change it
+
+
+def test_loss_criterion_keeps_the_mean_loss_from_round_T_G_on():
+    """``criterion="loss"`` (FedCBO with ProbSampling, the attacked baseline) never switches to G
+    nor to self_largest: from round T_G on, as before it, every model's energy, the own one
+    included, is its mean validation loss. With T_G = 0 its round 0 is past T_G; it trains and
+    selects as CFG's round 0 (same key), so the weights are exp(-α L) over the same trained
+    models. A mutant that switched the baseline to G at T_G was caught only by a slow pinned run."""
+    nb, counts, _, per, _, _ = _round_zero()
+    ds = _dataset()
+    alg = fedcb2o(TINY, dataclasses.replace(CFG, criterion="loss", T_G=0), ds.cluster, ds.malicious)
+    state = alg.init(jax.random.key(7))
+    _, info = jax.jit(alg.round)(state, ds.attack_data())
+    assert int(state.round) >= alg.config.T_G
+    capped = 0
+    for j in range(nb):
+        own = per[j, :counts[j]].mean()
+        ok = np.asarray(info.valid[j]) if info.valid is not None else np.ones(CFG.M, bool)
+        down = np.asarray(info.loss[j], np.float64)[ok]
+        capped += own > down.min()
+        e = np.append(down, own)
+        mu = np.exp(-CFG.alpha * (e - e.min()))
+        mu /= mu.sum()
+        np.testing.assert_allclose(np.asarray(info.weights[j])[ok], mu[:-1], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(float(info.self_weight[j]), mu[-1], rtol=1e-4, atol=1e-6)
+    assert capped > 0  # some agent's own loss is above its best download's: self_largest (with G) would change it
 
 
 def test_benign_update_moves_the_fraction_lambda1_gamma_towards_the_consensus_point():

@@ -8,7 +8,9 @@ float32). Never an error from inside JAX or optax later, never NaN.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import math
 import os
 from typing import Any
@@ -48,9 +50,6 @@ VALUES = st.one_of(
     st.lists(st.integers(0, 3), max_size=3),
 )
 
-COUNTS = {c.__name__: 0 for c in CONFIGS}
-
-
 def _build(cls, path, value):
     base = cls()
     return cfgs.build(base, {path: value})
@@ -74,14 +73,12 @@ def _usable(value, tp) -> bool:
     return True
 
 
-@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data())
-def test_any_value_is_refused_naming_its_field_or_usable(cls, data):
+def _one_value(cls, data) -> str:
+    """One case of the property below: a field of ``cls`` set to a drawn value; says whether
+    the value was refused or accepted (asserting what each outcome promises)."""
     fields = cfgs.fields(cls)
     field = data.draw(st.sampled_from(fields), label="field")
     value = data.draw(VALUES, label="value")
-    COUNTS[cls.__name__] += 1
     try:
         cfg = _build(cls, field.path, value)
     except (ValueError, TypeError) as err:
@@ -89,13 +86,39 @@ def test_any_value_is_refused_naming_its_field_or_usable(cls, data):
         leaf = field.path[-1]
         names = {leaf} | {part for part in leaf.split("_") if len(part) > 1}
         assert any(n in msg for n in names), (field.name, value, msg)
-        return
+        return "refused"
     got = cfg
     for p in field.path:
         got = getattr(got, p)
     assert _usable(got, field.type), (field.name, value, got)
     # the other fields were not disturbed
     assert dataclasses.replace(cfg) == cfg
+    return "accepted"
+
+
+@pytest.mark.parametrize("cls", CONFIGS, ids=lambda c: c.__name__)
+def test_any_value_is_refused_naming_its_field_or_usable(cls):
+    outcomes: collections.Counter = collections.Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(data=st.data())
+    def check(data):
+        outcomes[_one_value(cls, data)] += 1
+
+    check()
+    # The property was put to the test, not passed vacuously (this replaces a test that only
+    # printed the counts): every case ran, and both branches are taken. Most drawn values are
+    # refused (over 80 % for every class); about one in ten is accepted, too few to count on in 60
+    # cases, so the accepting branch is shown reachable by every field's own default value, which
+    # must come back as it is. A build that refused every value with a message naming the field,
+    # or accepted every value, fails here.
+    assert sum(outcomes.values()) >= EXAMPLES, (cls.__name__, dict(outcomes))
+    assert outcomes["refused"] > 0, (cls.__name__, dict(outcomes))
+    base = cls()
+    for field in cfgs.fields(cls):
+        default = functools.reduce(getattr, field.path, base)
+        got = functools.reduce(getattr, field.path, _build(cls, field.path, default))
+        assert got == default and type(got) is type(default), (field.name, default, got)
 
 
 DYNAMICS = {D.CBOConfig: D.cbo, D.CBOMemoryConfig: D.cbo_memory, D.PSOConfig: D.pso, D.CBSConfig: D.cbs,
@@ -161,8 +184,3 @@ def test_federated_data_is_refused_naming_the_problem_or_consistent(data):
     for j in range(n):
         loss = models.masked_loss(model, params, jnp.asarray(x[j]), jnp.asarray(y[j]), jnp.arange(n_max) < counts[j])
         assert np.isfinite(float(loss))
-
-
-def test_report_counts(capsys):
-    # Not an assertion of behaviour: prints how many cases each class got (for the record).
-    print({k: v for k, v in COUNTS.items()})

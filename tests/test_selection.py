@@ -27,6 +27,25 @@ def test_uniform_picks_distinct_others_uniformly():
     assert np.all(np.abs(off - expected) < 5 * np.sqrt(expected))
 
 
+@pytest.mark.parametrize("draw", ["uniform", "epsilon_greedy", "prob_sampling"])
+def test_agents_draw_their_downloads_independently(draw):
+    """Every agent's random downloads are a draw of its own: two agents' picks are independent.
+    N = 6, M = 1, 4000 keys: agents 0 and 1 each pick one of their 5 others uniformly (ε-greedy
+    with ε = 1; ProbSampling with every P equal), so they pick the same agent (one of 2..5) with
+    probability 4/25 = 0.16, standard error 0.0058 over 4000 draws. One draw shared by the rows
+    (every agent ranking the same noise) makes it about 2/3; the frequency tests above saw
+    nothing of it, as they count each row alone."""
+    n, keys = 6, 4000
+    P = jnp.where(jnp.eye(n, dtype=bool), -jnp.inf, 1.0)
+    one = {"uniform": lambda k: selection.draw_uniform(k, n, 1),
+           "epsilon_greedy": lambda k: selection.draw_epsilon_greedy(k, P, 1, 1.0)[0],
+           "prob_sampling": lambda k: selection.draw_prob_sampling(k, P, 1)}[draw]
+    idx = np.asarray(jax.jit(jax.vmap(one))(jax.random.split(jax.random.key(5), keys)))[:, :, 0]
+    assert np.all(idx != np.arange(n))
+    same = np.mean(idx[:, 0] == idx[:, 1])
+    assert abs(same - 4 / 25) < 5 * np.sqrt(0.16 * 0.84 / keys), same
+
+
 @pytest.mark.parametrize("eps", [0.0, 0.2, 0.25, 0.45, 0.5, 1.0])  # εM = 1.6 and 3.6: floor and round differ
 def test_epsilon_greedy_counts_and_top_p(eps):
     n, m = 20, 8
