@@ -60,7 +60,7 @@ def test_a_federated_run_result_prints_its_summary_and_its_rows_by_name():
     assert text.startswith(f"RunResult(summary={res.summary!r},")
     assert "state=LocalState(params={params/bias: float32[4, 3], params/kernel: float32[4, 2, 3]}" in text
     assert "round=3" in text
-    assert text.endswith("history=[3 rows of round, participants, train_loss, elapsed_s])")
+    assert text.endswith("history=[3 rows of round, diverged_agents, participants, train_loss, elapsed_s])")
 
 
 def test_federated_data_prints_its_counts_and_shapes_not_its_images():
