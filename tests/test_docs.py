@@ -183,20 +183,3 @@ def test_docs_build_without_warnings(tmp_path):
     assert (out / "index.html").is_file()
     assert (out / "reproductions.html").is_file()
 
-
-SNIPPETS = sorted((ROOT / "docs" / "snippets").glob("*.py"))
-# Snippets whose time goes into running rather than compiling: XLA's backend optimisation on
-# for them (the test run turns it off, tests/conftest.py); api_taste took 64 s without, 18 s with.
-LONG_RUNNING = {"api_taste"}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("snippet", SNIPPETS, ids=lambda p: p.stem)
-def test_docs_snippet_runs(snippet, tmp_path, request):
-    """Every code snippet the documentation includes runs as it is shown."""
-    if snippet.stem in LONG_RUNNING:
-        request.getfixturevalue("optimized_xla")
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(snippet)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
