@@ -3,7 +3,8 @@
 # (not editable) into a fresh virtual environment outside the source tree, then check that
 #   - cbo_jax is imported from that environment's site-packages, not from the source tree;
 #   - `cbo-jax --version` prints the version in the installed metadata (and in the wheel's file name);
-#   - the wheel holds the bundled MNIST subset, its README and py.typed;
+#   - the wheel holds the bundled MNIST subset, its README, py.typed and cbo_jax.runtime, no test helper, and at
+#     most 20 modules directly under cbo_jax/;
 #   - `cbo-jax demo --rounds 2` runs from the wheel;
 #   - the tests that need no source tree pass against the installed wheel.
 # Called by .ci/run after the README's two commands; runs on its own too (`bash .ci/wheel_check.sh`), with the
@@ -33,10 +34,15 @@ wheel="$(ls "$work"/dist/*.whl)"
 python - "$wheel" <<'PY'
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-need = {"cbo_jax/py.typed", "cbo_jax/data/README.md", "cbo_jax/data/mnist_subset.npz"}
+need = {"cbo_jax/py.typed", "cbo_jax/data/README.md", "cbo_jax/data/mnist_subset.npz", "cbo_jax/runtime/__init__.py"}
 missing = need - names
 assert not missing, f"the wheel lacks {sorted(missing)}"
 print(f"  the wheel holds {', '.join(sorted(need))}")
+# test helpers stay in tests/ (issue 58); the package's top level stays small
+test_only = sorted(n for n in names if n.startswith("tests/") or n.endswith("_cbx_compare.py"))
+assert not test_only, f"the wheel holds test-only files: {test_only}"
+top = sorted(n for n in names if n.count("/") == 1 and n.startswith("cbo_jax/") and n.endswith(".py"))
+assert len(top) <= 20, f"{len(top)} modules directly under cbo_jax/ (at most 20): {top}"
 PY
 
 echo "+ install the wheel into a fresh virtual environment outside the source tree"

@@ -82,7 +82,7 @@ if F64_WORKER:
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
-from cbo_jax.provenance import describe, environment  # noqa: E402
+from cbo_jax.runtime.provenance import describe, environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 HIGH_D = {"rastrigin": ("Rastrigin", 20), "ackley": ("Ackley", 20)}
 PLANAR = {  # name: (CBXpy class, box)

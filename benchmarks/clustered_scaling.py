@@ -41,7 +41,7 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax import objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles
-from cbo_jax.provenance import describe, environment
+from cbo_jax.runtime.provenance import describe, environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402

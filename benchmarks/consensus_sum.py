@@ -48,7 +48,7 @@ from _timing import best_seconds  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
 from cbo_jax import population as pop  # noqa: E402
-from cbo_jax import provenance  # noqa: E402
+from cbo_jax.runtime import provenance  # noqa: E402
 
 D_CONTRACTION, D_STEP = 20, 10
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 N, D = 10_000, 20
 LAM, SIGMA, DT, ALPHA0, FACTOR, AMAX = 1.0, 1.0, 0.01, 30.0, 1.05, 1e5

@@ -59,7 +59,7 @@ def final_arrays(out: Path) -> dict:
     """The latest checkpoint's arrays, read back through cbo_jax (verified)."""
     import jax
 
-    from cbo_jax import checkpoint
+    from cbo_jax.runtime import checkpoint
 
     meta = checkpoint.read_meta(out / "checkpoint")
     step = meta["step"]

@@ -225,7 +225,7 @@ def main(argv=None) -> dict:
               f"{fmt(r.get('compile_seconds'), '{:.1f}'):>9} {str(fits[str(c)]):>9}")
         if r.get("reason") or r.get("stderr_tail"):
             print(f"{'':>10} {r.get('reason') or r.get('stderr_tail')}")
-    from cbo_jax.provenance import environment  # here: the parent process measures nothing itself
+    from cbo_jax.runtime.provenance import environment  # here: the parent process measures nothing itself
 
     result = {
         "benchmark": "fedcbo_memory",

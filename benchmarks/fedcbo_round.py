@@ -132,7 +132,7 @@ from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, agent_keys, agent_loss, local_train, make_optimizer
 from cbo_jax.federated.metrics import _agent_eval_impl, _grouped_eval_impl
 from cbo_jax.models import batch_loss, init_population, mlp_mnist
-from cbo_jax.provenance import describe, environment
+from cbo_jax.runtime.provenance import describe, environment
 
 N_SAMPLES = 200
 IN, HID, OUT = 784, 200, 10

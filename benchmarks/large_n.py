@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         print(f"| {r['n']:.0e} | {r['particle_chunk'] or '-'} | {r['steps']} | {r['particle_steps_per_s'] / 1e6:.2f} | "
               f"{r['peak_rss_gb']:.2f} | {r['x_gb']:.2f} |")
     if args.json:
-        from cbo_jax.provenance import environment  # here: the parent process measures nothing itself
+        from cbo_jax.runtime.provenance import environment  # here: the parent process measures nothing itself
 
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "load": os.getloadavg()[0], "environment": environment()}, f, indent=1)

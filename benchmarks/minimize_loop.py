@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 
 def main(argv=None) -> int:

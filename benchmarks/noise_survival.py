@@ -44,7 +44,7 @@ from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig, local_train
 from cbo_jax.federated.mnist import load_mnist
 from cbo_jax.models import init_population, mlp_mnist
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 GAMMA = 0.1
 LAMBDA1_GAMMA = 0.98

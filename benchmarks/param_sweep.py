@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import cbo_jax as cj  # noqa: E402
 from cbo_jax import objectives, schedules  # noqa: E402
 from cbo_jax import params as P  # noqa: E402
-from cbo_jax.provenance import environment  # noqa: E402
+from cbo_jax.runtime.provenance import environment  # noqa: E402
 
 FACTOR, ALPHA_MAX = 1.05, 1e5
 

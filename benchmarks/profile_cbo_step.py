@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 # The library's own settings for the benchmark problem (issue 2).
 LAMBDA, SIGMA, DT = 1.0, 10.1, 0.01

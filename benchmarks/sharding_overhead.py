@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import cbo_jax as cj  # noqa: E402
 from cbo_jax import objectives, schedules, sharding  # noqa: E402
 from cbo_jax.dynamics.clustered import ClusteredConfig, clustered, particles  # noqa: E402
-from cbo_jax.provenance import environment  # noqa: E402
+from cbo_jax.runtime.provenance import environment  # noqa: E402
 
 
 def main(argv=None) -> int:

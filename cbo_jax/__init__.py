@@ -9,27 +9,21 @@ one vectorised kernel; time is a ``lax.scan``.
 >>> res = cj.minimize(cj.objectives.Rastrigin(), x0, jax.random.key(1), 500, cfg)
 """
 
-from cbo_jax import (batching, checkpoint, consensus, constraints, meanfield, mirror_maps, objectives, params, plot,
-                     population, resampling, schedules, sde, sharding, writer)
+from cbo_jax import (batching, consensus, constraints, meanfield, mirror_maps, objectives, params, plot, population,
+                     resampling, schedules, sde, sharding)
 from cbo_jax.consensus import consensus_point, consensus_weights, quantile_mask, subset_consensus
 from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
 from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constrained_cbo, hypersurface_cbo, mirror_cbo,
                                      polar_cbo, pso, reg_combination_cbo)
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
 from cbo_jax.simulate import SimulationResult, minimize, simulate
+from cbo_jax.runtime import checkpoint, writer  # cj.checkpoint, cj.writer: the modules, now in cbo_jax.runtime
+from cbo_jax.runtime._moved import install as _install_moved
+from cbo_jax.runtime.provenance import installed_version as _installed_version
 
+_install_moved()  # cbo_jax.writer, cbo_jax.checkpoint, ...: the modules' old names, deprecated (runtime/_moved.py)
 
-def _version() -> str:
-    """The installed distribution's version (pyproject.toml is the one place it is written)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("cbo-jax")
-    except PackageNotFoundError:  # imported from a source tree that was never installed: no metadata to read
-        return "0+unknown"
-
-
-__version__: str = _version()
+__version__: str = _installed_version()
 
 __all__ = [
     "CBOConfig",

@@ -218,7 +218,8 @@ def _cmd_optimize(args) -> int:
     _checks.memory_fits(f"{args.runs} x {args.particles} particles in d={args.dim}",
                         6 * math.prod(shape) * np.dtype(args.dtype).itemsize / (jax.device_count() if args.shard else 1))
     x0 = jax.random.uniform(k_init, shape, jax.numpy.dtype(args.dtype), args.init_low, args.init_high)
-    from cbo_jax import distributed, sharding
+    from cbo_jax import sharding
+    from cbo_jax.runtime import distributed
 
     mesh = sharding.agent_mesh() if args.shard else None
     main_process = distributed.is_main()
@@ -226,7 +227,7 @@ def _cmd_optimize(args) -> int:
         print(f"note: N={args.particles} is padded to a multiple of {mesh.size} devices, so the noise differs from "
               f"an unsharded run's; --rng per-particle gives the same numbers", file=sys.stderr)
     if args.output is not None and main_process:
-        from cbo_jax._results import ResultsDir
+        from cbo_jax.runtime.results import ResultsDir
 
         # Before the simulation: an unusable or occupied output directory is an error now.
         with ResultsDir(args.output, overwrite=args.overwrite, resumable=False,
@@ -277,7 +278,7 @@ def _cmd_optimize(args) -> int:
         args.output.mkdir(parents=True, exist_ok=True)
         import io
 
-        from cbo_jax.writer import replace_bytes, replace_text, write_summary
+        from cbo_jax.runtime.writer import replace_bytes, replace_text, write_summary
 
         write_summary(args.output / "summary.json", summary)
         replace_text(args.output / "config.json", json.dumps(_optimize_record(args, cfg), indent=2) + "\n")
@@ -353,7 +354,7 @@ def _optimize_record(args, cfg) -> dict:
     """``config.json`` of an ``optimize`` run: every option as given or defaulted (rerunning them
     repeats the run) and the dynamics' resolved configuration, every number of it, with the α
     schedule and the mirror map named."""
-    from cbo_jax.writer import describe
+    from cbo_jax.runtime.writer import describe
 
     options = {k: describe(v) for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)}
     return _json_safe({"command": "optimize", "options": options, "dynamics": {"name": args.dynamic, **describe(cfg)}})
@@ -475,7 +476,7 @@ def _check_options(out_dir: Path, args, resume: bool):
     name ``cbo-jax run``'s flags and derived fields such as ``--eval-every``). Returns the
     writer of the record when it is written after the runs (a resume of a directory
     without one), else ``None``."""
-    from cbo_jax.writer import replace_text, stable_text
+    from cbo_jax.runtime.writer import replace_text, stable_text
 
     now = json.loads(json.dumps(_json_safe({k: v for k, v in vars(args).items() if k not in _HOW}), default=stable_text))
     path = out_dir / "options.json"
@@ -510,7 +511,7 @@ def _cmd_reproduce(args) -> int:
 
         print(format_list(args.results_root))
         return 0 if args.list else 2
-    from cbo_jax._results import ResultsDir
+    from cbo_jax.runtime.results import ResultsDir
 
     exp = registry()[args.name]
     resume = getattr(args, "resume", False)
@@ -538,7 +539,7 @@ def _cmd_reproduce(args) -> int:
         result.setdefault("wall_seconds", round(time.perf_counter() - t0, 2))
         if resume:  # wall_seconds is this command's: the runs read back cost nothing here
             result["resumed"] = True
-        from cbo_jax.writer import write_summary
+        from cbo_jax.runtime.writer import write_summary
 
         write_summary(out_dir / "summary.json", result)
     print(f"saved {out_dir / 'summary.json'}", file=sys.stderr)
@@ -561,7 +562,7 @@ def _add_report(sub) -> None:
 
 
 def _cmd_report(args) -> int:
-    from cbo_jax.report import render
+    from cbo_jax.runtime.report import render
 
     try:
         path = render(args.results_dir, args.output, args.format)
@@ -574,13 +575,13 @@ def _cmd_report(args) -> int:
 
 def _json_safe(obj):
     """Valid JSON: non-finite floats become null (never a bare NaN)."""
-    from cbo_jax.writer import json_safe, to_python
+    from cbo_jax.runtime.writer import json_safe, to_python
 
     return json_safe(to_python(obj))
 
 
 def _maybe_initialize_distributed(args) -> None:
-    from cbo_jax import distributed
+    from cbo_jax.runtime import distributed
 
     env = distributed.from_env()
     if args.coordinator is None and env is None:
@@ -599,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="cbo-jax", description="JAX-vectorised consensus-based optimization.")
     parser.add_argument("--version", action="version", version=f"cbo-jax {__version__}")
-    multi = parser.add_argument_group("multi-process (see cbo_jax.distributed)")
+    multi = parser.add_argument_group("multi-process (see cbo_jax.runtime.distributed)")
     multi.add_argument("--coordinator", default=None, metavar="HOST:PORT",
                        help="coordinator of a multi-process run (also $CBO_JAX_COORDINATOR)")
     multi.add_argument("--num-processes", type=_positive_int, default=None, help="processes in the run")
@@ -650,10 +651,10 @@ def _main(argv: list[str] | None) -> int:
     try:
         # Ctrl-C while the parser imports JAX and the experiments was a traceback through the imports
         args = build_parser().parse_args(argv)
-        from cbo_jax import provenance
+        from cbo_jax.runtime import provenance
 
         _maybe_initialize_distributed(args)
-        from cbo_jax import compilation_cache
+        from cbo_jax.runtime import compilation_cache
 
         compilation_cache.enable()  # compiled programs reused by the next run (CBO_JAX_COMPILATION_CACHE=0: off)
         # summary.json records this command line (also when main() is called from Python)
@@ -663,7 +664,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # a full disk or quota: one line naming the path and the space, not a traceback
-        from cbo_jax._results import FULL, full_message
+        from cbo_jax.runtime.results import FULL, full_message
 
         if err.errno not in FULL:
             raise

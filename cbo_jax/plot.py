@@ -102,7 +102,7 @@ def record_history(dynamics, x0, key, num_steps: int, *, every: int = 10, max_pa
     scheduled_dt = "dt" in schedule and getattr(state, "params", None) is not None
     elapsed, times = 0.0, [0.0]  # with a scheduled dt: the sum of the steps' dt
     if progress:
-        from cbo_jax._progress import progress_bar
+        from cbo_jax.runtime.progress import progress_bar
 
         bar = progress_bar(num_steps, desc="record", unit="step")
     try:

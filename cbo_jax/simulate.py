@@ -26,9 +26,9 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
-from cbo_jax import provenance
-from cbo_jax._progress import advance, progress_bar
 from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
+from cbo_jax.runtime import provenance
+from cbo_jax.runtime.progress import advance, progress_bar
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
 
@@ -65,7 +65,7 @@ class SimulationResult(NamedTuple):
     seconds: float
 
     def __repr__(self) -> str:  # shapes and names: the arrays printed in full filled a notebook cell
-        from cbo_jax import _repr
+        from cbo_jax.runtime import display as _repr
 
         history = _repr.fields(self.history, sep=": ") if isinstance(self.history, dict) else ""
         return (f"SimulationResult(steps={self.steps}, seconds={self.seconds:.3g},\n"
@@ -319,8 +319,8 @@ def simulate(
         bar = _progress_bar(num_steps, desc) if progress else None
         writer, guard = None, None
         if out is not None and jax.process_index() == 0:  # one writer in a multi-process run
-            from cbo_jax._results import ResultsDir
-            from cbo_jax.writer import MetricsWriter
+            from cbo_jax.runtime.results import ResultsDir
+            from cbo_jax.runtime.writer import MetricsWriter
 
             owned = ("metrics.jsonl", "summary.json", "events.out.tfevents.*")
             guard = ResultsDir(out, overwrite=overwrite, owned=owned, resumable=False).__enter__()
@@ -452,7 +452,7 @@ def _write_summary(out: Path, state, steps: int, seconds: float, grid, run: dict
     ran (the dynamics' config, the swept ``params`` by name with the grid's shape, ``num_runs``,
     ``num_steps``) and the environment (:func:`cbo_jax.writer.write_summary`)."""
     from cbo_jax import params as params_lib
-    from cbo_jax.writer import describe, write_summary
+    from cbo_jax.runtime.writer import describe, write_summary
 
     summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3),
                                "num_steps": int(run["num_steps"]), "num_runs": run["num_runs"],

@@ -287,7 +287,7 @@ def test_stopwatch_leaves_out_a_real_stop():
 
     import cbo_jax
 
-    path = Path(cbo_jax.__file__).parent / "_progress.py"  # loaded alone: no JAX import in the child
+    path = Path(cbo_jax.__file__).parent / "runtime" / "progress.py"  # loaded alone: no JAX import in the child
     code = (f"import importlib.util, sys\nspec = importlib.util.spec_from_file_location('p', {str(path)!r})\n"
             "p = importlib.util.module_from_spec(spec); spec.loader.exec_module(p)\n"
             "clock = p.Stopwatch(offset=10.0)\nprint('ready', flush=True)\nsys.stdin.readline()\n"

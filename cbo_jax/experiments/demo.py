@@ -75,7 +75,7 @@ def run_demo(out: Path, seed: int = 0, progress: bool = True, rounds: int | None
     result = {algo: round(s["final_test_acc"], 2) for algo, s in rows.items()}
     result["sr_final"] = rows["fedcbo"].get("final_sr")
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    from cbo_jax.writer import replace_text
+    from cbo_jax.runtime.writer import replace_text
 
     replace_text(out / "demo.json", json.dumps(result, indent=2) + "\n")  # never through a link in its place
     return result

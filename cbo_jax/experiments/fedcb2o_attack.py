@@ -253,7 +253,7 @@ def _table(results) -> dict:
 
 def _fig5(results, names, path: Path) -> dict:
     """Fig. 5 analogue: selection frequency and total weight per category vs round (mean over seeds)."""
-    from cbo_jax._plotting import subplots
+    from cbo_jax.runtime.plotting import subplots
 
     summary = {}
     fig, axes = subplots(len(names), 2, figsize=(10, 3.4 * len(names)), squeeze=False)

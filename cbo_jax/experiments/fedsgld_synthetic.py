@@ -76,7 +76,7 @@ from cbo_jax.federated import runner
 from cbo_jax.federated.langevin import step_sizes
 from cbo_jax.federated.synthetic import SyntheticData, synthetic
 from cbo_jax.models import logistic_regression
-from cbo_jax.writer import json_safe
+from cbo_jax.runtime.writer import json_safe
 
 __all__ = ["SyntheticRunConfig", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "model_for", "train_curves",
            "run_case", "matched_batch_clip_norm", "equal_variance_noise", "EXPERIMENT"]
@@ -306,7 +306,7 @@ def _matched(cfg, data, model, noise, sizes, variants, curves, progress: bool = 
 
 
 def plot_curves(curves: dict, out: Path, title: str) -> Path:
-    from cbo_jax._plotting import subplots
+    from cbo_jax.runtime.plotting import subplots
 
     fig, ax = subplots(figsize=(6.5, 4.2))
     for name, c in curves.items():

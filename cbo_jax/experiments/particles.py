@@ -39,9 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbo_jax import _checks, _plotting, meanfield, objectives, schedules
+from cbo_jax import _checks, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
 from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
+from cbo_jax.runtime import plotting as _plotting
 from cbo_jax.simulate import simulate
 
 
@@ -65,7 +66,7 @@ def _savefig(fig, path: Path) -> None:
 
 def _pyplot():
     """The figure factory (``.subplots``) for saved plots; never switches a notebook's backend."""
-    from cbo_jax import _plotting
+    from cbo_jax.runtime import plotting as _plotting
 
     return _plotting
 

@@ -81,7 +81,7 @@ class AgentData(NamedTuple):
         return resize_rows(self._replace(valid=self.agent_mask), size)
 
     def __repr__(self) -> str:  # shapes, not the images (thousands of numbers at a prompt)
-        from cbo_jax import _repr
+        from cbo_jax.runtime import display as _repr
 
         return f"AgentData({self.num_agents} agents; {_repr.fields(self._asdict())})"
 
@@ -133,7 +133,7 @@ class FederatedData(NamedTuple):
         return AgentData(jnp.asarray(self.x), jnp.asarray(self.y), jnp.asarray(self.counts, jnp.int32))
 
     def __repr__(self) -> str:  # counts and shapes, not the images (thousands of numbers at a prompt)
-        from cbo_jax import _repr
+        from cbo_jax.runtime import display as _repr
 
         head = [f"{self.num_agents} agents"]
         try:

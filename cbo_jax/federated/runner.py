@@ -40,16 +40,17 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cbo_jax import _checks
-from cbo_jax import checkpoint as ckpt
 from cbo_jax import population as pop
-from cbo_jax import provenance
-from cbo_jax._progress import Stopwatch, advance, progress_bar
-from cbo_jax._results import ResultsDir
 from cbo_jax.federated import padding
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
-from cbo_jax.writer import MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python, write_summary
+from cbo_jax.runtime import checkpoint as ckpt
+from cbo_jax.runtime import provenance
+from cbo_jax.runtime.progress import Stopwatch, advance, progress_bar
+from cbo_jax.runtime.results import ResultsDir
+from cbo_jax.runtime.writer import (MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python,
+                                    write_summary)
 
 __all__ = ["DivergedError", "RunResult", "finished", "fingerprint", "model_record", "run"]
 
@@ -67,7 +68,7 @@ class RunResult(NamedTuple):
     summary: dict
 
     def __repr__(self) -> str:  # the summary in full, the state and the rows by shape and name
-        from cbo_jax import _repr
+        from cbo_jax.runtime import display as _repr
 
         names = list(dict.fromkeys(k for row in self.history for k in row)) if isinstance(self.history, list) else []
         return (f"RunResult(summary={self.summary!r},\n"
@@ -716,7 +717,7 @@ def _scalars(row: dict) -> dict:
 
 def plot_history(history: list[dict], path: Path, title: str = "") -> Path | None:
     """Every scalar metric against the round, one panel each (``sr`` with its oracle)."""
-    from cbo_jax._plotting import subplots
+    from cbo_jax.runtime.plotting import subplots
 
     keys = [k for k in dict.fromkeys(k for r in history for k in _scalars(r)) if k not in ("round", "elapsed_s")]
     if not any(r.get("diverged_agents") for r in history):  # no panel of zeros in every run's figure

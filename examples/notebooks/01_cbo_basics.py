@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
+from cbo_jax.runtime.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
     matplotlib.use("Agg")

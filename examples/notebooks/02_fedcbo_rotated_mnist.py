@@ -44,7 +44,7 @@ import numpy as np
 import cbo_jax.federated as fl
 from cbo_jax import models
 from cbo_jax.federated import mnist
-from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
+from cbo_jax.runtime.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
     matplotlib.use("Agg")

@@ -48,7 +48,7 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax import meanfield, objectives
 from cbo_jax.dynamics.clustered import ClusteredConfig, SDEParams, clustered, particles
-from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
+from cbo_jax.runtime.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
     matplotlib.use("Agg")

@@ -47,7 +47,7 @@ import cbo_jax.federated as fl
 from cbo_jax import models
 from cbo_jax.federated import attacks, mnist
 from cbo_jax.federated.metrics import CATEGORIES
-from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
+from cbo_jax.runtime.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
     matplotlib.use("Agg")

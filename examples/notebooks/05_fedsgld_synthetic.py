@@ -48,7 +48,7 @@ from cbo_jax.federated import privacy
 from cbo_jax.federated import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
 from cbo_jax.federated.synthetic import synthetic
 from cbo_jax.models import logistic_regression
-from cbo_jax.notebook import LiveFigure, device_summary, in_notebook, small_mode
+from cbo_jax.runtime.notebook import LiveFigure, device_summary, in_notebook, small_mode
 
 if not in_notebook():
     matplotlib.use("Agg")

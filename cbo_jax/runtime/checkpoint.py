@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from cbo_jax import _results
+from cbo_jax.runtime import results as _results
 
 PyTree = Any
 

@@ -6,7 +6,7 @@ Every run of cbo_jax writes plain files: ``summary.json`` (final numbers),
 
 * one section per directory that holds results, in path order;
 * its ``summary.json`` (and any other ``*.json`` object) as a key/value table, with the
-  ``environment`` block (:mod:`cbo_jax.provenance`) as one line above it: command,
+  ``environment`` block (:mod:`cbo_jax.runtime.provenance`) as one line above it: command,
   versions, device, commit, date;
 * when the directory's sub-directories each hold a ``summary.json`` (methods of one
   comparison, seeds of one method), a comparison table with one row per sub-directory
@@ -286,7 +286,7 @@ def _entry(column: str, i: int) -> str:
 def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     """Small multiples: one panel per numeric column, one line per labelled run; a list-valued
     column one line per entry (per cluster), steps for a categorical one (indices)."""
-    from cbo_jax._plotting import subplots
+    from cbo_jax.runtime.plotting import subplots
 
     # ranked over every run drawn: the first run's columns did not push out the others'
     columns = _numeric_columns([r for rows in series.values() for r in rows])
@@ -371,7 +371,7 @@ class _Code(str):
 
 
 def _provenance_line(env: dict) -> tuple:
-    """A summary's ``environment`` block (:mod:`cbo_jax.provenance`) as one sentence (paragraph parts)."""
+    """A summary's ``environment`` block (:mod:`cbo_jax.runtime.provenance`) as one sentence (paragraph parts)."""
     parts: list = []
     command = env.get("command")
     versions = ", ".join(f"{name} {env[key]}" for key, name in (("cbo_jax", "cbo_jax"), ("jax", "JAX"),
@@ -698,7 +698,7 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     try:  # before the report is built: an unwritable path was an OSError traceback
         out_path.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError:  # was "File exists": a file stands where a directory of the path should be
-        from cbo_jax._results import _not_a_directory
+        from cbo_jax.runtime.results import _not_a_directory
 
         raise ValueError(f"cannot write the report to {out_path}: {_not_a_directory(out_path.parent)} is a file, "
                          f"not a directory") from None

@@ -5,7 +5,7 @@ It never calls ``matplotlib.use`` or touches pyplot's figure registry, so runnin
 experiment inside a notebook leaves the notebook's own backend (inline plots) alone.
 
 A figure from :func:`subplots` saved to a path is written as the results files are
-(:func:`cbo_jax.writer.replace_bytes`): whole or not at all, never through a symbolic link
+(:func:`cbo_jax.runtime.writer.replace_bytes`): whole or not at all, never through a symbolic link
 planted in the file's place (refused, naming it), a full disk named with the space.
 """
 
@@ -29,7 +29,7 @@ def _file_figure():
                 return super().savefig(fname, *args, **kwargs)
             from matplotlib import rcParams
 
-            from cbo_jax.writer import replace_bytes
+            from cbo_jax.runtime.writer import replace_bytes
 
             path = Path(fname)
             fmt = kwargs.pop("format", None)

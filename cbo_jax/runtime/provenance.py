@@ -9,7 +9,7 @@ JAX, which device and which command produced it:
 * ``backend``, ``device_kind``, ``device_count``, ``process_count``, ``x64``: the JAX
   runtime the numbers come from (``device_kind`` is the first device's, as
   ``benchmarks/gpu_suite.py`` names it); ``compilation_cache``: the persistent
-  compilation cache's directory, or ``None`` (:mod:`cbo_jax.compilation_cache`);
+  compilation cache's directory, or ``None`` (:mod:`cbo_jax.runtime.compilation_cache`);
 * ``cpu_model``, ``cpu_count``, ``platform``: the host;
 * ``command``: the command line, as a shell would take it back (``cbo-jax ...`` for the
   command line, also when :func:`cbo_jax.cli.main` is called from Python; else ``sys.argv``);
@@ -23,11 +23,11 @@ JAX, which device and which command produced it:
 
 Nothing here enters a run's fingerprint: a run resumes on another machine or JAX version.
 Scripts of one's own record the same block with
-:func:`cbo_jax.writer.write_summary` (``write_summary(path, summary)``), which is how the
+:func:`cbo_jax.runtime.writer.write_summary` (``write_summary(path, summary)``), which is how the
 command line and the federated runner write theirs; :func:`describe` is its one-line form
 for tables, as the benchmarks print it.
 
->>> from cbo_jax.provenance import environment, describe
+>>> from cbo_jax.runtime.provenance import environment, describe
 >>> env = environment()
 >>> env["backend"] in ("cpu", "gpu", "tpu")
 True
@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import datetime
+import functools
 import os
 import platform
 import shlex
@@ -46,7 +47,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["command", "cpu_model", "describe", "environment", "git_state", "started"]
+__all__ = ["command", "cpu_model", "describe", "environment", "git_state", "installed_version", "started"]
 
 _COMMAND: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("cbo_jax_command", default=None)
 
@@ -125,6 +126,18 @@ def describe(env: dict[str, Any] | None = None) -> str:
             f"jax device {env['device_kind']}")
 
 
+@functools.cache
+def installed_version() -> str:
+    """The installed distribution's version, ``cbo_jax.__version__`` (pyproject.toml is the one place it is
+    written); ``0+unknown`` for a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cbo-jax")
+    except PackageNotFoundError:  # imported from a source tree that was never installed: no metadata to read
+        return "0+unknown"
+
+
 def environment(argv: list[str] | None = None) -> dict[str, Any]:
     """The environment block recorded in ``summary.json`` (see the module docstring).
 
@@ -136,7 +149,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
     import jaxlib
     import numpy as np
 
-    from cbo_jax import __version__, compilation_cache
+    from cbo_jax.runtime import compilation_cache
 
     if argv is None:
         argv = _COMMAND.get() or sys.argv
@@ -145,7 +158,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         argv[0] = os.path.basename(argv[0])
     devices = jax.devices()
     env: dict[str, Any] = {
-        "cbo_jax": __version__,
+        "cbo_jax": installed_version(),
         "jax": jax.__version__,
         "jaxlib": jaxlib.__version__,
         "numpy": np.__version__,

@@ -50,7 +50,7 @@ def _not_a_directory(path: Path) -> Path:
 # Every other file a run of this package writes into a results directory: a link in place of one is refused too.
 _WRITTEN = ("config.json", "options.json", "demo.json")
 _CHECKPOINT = "checkpoint"
-# What the checkpointer (orbax, cbo_jax.checkpoint) writes in a checkpoint directory: the step directories and
+# What the checkpointer (orbax, cbo_jax.runtime.checkpoint) writes in a checkpoint directory: the step directories and
 # the temporary ones of a step being written (``7.orbax-checkpoint-tmp``, ``7.orbax-checkpoint-tmp-1712345678``).
 _STEP = re.compile(r"\d+(\.orbax-checkpoint-tmp(-\d+)?)?")
 _LINK_REFUSED = "is a symbolic link; cbo_jax does not write through links in a results directory; remove it"

@@ -90,11 +90,11 @@ def write_summary(path: str | Path, summary: dict) -> None:
     """Write ``summary`` to ``path`` (a ``summary.json``) with the ``"environment"`` block added.
 
     The file holds ``summary``'s entries as valid JSON (arrays as lists, non-finite numbers
-    as ``null``) and, under ``"environment"``, :func:`cbo_jax.provenance.environment`: the
+    as ``null``) and, under ``"environment"``, :func:`cbo_jax.runtime.provenance.environment`: the
     versions, device and command that produced the numbers. ``summary`` itself is left as
     it is, so what a command prints stays the result alone.
     """
-    from cbo_jax.provenance import environment
+    from cbo_jax.runtime.provenance import environment
 
     recorded = {**summary, "environment": environment()}
     replace_text(Path(path), json.dumps(json_safe(to_python(recorded)), indent=2) + "\n")
@@ -117,9 +117,9 @@ def replace_bytes(path: str | Path, data: bytes) -> None:
     ``ValueError`` naming it (the text was written into the link's target: a colleague's
     file, outside the results directory); the temporary file is created anew
     (``O_EXCL | O_NOFOLLOW``), and the rename replaces ``path`` itself. A full disk or quota
-    is a :class:`~cbo_jax._results.DiskFullError` naming ``path`` and the space.
+    is a :class:`~cbo_jax.runtime.results.DiskFullError` naming ``path`` and the space.
     """
-    from cbo_jax._results import full_disk, refuse_link
+    from cbo_jax.runtime.results import full_disk, refuse_link
 
     path = Path(path)
     refuse_link(path)
@@ -136,7 +136,7 @@ def replace_bytes(path: str | Path, data: bytes) -> None:
 
 def _write_new(path: Path, data: bytes) -> None:
     """Write ``data`` to a file created at ``path`` (which must not exist: nor a link there)."""
-    from cbo_jax._results import open_nofollow
+    from cbo_jax.runtime.results import open_nofollow
 
     with open(open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "wb") as fh:
         fh.write(data)
@@ -211,7 +211,7 @@ class MetricsWriter:
             self._tb = SummaryWriter(str(self.directory), flush_secs=5, purge_step=purge)
 
     def write(self, row: dict) -> None:
-        from cbo_jax._results import full_disk, open_nofollow
+        from cbo_jax.runtime.results import full_disk, open_nofollow
 
         row = json_safe(to_python(row))
         line = (json.dumps(row, allow_nan=False) + "\n").encode("utf-8")

@@ -5,7 +5,7 @@ The notebooks in ``examples/notebooks/`` are written as plain Python scripts in 
 Markdown cell whose lines are comments. The scripts run as they are
 (``python examples/notebooks/01_cbo_basics.py``), and::
 
-    python -m cbo_jax.notebook examples/notebooks/*.py
+    python -m cbo_jax.runtime.notebook examples/notebooks/*.py
 
 writes the matching ``.ipynb`` files (no outputs) through jupytext, which the test suite keeps in sync
 in both directions (script → notebook → script is exact).
@@ -168,10 +168,10 @@ def notebook_json(script: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m cbo_jax.notebook SCRIPT.py ...``: write SCRIPT.ipynb beside each script."""
+    """``python -m cbo_jax.runtime.notebook SCRIPT.py ...``: write SCRIPT.ipynb beside each script."""
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print("usage: python -m cbo_jax.notebook SCRIPT.py [SCRIPT.py ...]", file=sys.stderr)
+        print("usage: python -m cbo_jax.runtime.notebook SCRIPT.py [SCRIPT.py ...]", file=sys.stderr)
         return 2
     for name in args:
         src = Path(name)
