@@ -22,7 +22,7 @@ from _stack import enable_x64, on_pinned_jax
 
 
 cbx = pytest.importorskip("cbx")
-from cbo_jax import _cbx_compare as C  # noqa: E402
+import _cbx_compare as C  # noqa: E402  (tests/_cbx_compare.py)
 
 TOL = 1e-10
 # By default: CBO with a Heaviside correction and CBOMemory (both also serve the convention
