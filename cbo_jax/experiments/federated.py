@@ -31,11 +31,11 @@ from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
                                           local_only)
 from cbo_jax.federated.runner import ON_DIVERGED, RunResult, finished, model_record, run
-from cbo_jax.writer import json_safe, stable_text, to_python
+from cbo_jax.runtime.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
-           "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "FLAT_ALIASES",
-           "comparison", "replace"]
+           "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "comparison",
+           "replace"]
 
 ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
 
@@ -142,8 +142,9 @@ def default_config(algorithm: str, **sections):
     return dataclasses.replace(cfg, **sections)
 
 
-# Flat option names of the earlier flat config (and flags) -> their place now.
-FLAT_ALIASES = {
+# The short names of the data and local-training options, as flags (--agents, --epochs) and as top-level
+# names of a flat --config file -> their place in the nested config (--data.agents, --local.epochs).
+_SHORT_NAMES = {
     "source": ("data", "source"), "data_dir": ("data", "data_dir"), "agents": ("data", "agents"),
     "clusters": ("data", "clusters"), "samples_per_agent": ("data", "samples_per_agent"), "data_seed": ("data", "seed"),
     "epochs": ("config", "local", "epochs"), "batch_size": ("config", "local", "batch_size"),
@@ -158,7 +159,7 @@ def _flat_names(algorithm: str) -> dict[str, tuple[str, ...]]:
     for f in cfgs.fields(experiment_class(algorithm)):
         if f.path[0] in ("config", "run"):
             flat[".".join(f.path[1:])] = f.path
-    flat.update({k: v for k, v in FLAT_ALIASES.items() if v[1:2] != ("local",) or "local" in _sections(algorithm)})
+    flat.update({k: v for k, v in _SHORT_NAMES.items() if v[1:2] != ("local",) or "local" in _sections(algorithm)})
     return flat
 
 
@@ -172,7 +173,7 @@ def add_run_arguments(p: argparse.ArgumentParser, algorithm: str) -> dict:
     dests = {}
     for section, strip, title in (("data", (), "data (rotated MNIST)"), ("config", ("config",), algorithm),
                                   ("run", ("run",), "run")):
-        aliases = {"--" + k.replace("_", "-"): ".".join(path[len(strip):]) for k, path in FLAT_ALIASES.items()
+        aliases = {"--" + k.replace("_", "-"): ".".join(path[len(strip):]) for k, path in _SHORT_NAMES.items()
                    if path[0] == section and (section != "config" or "local" in _sections(algorithm))}
         dests.update(cfgs.add_flags(p, sections[section], prefix=(section,), strip=strip, aliases=aliases, group=title))
     return dests
@@ -281,7 +282,7 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
 
     ``resume``, ``extend`` and ``overwrite`` as in :func:`cbo_jax.federated.run`; a resume
     of a finished run reads its results back (:func:`cbo_jax.federated.runner.finished`:
-    the result's ``state`` is then ``None``; :func:`cbo_jax.checkpoint.restore` reads a
+    the result's ``state`` is then ``None``; :func:`cbo_jax.runtime.checkpoint.restore` reads a
     checkpointed one's) instead of running it again.
     ``config.json`` records ``cfg`` with its data source resolved (:func:`resolve_data`) and the
     model trained (``"model"``: its name, classes, loss and number of parameters).

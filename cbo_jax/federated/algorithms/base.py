@@ -30,12 +30,11 @@ from cbo_jax.config import check_types
 from cbo_jax.federated.data import AgentData
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.population import tree_isfinite_rows, tree_where_rows
-from cbo_jax.population import weighted_average as weighted_rows_mean
 
 PyTree = Any
 
-__all__ = ["AgentData", "Algorithm", "BaselineConfig", "participants", "tree_where_rows", "weighted_rows_mean",
-           "broadcast", "agent_fields", "per_agent_fields", "diverged"]
+__all__ = ["AgentData", "Algorithm", "BaselineConfig", "participants", "tree_where_rows", "broadcast", "agent_fields",
+           "per_agent_fields", "diverged"]
 
 _T = TypeVar("_T")
 

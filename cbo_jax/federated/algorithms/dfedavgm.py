@@ -28,7 +28,7 @@ import numpy as np
 from cbo_jax import _checks
 from cbo_jax.config import check_types
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields, weighted_rows_mean
+from cbo_jax.federated.algorithms.base import Algorithm, per_agent_fields
 from cbo_jax.federated.attacks import AttackData, grouped_local_train
 from cbo_jax.federated.local import LocalSGDConfig, make_optimizer
 from cbo_jax.models import Model, init_population
@@ -125,7 +125,7 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         # (n, size): agents after the n real ones (padding) are never averaged and keep their models
         dense = jnp.zeros((n, size), jnp.float32).at[rows[:, None], idx].add(w).at[rows, rows].add(w_self)
         params = jax.tree_util.tree_map(lambda a, t: jnp.concatenate([a, t[n:]], axis=0),
-                                        weighted_rows_mean(clean, dense), trained.params)
+                                        pop.weighted_average(clean, dense), trained.params)
         total = jnp.maximum(jnp.sum(w, axis=1) + w_self, 1e-30)
         info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss, (jnp.arange(size) < n) & ~ok)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info

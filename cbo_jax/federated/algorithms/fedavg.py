@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
-                                               per_agent_fields, weighted_rows_mean)
+                                               per_agent_fields)
 from cbo_jax.federated.local import local_train
 from cbo_jax.models import Model
 
@@ -62,7 +62,7 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         trained = local_train(model, cfg.local, start, None, data, k_local)
         clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN
         weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
-        averaged = weighted_rows_mean(clean, weights)
+        averaged = pop.weighted_average(clean, weights)
         params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
                                         state.params)
         return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)

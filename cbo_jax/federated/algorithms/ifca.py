@@ -20,8 +20,7 @@ import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, participants, per_agent_fields,
-                                               weighted_rows_mean)
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, participants, per_agent_fields
 from cbo_jax.federated.local import agent_loss, local_train
 from cbo_jax.models import Model, init_population
 
@@ -80,7 +79,7 @@ def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
         member = (assignment[None, :] == jnp.arange(cfg.k)[:, None]) & active[None, :]
         clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN in every server model
         weights = jnp.where(member & finite[None, :], data.counts[None, :], 0).astype(jnp.float32)
-        averaged = weighted_rows_mean(clean, weights)
+        averaged = pop.weighted_average(clean, weights)
         chosen = jnp.any(weights > 0, axis=1)
         params = jax.tree_util.tree_map(
             lambda new, old: jnp.where(jnp.reshape(chosen, (cfg.k,) + (1,) * (new.ndim - 1)), new, old), averaged,
