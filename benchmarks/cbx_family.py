@@ -37,7 +37,7 @@ pairs: evosax's PSO draws two uniforms per particle and step, the SDE formulatio
 normals, so this ratio separates the engine from the cost of the draws.
 
 ``max_step_diff_vs_cbxpy``: in a separate float64 process, the same initial particles
-and the same normal draws fed to both libraries (``cbo_jax/_cbx_compare.py``), the
+and the same normal draws fed to both libraries (``tests/_cbx_compare.py``), the
 largest absolute difference of the particles over 100 steps at N = 20, d = 3 (d = 6 for
 the Stiefel case), the maximum over every compared noise model, kernel, mirror map and
 option of that dynamic (``--quick``: one case per dynamic).
@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import glob
 import importlib.metadata
 import json
 import os
@@ -71,7 +72,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import cbo_jax as cj  # noqa: E402
-from cbo_jax.provenance import describe, environment  # noqa: E402
+from cbo_jax.runtime.provenance import describe, environment  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _malloc  # noqa: E402
@@ -240,8 +241,23 @@ def evosax_runner(n, steps):
     return run
 
 
+def _cbx_compare():
+    """The step-by-step comparison with CBXpy, a test helper (``tests/_cbx_compare.py``; in
+    ``cbo_jax`` before issue 58)."""
+    try:
+        from cbo_jax import _cbx_compare as C  # type: ignore[attr-defined]
+    except ImportError:
+        tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+        found = sorted(glob.glob(os.path.join(tests, "**", "_cbx_compare.py"), recursive=True))
+        if not found:
+            raise
+        sys.path.insert(0, os.path.dirname(found[0]))
+        import _cbx_compare as C
+    return C
+
+
 def f64_worker(cases):
-    from cbo_jax import _cbx_compare as C
+    C = _cbx_compare()
 
     out = {}
     for case in cases:
@@ -252,7 +268,7 @@ def f64_worker(cases):
 
 
 def step_diffs(quick: bool) -> dict:
-    from cbo_jax import _cbx_compare as C
+    C = _cbx_compare()
 
     cases = list(QUICK_CASES.values()) if quick else [c.name for c in C.CASES]
     cmd = [sys.executable, os.path.abspath(__file__), "--f64-worker", *cases]
@@ -419,7 +435,7 @@ def main(argv=None):
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "jax_version": jax.__version__,
         "cbx_version": importlib.metadata.version("cbx"),
-        "evosax_version": importlib.metadata.version("evosax") if not args.no_evosax else None,
+        "evosax_version": importlib.metadata.version("evosax") if "pso" in names and not args.no_evosax else None,
         "numpy_version": np.__version__,
         "malloc": malloc,
         "warmup_ms": args.warmup_ms,

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cbo_jax as cj
-from cbo_jax.provenance import environment
+from cbo_jax.runtime.provenance import environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _timing import best_seconds  # noqa: E402
@@ -63,6 +63,9 @@ def draws() -> dict:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     res = {"N": N, "d": D, "steps": T, "steps_timed": steps(), "draws": draws(),
            "load_average": list(os.getloadavg()), "jax_version": jax.__version__,
            "environment": environment()}

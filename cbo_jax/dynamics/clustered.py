@@ -356,7 +356,8 @@ def clustered(
         # The draw is computed in a kernel of its own on XLA:CPU (normal_like does so itself):
         # fused into the gather-and-update, the per-particle draw ran 1.7x slower. Written out
         # here, not in sde.per_particle_normal: there it gained the CBX family little (1.03x) and
-        # moved the pinned FedCBO runs by float32 rounding (benchmarks/written_out_ab.py).
+        # moved the pinned FedCBO runs by float32 rounding (benchmarks/RESULTS_cbx.md, the A/B of the
+        # written-out draw).
         if config.rng == "per-particle":
             return lambda key, tree: jax.tree_util.tree_map(lambda z: written_out(z, key),
                                                             per_particle_normal(key, tree, pid))
