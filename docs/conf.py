@@ -128,7 +128,32 @@ def _reexports(package: str) -> list[str]:
     return out
 
 
-autosummary_context = {"reexports": {p: _reexports(p) for p in REEXPORTING}}
+# Modules whose code is split over private siblings (``cbo_jax.objectives._planar``,
+# ``cbo_jax.federated._eval_metrics``, ...) and re-exported: their summary tables list
+# those classes and functions too, as autosummary does for the ones a module defines itself.
+SPLIT = ("cbo_jax.objectives", "cbo_jax.federated.data", "cbo_jax.federated.metrics", "cbo_jax.runtime.report")
+
+
+def _summary(module: str) -> list[str]:
+    """The public classes, then functions, that ``module`` defines or takes from a private
+    module of its package, each group sorted (autosummary's ``classes + functions``)."""
+    import inspect
+
+    mod = importlib.import_module(module)
+    package = module if hasattr(mod, "__path__") else module.rpartition(".")[0]
+    found: dict[bool, list[str]] = {True: [], False: []}
+    for name in sorted(vars(mod)):
+        obj = getattr(mod, name)
+        home = getattr(obj, "__module__", None) or ""
+        if name.startswith("_") or not (inspect.isclass(obj) or inspect.isfunction(obj)):
+            continue
+        if home == module or home.startswith(package + "._"):
+            found[inspect.isclass(obj)].append(name)
+    return found[True] + found[False]
+
+
+autosummary_context = {"reexports": {p: _reexports(p) for p in REEXPORTING},
+                       "summaries": {m: _summary(m) for m in SPLIT}}
 
 # Several modules share their name with the function they define and their package
 # re-exports (``cbo_jax.simulate`` the module vs ``cbo_jax.simulate`` the function;
