@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from cbo_jax import _checks, models, sharding
-from cbo_jax.experiments import Experiment, nonnegative_int, positive_int
+from cbo_jax.experiments.base import Experiment, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated import metrics as fm

@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from cbo_jax.experiments import Experiment, positive_int
+from cbo_jax.experiments.base import Experiment, positive_int
 from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, replace, run_experiment
 from cbo_jax.federated.algorithms import FedCBOConfig
 from cbo_jax.federated.local import LocalSGDConfig

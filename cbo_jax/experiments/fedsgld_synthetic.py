@@ -68,7 +68,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.experiments import Experiment, seed as seed_option
+from cbo_jax.experiments.base import Experiment, seed as seed_option
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import privacy
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld

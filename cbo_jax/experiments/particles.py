@@ -41,7 +41,7 @@ import numpy as np
 
 from cbo_jax import _checks, meanfield, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
-from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
+from cbo_jax.experiments.base import Experiment, positive_int, seed as seed_option
 from cbo_jax.runtime import plotting as _plotting
 from cbo_jax.simulate import simulate
 

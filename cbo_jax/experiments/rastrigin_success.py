@@ -16,7 +16,7 @@ import numpy as np
 
 from cbo_jax import _checks, objectives, schedules
 from cbo_jax.dynamics.cbo import CBOConfig, cbo
-from cbo_jax.experiments import Experiment, positive_int, seed as seed_option
+from cbo_jax.experiments.base import Experiment, positive_int, seed as seed_option
 from cbo_jax.simulate import simulate
 
 SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0, dt=0.01, alpha0=30.0,
