@@ -166,6 +166,24 @@ def positive_int(name: str, value: Any, *, int32: bool = True) -> int:
     return int(value)
 
 
+def seed(name: str, value: Any) -> int:
+    """A seed of NumPy's generators or of a partition: an integer ``>= 0`` (NumPy refuses negative
+    seeds; ``None`` would draw what no seed reproduces)."""
+    if not is_integer(value) or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def downloads(m: Any, n: int, *, what: str = "downloads per agent", among: str = "N") -> int:
+    """``M``, the models an agent takes from the others each round (FedCBO's and FedCB²O's
+    downloads, DFedAvgM's neighbours), as an integer with ``1 <= M <= n - 1``: ``n`` counts the
+    agents it chooses among (``among``), itself included. The one statement of the rule, for the
+    configs, the algorithms' builders and the selection functions."""
+    if not is_integer(m) or not 1 <= m <= n - 1:
+        raise ValueError(f"M ({what}) must be an integer with 1 <= M <= {among} - 1 = {n - 1}, got M={m!r}")
+    return int(m)
+
+
 def cluster_ids(name: str, value: Any) -> np.ndarray:
     """``value`` as a 1-D ``int32`` array of ids ``>= 0`` (one per agent: clusters, groups).
 

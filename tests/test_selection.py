@@ -102,6 +102,24 @@ def test_m_out_of_range():
         selection.draw_epsilon_greedy(jax.random.key(0), selection.init_likelihood(5), 0, 0.5)
 
 
+def test_the_m_bound_has_one_message_wherever_it_is_checked():
+    """FedCBO's experiment config, the selection draws, FedCB²O's attackers and DFedAvgM's
+    neighbours state ``1 <= M <= N - 1`` with one function (``_checks.downloads``): one wording."""
+    import numpy as np
+
+    from cbo_jax.experiments.federated import RotatedMNISTConfig, default_config
+    from cbo_jax.federated import FedCBOConfig
+    from cbo_jax.federated.attacks import attacker_selection
+
+    rule = r"M \({}\) must be an integer with 1 <= M <= {} - 1 = 7, got M=8"
+    with pytest.raises(ValueError, match=rule.format("downloads per agent", "N")):
+        selection.draw_uniform(jax.random.key(0), 8, 8)
+    with pytest.raises(ValueError, match=rule.format("downloads per agent", "N")):  # when the config is built
+        default_config("fedcbo", data=RotatedMNISTConfig(agents=8, clusters=2), config=FedCBOConfig(M=8))
+    with pytest.raises(ValueError, match=rule.format("downloads per attacker", "N")):
+        attacker_selection(jax.random.key(0), np.zeros(8, int), np.arange(8) < 2, 8)
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: selection.epsilon_greedy(0), "M must be >= 1"),
     (lambda: selection.epsilon_greedy(2.0), "M must be an integer"),

@@ -369,8 +369,7 @@ def attacker_selection(key: jax.Array, cluster, malicious, m: int) -> tuple[jax.
     if malicious_np.shape != (n,):
         raise ValueError(f"malicious must be a mask of one entry per agent, shape ({n},) as cluster; got shape "
                          f"{malicious_np.shape}")
-    if not _checks.is_integer(m) or not 1 <= m <= n - 1:
-        raise ValueError(f"M (downloads per attacker) must be an integer with 1 <= M <= N - 1 = {n - 1}, got M={m!r}")
+    _checks.downloads(m, n, what="downloads per attacker")
     att = jnp.asarray(np.nonzero(malicious_np)[0])
     same = cluster[att][:, None] == cluster[None, :]
     own = att[:, None] == jnp.arange(n)[None, :]

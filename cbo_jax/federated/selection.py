@@ -236,7 +236,7 @@ def filled_slots(P: jax.Array, m: int, candidates) -> jax.Array:
 
 def draw_uniform(key: jax.Array, num_agents: int, m: int, rows: int | None = None) -> jax.Array:
     """``(rows, M)`` indices: for each agent, ``M`` distinct others uniformly at random."""
-    _check_m(num_agents, m)
+    _checks.downloads(m, num_agents)
     return _random_order(key, num_agents if rows is None else rows, num_agents)[:, :m].astype(jnp.int32)
 
 
@@ -262,7 +262,7 @@ def draw_epsilon_greedy(key: jax.Array, P: jax.Array, m: int, eps, candidates=No
     boolean ``(rows, M)`` marking the uniformly random picks.
     """
     rows, n = P.shape
-    _check_m(n, m)
+    _checks.downloads(m, n)
     allowed = None if candidates is None else _allowed(rows, n, candidates)
     order = _random_order(key, rows, n, allowed)  # random permutation, self last
     # ⌊εM⌋ as the reference code's int(ε·M); the 1e-6 absorbs float32's rounding of ε
@@ -315,13 +315,6 @@ def update_likelihood(P: jax.Array, idx: jax.Array, loss: jax.Array, own_loss: j
     return P.at[rows, idx].add(delta.astype(P.dtype))
 
 
-def _check_m(n: int, m: int) -> None:
-    if not _checks.is_integer(m):
-        raise ValueError(f"M (downloads per agent) must be an integer, got M={m!r}")
-    if not 1 <= m <= n - 1:
-        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={m}")
-
-
 # --- ProbSampling (FedCB²O paper §3.4, Algorithm 2, eq. (3.12), Remark 3.5) -------------------
 #
 # ``P[j, i]`` is agent j's estimate of how useful agent i is. An entry that was never
@@ -351,7 +344,7 @@ def draw_prob_sampling(key: jax.Array, P: jax.Array, m: int, candidates=None) ->
     non-candidates come after them (in empty slots, :func:`prob_sampling_valid`).
     """
     rows, n = P.shape
-    _check_m(n, m)
+    _checks.downloads(m, n)
     own = jnp.eye(rows, n, dtype=bool)
     unexplored = jnp.isnan(P) & ~own
     positive = (P > 0) & ~own  # NaN and -inf compare False

@@ -129,8 +129,7 @@ def synthetic(
     b_std = _checks.non_negative("beta", beta, f32=True)
     if not isinstance(iid, (bool, np.bool_)):
         raise ValueError(f"iid must be a bool, got {iid!r}")
-    if not _checks.is_integer(seed) or seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    _checks.seed("seed", seed)
     n_dev = _checks.positive_int("num_devices", num_devices)
     d = _checks.positive_int("num_features", num_features)
     c = _checks.positive_int("num_classes", num_classes)

@@ -96,9 +96,7 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
     n = groups.shape[0]
     sizes_by_group = np.bincount(groups)
     smallest = int(sizes_by_group[sizes_by_group > 0].min())
-    if not 1 <= cfg.M <= smallest - 1:
-        raise ValueError(f"M (neighbours per agent) must satisfy 1 <= M <= smallest group size - 1 = {smallest - 1}, "
-                         f"got M={cfg.M}")
+    _checks.downloads(cfg.M, smallest, what="neighbours per agent", among="smallest group size")
 
     def init(key):
         k_model, k_state = jax.random.split(key)

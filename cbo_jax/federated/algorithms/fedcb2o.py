@@ -203,8 +203,7 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
     """
     cluster, malicious, nb = agent_roles(cluster, malicious)
     n = cluster.shape[0]
-    if cfg.M > n - 1:
-        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
+    _checks.downloads(cfg.M, n)
     num_classes = model.num_classes if num_classes is None else _checks.positive_int("num_classes", num_classes)
     if num_classes is None:
         raise ValueError("FedCB²O compares class-wise losses: it needs a classifier (model.num_classes)")

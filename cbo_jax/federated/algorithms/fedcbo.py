@@ -187,8 +187,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
     the algorithm is then named ``fedcbo-<rule.name>``.
     """
     n = _checks.positive_int("num_agents", num_agents)
-    if cfg.M > n - 1:
-        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {n - 1}, got M={cfg.M}")
+    _checks.downloads(cfg.M, n)
     own = rule is not None
     rule = selection.check_rule(rule, cfg.M, n, n, "fedcbo", cfg.participation < 1) if own else cfg.rule()
     name = f"fedcbo-{rule.name}" if own else "fedcbo"
