@@ -5,8 +5,10 @@ values or nested config dataclasses (``FedCBOConfig.local`` is a ``LocalSGDConfi
 From the class alone this module derives
 
 * the command-line flags (:func:`add_flags`): ``--M``, ``--local.lr``, ``--local.batch-size``
-  (nested fields joined by ``.``, ``_`` written ``-``), each with its type, default
-  and the field's description from the class docstring, plus aliases;
+  (nested fields joined by ``.``, ``_`` written ``-``: :func:`flag_name`), each with its type,
+  default and the field's description from the class docstring, plus aliases; or, for a
+  command whose options are plain values (:func:`add_options`), flags that argparse parses
+  at once, each with the field's default, type, choices and description;
 * strict parsing: booleans are ``true/false/yes/no/on/off/1/0`` and nothing else, numbers
   must parse (without Python's ``_`` digit separators: ``1_0`` is refused, not 10), ``none``
   is accepted only where the field may be ``None``;
@@ -29,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Field", "fields", "check_types", "add_flags", "values_from_args", "values_from_dict", "build", "parse_text", "check_value",
-           "to_dict"]
+__all__ = ["Field", "fields", "check_types", "flag_name", "add_flags", "add_options", "values_from_args",
+           "values_from_dict", "build", "parse_text", "check_value", "to_dict"]
 
 _TRUE = ("true", "yes", "1", "on")
 _FALSE = ("false", "no", "0", "off")
@@ -52,7 +54,15 @@ class Field(typing.NamedTuple):
 
     @property
     def flag(self) -> str:
-        return self.cli or "--" + ".".join(p.replace("_", "-") for p in self.path)
+        return self.cli or flag_name(self.path)
+
+
+def flag_name(path: tuple[str, ...], *, flat: tuple[str, ...] = ()) -> str:
+    """The command-line flag of the field at ``path``: ``--`` and the path joined by ``.``, each
+    ``_`` written ``-`` (``--data.seed``, ``--local.batch-size``); a first section named in ``flat``
+    is not shown (``--M`` for ``config.M`` with ``flat=("config",)``)."""
+    shown = path[1:] if path[:1] and path[0] in flat else path
+    return "--" + ".".join(p.replace("_", "-") for p in shown)
 
 
 def _descriptions(cls) -> dict[str, str]:
@@ -239,7 +249,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
     described: dict[str, str] = {}  # a description shared by several fields (lambda1, gamma: ...) is shown once
     for f in fields(cls, prefix, instance):
         shown = f.path[len(strip):] if f.path[:len(strip)] == strip else f.path
-        flag = "--" + ".".join(p.replace("_", "-") for p in shown)
+        flag = flag_name(shown)
         underscored = "--" + ".".join(shown)
         names = [flag] + ([underscored] if underscored != flag else [])
         names += [a for a in alias_for.get(".".join(shown), []) if a not in names]
@@ -251,6 +261,43 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
         target.add_argument(*names, dest=dest, default=argparse.SUPPRESS, metavar=_type_name(f.type).upper(),
                             help=(text + default).strip(), **extra)
         dests[dest] = f._replace(cli=flag)
+    return dests
+
+
+# What a dataclass field's ``metadata`` (or :func:`add_options`'s ``specs``) may say of its flag.
+_OPTION_KEYS = ("flags", "type", "choices", "default", "help")
+
+
+def add_options(parser, cls, *, names: tuple[str, ...] | None = None, specs: dict[str, dict] | None = None,
+                group: str | None = None) -> dict[str, Field]:
+    """Add one flag per top-level field of ``cls`` (or of those in ``names``, in that order) whose
+    value argparse parses at once: ``args.<field>`` holds it, or the default (``cbo-jax optimize``).
+
+    The flag is :func:`flag_name` of the field; its help the field's description in the class
+    docstring; its type the annotation's (``int``, ``float``, ``str``; ``T | None`` as ``T``,
+    default ``None``), a ``bool`` field that defaults to ``False`` a switch. The field's
+    ``metadata``, and over it ``specs[name]``, may give ``flags`` (more names: ``("-N",)``),
+    ``type`` (argparse's: a checker such as :func:`cbo_jax.experiments.base.positive_int`),
+    ``choices``, ``default`` (the command's own) and ``help``. Returns ``dest -> Field``.
+    """
+    target = parser.add_argument_group(group) if group else parser
+    by_name = {f.path[0]: f for f in fields(cls) if len(f.path) == 1}
+    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+    dests: dict[str, Field] = {}
+    for name in names if names is not None else tuple(by_name):
+        f = by_name[name]
+        spec = {k: v for k, v in {**meta[name], **(specs or {}).get(name, {})}.items() if k in _OPTION_KEYS}
+        default = spec.get("default", None if f.default is dataclasses.MISSING else f.default)
+        flag = flag_name(f.path)
+        kwargs: dict[str, Any] = {"dest": name, "default": default, "help": spec.get("help", f.help)}
+        base = _base_type(f.type)[0]
+        if base is bool and default is False:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = spec.get("type", base if isinstance(base, type) and base not in (str, bool, Any) else None)
+            kwargs["choices"] = spec.get("choices")
+        target.add_argument(flag, *spec.get("flags", ()), **kwargs)
+        dests[name] = f._replace(cli=flag, default=default)
     return dests
 
 

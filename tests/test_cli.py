@@ -481,6 +481,27 @@ def test_optimize_errors_name_the_flag(capsys, extra, match):
     assert main(["optimize", "--steps", "2", "--dim", "2", "--particles", "4", "--no-progress", *extra]) == 2
     err = capsys.readouterr().err
     assert re.search(match, err) and err.count("\n") == 1, err
+    assert "----" not in err  # "--sigma1" was written "----sigma1"
+
+
+def test_optimize_flags_are_generated_from_the_configs():
+    """optimize's flags are CBOConfig's fields (with its defaults; the noise's is each dynamic's own)
+    and OptimizeOptions' fields, and nothing else."""
+    import dataclasses
+
+    from cbo_jax import CBOConfig
+    from cbo_jax.cli import build_parser
+    from cbo_jax.cli.optimize import DYNAMICS_FLAGS, OptimizeOptions
+
+    parser = next(p for p in _parsers(build_parser()) if p.prog.endswith(" optimize"))
+    dests = {a.dest for a in parser._actions if a.option_strings} - {"help"}
+    options = {f.name for f in dataclasses.fields(OptimizeOptions)}
+    assert dests == options | set(DYNAMICS_FLAGS) and not options & set(DYNAMICS_FLAGS)
+    args = build_parser().parse_args(["optimize"])
+    assert {k: getattr(args, k) for k in DYNAMICS_FLAGS if k != "noise"} == {
+        k: getattr(CBOConfig(), k) for k in DYNAMICS_FLAGS if k != "noise"}
+    assert args.noise is None
+    assert OptimizeOptions(**{k: getattr(args, k) for k in options}) == OptimizeOptions()
 
 
 @pytest.mark.parametrize("argv", [

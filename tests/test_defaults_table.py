@@ -102,7 +102,7 @@ def test_the_fedcbo_table_is_the_code():
                table1("small"), table1("paper")]
     for row in columns[0]:
         assert [_numbers(c) for c in rows[row]] == [[float(v) for v in col[row]] for col in columns], row
-    from cbo_jax.experiments.federated import config_from_args
+    from cbo_jax.cli.flags import config_from_args
     from cbo_jax.cli import build_parser
 
     args = build_parser().parse_args(["run", "fedcbo"])

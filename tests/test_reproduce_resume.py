@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from cbo_jax import cli
+from cbo_jax.cli.flags import config_from_args
 from cbo_jax.experiments import fedcbo_table1
 from cbo_jax.experiments import federated as fx
 from cbo_jax.federated import runner
@@ -118,7 +119,7 @@ def test_config_json_names_the_model_and_an_earlier_record_without_it_is_read_ba
     # config.json is a --config file: its model record is checked, not an unknown option
     parser = cli.build_parser()
     args = parser.parse_args(["run", "fedavg", "--config", str(out / "config.json")])
-    assert fx.cfgs.to_dict(fx.config_from_args("fedavg", args, args.run_flags)) == {
+    assert fx.cfgs.to_dict(config_from_args("fedavg", args, args.run_flags)) == {
         k: v for k, v in recorded.items() if k != "model"}
     other = dict(recorded, model=dict(recorded["model"], name="cnn-emnist-47", num_classes=47))
     (tmp_path / "other.json").write_text(json.dumps(other))
@@ -126,11 +127,11 @@ def test_config_json_names_the_model_and_an_earlier_record_without_it_is_read_ba
     with pytest.raises(ValueError, match=r"records the model 'cnn-emnist-47' \(name='cnn-emnist-47', num_classes=47\); "
                                          r"`cbo-jax run` trains 'mlp-784-200-10' \(name='mlp-784-200-10', "
                                          r"num_classes=10\): remove \"model\""):
-        fx.config_from_args("fedavg", args, args.run_flags)
+        config_from_args("fedavg", args, args.run_flags)
     (tmp_path / "bad.json").write_text(json.dumps(dict(recorded, model="mlp")))
     args = parser.parse_args(["run", "fedavg", "--config", str(tmp_path / "bad.json")])
     with pytest.raises(ValueError, match="model is the record of the model trained, an object with its \"name\""):
-        fx.config_from_args("fedavg", args, args.run_flags)
+        config_from_args("fedavg", args, args.run_flags)
 
 
 def _args(out, resume=False):

@@ -3,10 +3,10 @@
 An experiment's configuration is one nested dataclass per algorithm
 (:func:`experiment_class`): ``data`` (:class:`RotatedMNISTConfig`), ``config`` (the
 algorithm's own config, e.g. :class:`~cbo_jax.federated.algorithms.fedcbo.FedCBOConfig`
-with its nested ``local`` SGD) and ``run`` (:class:`RunOptions`). The command-line
-flags and the ``--config`` file format are generated from it (:mod:`cbo_jax.config`):
-``--data.agents``, ``--M``, ``--local.lr``, ``--rounds``; the flat names of earlier
-versions (``--agents``, ``--epochs``, ``--batch-size``, ...) are aliases.
+with its nested ``local`` SGD) and ``run`` (:class:`RunOptions`); rules across sections
+(FedCBO's ``M`` downloads among the ``data.agents``) are checked when it is built. The
+command-line flags and the ``--config`` file format are generated from it
+(:mod:`cbo_jax.cli.flags`): ``--data.agents``, ``--M``, ``--local.lr``, ``--rounds``.
 :func:`run_experiment` loads the data, builds the model and the algorithm and runs it
 through :func:`cbo_jax.federated.run`, which writes the results directory
 (``config.json``, ``metrics.jsonl``, ``summary.json``, ``metrics.png``).
@@ -14,7 +14,6 @@ through :func:`cbo_jax.federated.run`, which writes the results directory
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import json
@@ -33,11 +32,14 @@ from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig
 from cbo_jax.federated.runner import ON_DIVERGED, RunResult, finished, model_record, run
 from cbo_jax.runtime.writer import json_safe, stable_text, to_python
 
-__all__ = ["ALGORITHMS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config", "load_data",
-           "resolve_data", "build", "run_experiment", "add_run_arguments", "config_from_args", "comparison",
-           "replace"]
+__all__ = ["ALGORITHMS", "FLAT_SECTIONS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config",
+           "load_data", "resolve_data", "build", "run_experiment", "comparison", "replace"]
 
 ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
+
+# The sections of an experiment config whose fields are top-level flags (--M, --rounds) and top-level
+# names of a flat --config file; the data's keep their section (--data.agents).
+FLAT_SECTIONS = ("config", "run")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +76,7 @@ class RotatedMNISTConfig:
             raise ValueError(f"agents ({self.agents}) must be divisible by clusters ({self.clusters})")
         if self.samples_per_agent is not None:
             _checks.positive_int("samples_per_agent", self.samples_per_agent)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        _checks.seed("seed", self.seed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,17 +112,23 @@ class RunOptions:
         _checks.positive_int("eval_every", self.eval_every)
         if self.test_size is not None:
             _checks.positive_int("test_size", self.test_size)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        _checks.seed("seed", self.seed)
         if self.checkpoint_every is not None:
             _checks.positive_int("checkpoint_every", self.checkpoint_every)
         if self.memory_budget_gb is not None:
             _checks.positive("memory_budget_gb", self.memory_budget_gb, f32=True)
 
 
+def _across(cfg) -> None:
+    """The rules across an experiment's sections: FedCBO's ``M`` downloads among the data's agents."""
+    if isinstance(cfg.config, FedCBOConfig):
+        _checks.downloads(cfg.config.M, cfg.data.agents)
+
+
 @functools.lru_cache(maxsize=None)
 def experiment_class(algorithm: str) -> type:
-    """The config dataclass of ``cbo-jax run ALGORITHM``: ``algorithm``, ``data``, ``config``, ``run``."""
+    """The config dataclass of ``cbo-jax run ALGORITHM``: ``algorithm``, ``data``, ``config``, ``run``;
+    an instance checks the rules across its sections (FedCBO: ``1 <= M <= data.agents - 1``)."""
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {sorted(ALGORITHMS)}, got {algorithm!r}")
     field = dataclasses.field
@@ -131,7 +138,7 @@ def experiment_class(algorithm: str) -> type:
          ("data", RotatedMNISTConfig, field(default_factory=RotatedMNISTConfig)),
          ("config", ALGORITHMS[algorithm], field(default_factory=ALGORITHMS[algorithm])),
          ("run", RunOptions, field(default_factory=RunOptions))],
-        frozen=True, namespace={"__doc__": f"A `cbo-jax run {algorithm}` experiment."})
+        frozen=True, namespace={"__doc__": f"A `cbo-jax run {algorithm}` experiment.", "__post_init__": _across})
 
 
 def default_config(algorithm: str, **sections):
@@ -140,93 +147,6 @@ def default_config(algorithm: str, **sections):
     if algorithm == "ifca" and "config" not in sections:
         sections["config"] = dataclasses.replace(cfg.config, k=(sections.get("data") or cfg.data).clusters)
     return dataclasses.replace(cfg, **sections)
-
-
-# The short names of the data and local-training options, as flags (--agents, --epochs) and as top-level
-# names of a flat --config file -> their place in the nested config (--data.agents, --local.epochs).
-_SHORT_NAMES = {
-    "source": ("data", "source"), "data_dir": ("data", "data_dir"), "agents": ("data", "agents"),
-    "clusters": ("data", "clusters"), "samples_per_agent": ("data", "samples_per_agent"), "data_seed": ("data", "seed"),
-    "epochs": ("config", "local", "epochs"), "batch_size": ("config", "local", "batch_size"),
-    "lr": ("config", "local", "lr"), "momentum": ("config", "local", "momentum"),
-    "reset_optimizer": ("config", "local", "reset_optimizer"),
-}
-
-
-def _flat_names(algorithm: str) -> dict[str, tuple[str, ...]]:
-    """Top-level names of a flat config file: the algorithm's and run's fields, and the aliases."""
-    flat = {}
-    for f in cfgs.fields(experiment_class(algorithm)):
-        if f.path[0] in ("config", "run"):
-            flat[".".join(f.path[1:])] = f.path
-    flat.update({k: v for k, v in _SHORT_NAMES.items() if v[1:2] != ("local",) or "local" in _sections(algorithm)})
-    return flat
-
-
-def _sections(algorithm: str) -> set[str]:
-    return {f.path[1] for f in cfgs.fields(experiment_class(algorithm)) if len(f.path) > 2}
-
-
-def add_run_arguments(p: argparse.ArgumentParser, algorithm: str) -> dict:
-    """The flags of ``cbo-jax run ALGORITHM``, generated from its config; returns their fields."""
-    sections = {f.name: f.type for f in dataclasses.fields(experiment_class(algorithm))}
-    dests = {}
-    for section, strip, title in (("data", (), "data (rotated MNIST)"), ("config", ("config",), algorithm),
-                                  ("run", ("run",), "run")):
-        aliases = {"--" + k.replace("_", "-"): ".".join(path[len(strip):]) for k, path in _SHORT_NAMES.items()
-                   if path[0] == section and (section != "config" or "local" in _sections(algorithm))}
-        dests.update(cfgs.add_flags(p, sections[section], prefix=(section,), strip=strip, aliases=aliases, group=title))
-    return dests
-
-
-def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base=None):
-    """``--config FILE`` (JSON) first, then every explicitly given flag over it."""
-    cfg = base if base is not None else default_config(algorithm)
-    values: dict = {}
-    if getattr(args, "config", None):
-        path = Path(args.config)
-        if path.is_dir():  # was "no such file"
-            raise ValueError(f"--config {path} is a directory, not a file: give its config.json (or another JSON "
-                             f"file of options)")
-        if not path.is_file():
-            raise ValueError(f"--config {path}: no such file")
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"--config {path}: not valid JSON ({err})") from None
-        except UnicodeDecodeError as err:  # a binary file, or another encoding: the message named no file
-            raise ValueError(f"--config {path}: not a UTF-8 text file ({err.reason} at byte {err.start})") from None
-        except OSError as err:
-            raise ValueError(f"--config {path}: cannot be read ({err.strerror or err})") from None
-        if isinstance(raw, dict) and raw.get("algorithm", algorithm) != algorithm:
-            raise ValueError(f"--config {path} is a {raw['algorithm']!r} config, not {algorithm!r}")
-        if isinstance(raw, dict) and "model" in raw:
-            _check_model(raw["model"], path)
-        raw = {k: v for k, v in raw.items() if k not in ("algorithm", "model")} if isinstance(raw, dict) else raw
-        values.update(cfgs.values_from_dict(raw, experiment_class(algorithm), flat=_flat_names(algorithm),
-                                            source=f"--config {path}"))
-    values.update(cfgs.values_from_args(args, dests))
-    if algorithm == "ifca" and ("config", "k") not in values and ("data", "clusters") in values:
-        values[("config", "k")] = values[("data", "clusters")]
-    return cfgs.build(cfg, values)
-
-
-def _check_model(recorded: Any, path: Path) -> None:
-    """A ``--config`` file's ``"model"`` (what ``config.json`` records) must name the model this
-    command trains (:func:`build`: MLP 784-200-10): its name, and its classes, loss and
-    number of parameters where the record has them. It is a record, not an option: another
-    model was trained by other code, and a rerun from its file here would train this one
-    under that record's name."""
-    ours = model_record(models.mlp_mnist())
-    if not isinstance(recorded, dict) or not isinstance(recorded.get("name"), str):
-        raise ValueError(f"--config {path}: model is the record of the model trained, an object with its "
-                         f"\"name\" ({ours['name']!r} here), got {recorded!r}")
-    differs = [k for k in ("name", "num_classes", "loss", "parameters") if k in recorded and recorded[k] != ours[k]]
-    if differs:
-        raise ValueError(f"--config {path} records the model {recorded['name']!r} "
-                         f"({', '.join(f'{k}={recorded[k]!r}' for k in differs)}); `cbo-jax run` trains "
-                         f"{ours['name']!r} ({', '.join(f'{k}={ours[k]!r}' for k in differs)}): "
-                         "remove \"model\" from the file to run this model with its other options")
 
 
 def resolve_data(data: RotatedMNISTConfig) -> RotatedMNISTConfig:
@@ -262,9 +182,6 @@ def build(cfg, num_agents: int, mesh=None):
     """The model and the algorithm; with ``mesh``, FedCBO exchanges its downloads between devices."""
     model = models.mlp_mnist()
     if cfg.algorithm == "fedcbo":
-        if not 1 <= cfg.config.M <= num_agents - 1:
-            raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {num_agents - 1}, "
-                             f"got M={cfg.config.M}")
         downloads = None
         if mesh is not None:
             from cbo_jax.federated.exchange import exchange_downloads
@@ -289,9 +206,6 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     ``data``, when given, is the data ``cfg.data`` describes (loaded with :func:`load_data`).
     """
     cfg = dataclasses.replace(cfg, data=resolve_data(cfg.data))
-    if cfg.algorithm == "fedcbo" and not 1 <= cfg.config.M <= cfg.data.agents - 1:
-        raise ValueError(f"M (downloads per agent) must satisfy 1 <= M <= N - 1 = {cfg.data.agents - 1}, "
-                         f"got M={cfg.config.M}")
     if resume and out_dir is not None:
         _check_resume(cfg, Path(out_dir), extend)
     data = data if data is not None else load_data(cfg.data)
@@ -357,12 +271,6 @@ def _as_recorded(cfg, out: Path) -> dict:
     return now
 
 
-def _flag(path: tuple[str, ...]) -> str:
-    """The command-line flag of a config field: ``--data.seed``, ``--M``, ``--local.lr``, ``--test-size``."""
-    shown = path[1:] if path[0] in ("config", "run") else path
-    return "--" + ".".join(p.replace("_", "-") for p in shown)
-
-
 def _leaves(d: dict, path: tuple[str, ...] = ()) -> dict:
     out = {}
     for k, v in d.items():
@@ -394,7 +302,7 @@ def _check_resume(cfg, out: Path, extend: bool) -> None:
     diffs = []
     for p, v in current.items():
         if p in saved and saved[p] != v and p not in _RESUME_MAY_CHANGE and not (extend and p == ("run", "rounds")):
-            name = "ALGORITHM" if p == ("algorithm",) else _flag(p)
+            name = "ALGORITHM" if p == ("algorithm",) else cfgs.flag_name(p, flat=FLAT_SECTIONS)
             diffs.append(f"{name}: {saved[p]!r} in {path}, {v!r} now")
     if diffs:
         hint = " (--extend allows more rounds)" if any(d.startswith("--rounds:") for d in diffs) else ""
