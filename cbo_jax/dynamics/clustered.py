@@ -41,10 +41,12 @@ from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
-from cbo_jax.dynamics.core import with_rng_layout
-from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_objective, check_population
+from cbo_jax._xla_cpu import written_out
+from cbo_jax.dynamics.base import Dynamics
+from cbo_jax.dynamics.checks import check_batch, check_objective, check_population
+from cbo_jax.dynamics.core import clip, with_rng_layout
 from cbo_jax.schedules import as_schedule
-from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal, written_out
+from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
 
 PyTree = Any
 
@@ -112,7 +114,7 @@ class ClusteredConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
-        _check_batch(self)
+        check_batch(self)
         if self.particle_chunk is not None:
             set_("particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
         for name in ("lambda1", "sigma1", "lambda2", "sigma2"):
@@ -396,9 +398,7 @@ def clustered(
                     kick = jax.tree_util.tree_map(jnp.multiply, a_diff, z)
                 bad = jax.tree_util.tree_map(lambda bi, ki: bi + sq * ki, bad, kick)
             new = pop.tree_where_rows(bad_mask, bad, new)
-        if config.max_abs is not None:
-            c = config.max_abs
-            new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
+        new = clip(new, config.max_abs)
         if in_batch is not None and config.batch_partial:  # only the batch's particles move
             new = pop.tree_where_rows(in_batch, new, x)
         loss, g = evaluate(new, label)
