@@ -19,12 +19,10 @@ once at the new particles (and the best-so-far tracker updated with it).
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
@@ -166,8 +164,7 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
         def body(c, bufs):
             x_buf, e_buf, g_buf = bufs
             start = c * chunk
-            rows = lambda tree: jax.tree_util.tree_map(  # noqa: E731
-                lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, chunk, axis=0), tree)
+            rows = lambda tree: pop.slice_rows(tree, start, chunk)  # noqa: E731
             ids = start + jnp.arange(chunk, dtype=jnp.int32)
             # Fast layouts: chunk c draws from fold_in(sub, c); per-particle: from the ids.
             key_c = sub if config.rng == "per-particle" else jax.random.fold_in(sub, c)
@@ -178,12 +175,10 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
             new = core.clip(update(x_c, None if g_buf is None else rows(g_buf), pop.tree_sub(x_c, m), state.params,
                                    key_c, noise, normal), config.max_abs)
             if in_batch is not None and config.batch_partial:  # only the batch's particles move
-                new = pop.tree_where_rows(jax.lax.dynamic_slice_in_dim(in_batch, start, chunk), new, x_c)
+                new = pop.tree_where_rows(pop.slice_rows(in_batch, start, chunk), new, x_c)
             e_c, g_c = evaluate(new)
-            put = lambda buf, v: jax.tree_util.tree_map(  # noqa: E731
-                lambda b, w: jax.lax.dynamic_update_slice_in_dim(b, w, start, axis=0), buf, v)
-            return put(x_buf, new), jax.lax.dynamic_update_slice_in_dim(e_buf, e_c, start, 0), (
-                None if g_buf is None else put(g_buf, g_c))
+            put = lambda buf, v: pop.update_rows(buf, v, start)  # noqa: E731
+            return put(x_buf, new), put(e_buf, e_c), None if g_buf is None else put(g_buf, g_c)
 
         # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
         return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.energy, state.grad))
