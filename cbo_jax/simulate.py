@@ -28,7 +28,8 @@ from cbo_jax import _checks
 from cbo_jax import params as params_lib
 from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
 from cbo_jax.runtime import provenance
-from cbo_jax.runtime.progress import advance, progress_bar
+from cbo_jax.runtime.driver import Output, RunFiles, drive
+from cbo_jax.runtime.progress import advance
 
 __all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
 
@@ -224,6 +225,47 @@ def simulate(
       log_every: write every this many steps (default: about 1000 rows for the whole run), and
         the first and the last step taken (a stop, or ``num_steps`` not a multiple).
     """
+    output = _check_call(dynamics, num_steps, num_runs=num_runs, chunk_size=chunk_size, progress=progress,
+                         record_consensus=record_consensus, observe=observe, out=out, log_every=log_every,
+                         tensorboard=tensorboard, overwrite=overwrite)
+    _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
+    plan = _plan(dynamics, x0, key, num_runs=num_runs, params=params, mesh=mesh, initial_state=initial_state)
+    record = dynamics.record or _record_cbo
+    config = dynamics.config
+    t0 = time.perf_counter()
+    # The library's dynamics enter config.rng's layout in init/step themselves; this context also
+    # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
+    # With out, summary.json names the code of the run's start (the git state read now), not of its end.
+    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
+        state = _initial_state(dynamics, plan, initial_state)
+        run_chunk = functools.partial(_run_chunk, step=dynamics.step, record=record, observe=observe,
+                                      batched=plan.levels, with_consensus=record_consensus)
+        state, done, chunks = _steps(state, run_chunk, num_steps, chunk_size, output, plan.grid, desc,
+                                     early=bool(getattr(config, "early_stop", False)),
+                                     summary=lambda state, done: {
+                                         "seconds": time.perf_counter() - t0, "num_steps": num_steps,
+                                         "num_runs": num_runs, "config": config, "params": plan.params,
+                                         "initial_state": initial_state is not None, "steps": done})
+        jax.block_until_ready(state)
+        if not chunks:  # num_steps=0: the history's arrays with no rows (shapes only, nothing is run)
+            _, spec = jax.eval_shape(functools.partial(run_chunk, length=0), state)
+            chunks.append(jax.tree_util.tree_map(lambda v: np.zeros(v.shape, v.dtype), spec))
+    # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
+    history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
+                                         *[c[k] for c in chunks]) for k in chunks[0]}
+    if done:
+        _warn_if_consensus_lost(state, history, plan.levels)
+    grid = plan.grid
+    if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
+        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
+        history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
+                   for k, h in history.items()}
+    return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _check_call(dynamics, num_steps, *, num_runs, chunk_size, progress, record_consensus, observe, out, log_every,
+                tensorboard, overwrite) -> Output:
+    """:func:`simulate`'s arguments that need no population, checked; its output options."""
     if not isinstance(dynamics, Dynamics):
         hint = (": to minimise an objective, call cbo_jax.minimize(objective, ...), or build the dynamics with "
                 "cbo_jax.cbo(objective, ...)") if callable(dynamics) else ""
@@ -233,22 +275,37 @@ def simulate(
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     if num_steps > 2**31 - 1:  # the step counter is an int32: more steps never finish (and wrap around)
         raise ValueError(f"num_steps must be at most 2**31 - 1 (JAX counts steps in int32), got {num_steps!r}")
-    _checks.flags(progress=progress, record_consensus=record_consensus, tensorboard=tensorboard, overwrite=overwrite)
+    _checks.flags(record_consensus=record_consensus)
     if observe is not None and not callable(observe):
         raise TypeError(f"observe must be a function observe(state) -> dict, got {type(observe).__name__}")
-    if out is None:
-        unused = [f"{name}={value!r}" for name, value, default in (("tensorboard", tensorboard, False),
-                                                                   ("log_every", log_every, None),
-                                                                   ("overwrite", overwrite, False)) if value != default]
-        if unused:
-            raise ValueError(f"{', '.join(unused)} concern the files of out=DIRECTORY, and out is not given")
-    _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
+    output = Output(out, overwrite=overwrite, tensorboard=tensorboard, progress=progress, log_every=log_every)
     _checks.positive_int("chunk_size", chunk_size)
-    if log_every is not None:
-        _checks.positive_int("log_every", log_every)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    grid, point = None, None
+    return output
+
+
+class _Plan(NamedTuple):
+    """What a :func:`simulate` call starts from: the population and keys as prepared (padded over a
+    mesh, one key per run), the sweep's grid (``None``: no sweep) or one point of numbers, and how
+    many leading vmapped axes (runs, the sweep's points) the state has."""
+
+    x0: Any
+    key: Any
+    grid: tuple | None
+    flat: Any
+    point: Any
+    levels: int
+    batched: bool
+    params: Any = None  # the swept numbers as Params (summary.json names them)
+    state: Any = None  # initial_state, placed on the mesh
+
+
+def _plan(dynamics, x0, key, *, num_runs, params, mesh, initial_state) -> _Plan:
+    """Check the population and the numbers on the host (nothing is compiled) and prepare them."""
+    grid, point, flat = None, None, None
+    config = dynamics.config
+    dtype = jnp.dtype(getattr(config, "dtype", "float32"))
     if initial_state is not None and (x0 is not None or key is not None):  # they were ignored
         raise ValueError("initial_state carries the population and its PRNG key: pass x0=None and key=None with it "
                          "(simulate(dynamics, None, None, num_steps, initial_state=state))")
@@ -258,36 +315,26 @@ def simulate(
         params = params_lib.as_params(params, dynamics)
         grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
         if grid == ():  # one point: no sweep axis, so the chunks are those of the dynamics' own numbers
-            point = params_lib.flatten(params, (), jnp.dtype(getattr(dynamics.config, "dtype", "float32")))
+            point = params_lib.flatten(params, (), dtype)
             point = jax.tree_util.tree_map(lambda v: v.reshape(()), point)
             grid = None
-    record = dynamics.record or _record_cbo
-    config = dynamics.config
+        else:
+            flat = params_lib.flatten(params, grid, dtype)
     if initial_state is None:
         key = _checks.as_key("key", key)
         _checks.single_key(key, "with num_runs=M, simulate splits the key into the M runs' keys itself (run r "
                                 "uses jax.random.split(key, M)[r])")
-        if dynamics.check is not None:
-            n = dynamics.check("x0", x0, num_runs)
-        else:
-            n = check_population("x0", x0, dynamics.objective, num_runs)
-        batch_size = getattr(config, "batch_size", None)
-        if batch_size is not None and n is not None and batch_size > n:
-            raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
-        chunk = getattr(config, "particle_chunk", None)
-        if chunk is not None and n is not None and n % chunk:
-            raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
-        if chunk is not None and mesh is not None:
-            raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
+        _check_population(dynamics, x0, num_runs, mesh)
     _checks.x64_for(config)
     batched = num_runs is not None
-    swept = grid is not None
-    levels = int(batched) + int(swept)
+    levels = int(batched) + int(grid is not None)
     if initial_state is not None:
         levels = _state_levels(initial_state, num_runs)
         _check_state_fits(dynamics, initial_state, levels)
-    t0 = time.perf_counter()
-    if mesh is not None and initial_state is None:
+        if mesh is not None:
+            initial_state = _shard_state(initial_state, mesh, levels)
+        return _Plan(None, None, None, None, None, levels, batched, state=initial_state)
+    if mesh is not None:
         from cbo_jax.sharding import prepare_population
 
         unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
@@ -295,94 +342,84 @@ def simulate(
         if getattr(config, "batch_size", None) is not None:
             unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
-    if mesh is not None and initial_state is not None:
-        initial_state = _shard_state(initial_state, mesh, levels)
-    if num_runs is not None and initial_state is None:  # batched
+    if num_runs is not None:
         key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
-    # The library's dynamics enter config.rng's layout in init/step themselves; this context also
-    # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
-    # With out, summary.json names the code of the run's start (the git state read now), not of its end.
-    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
-        if initial_state is not None:
-            state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
-        elif grid is not None:  # swept: one flattened sweep axis
-            flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
-            state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
-        elif point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
-            state = _init_point(x0, key, point, init=dynamics.init, batched=batched)
-        else:
-            state = _init(x0, key, init=dynamics.init, batched=batched)
-        if initial_state is None:
-            _check_some_energy_finite(state, levels)
-        chunks: list[dict] = []
-        done = 0
-        bar = _progress_bar(num_steps, desc) if progress else None
-        writer, guard = None, None
-        if out is not None and jax.process_index() == 0:  # one writer in a multi-process run
-            from cbo_jax.runtime.results import ResultsDir
-            from cbo_jax.runtime.writer import MetricsWriter
+    return _Plan(x0, key, grid, flat, point, levels, batched, params)
 
-            owned = ("metrics.jsonl", "summary.json", "events.out.tfevents.*")
-            guard = ResultsDir(out, overwrite=overwrite, owned=owned, resumable=False).__enter__()
-            writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
-            stride = log_every or max(1, num_steps // 1000)
-        # A stopped run is frozen (its step count too), so once every run has stopped, the steps
-        # taken are the largest step count gained; the chunk's rows after that are dropped.
-        # (Dynamics of the user's without a step count still stop early; their chunks are not trimmed.)
-        early = bool(getattr(config, "early_stop", False))
-        stops = early and hasattr(state, "step")
-        start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
-        try:
-            while done < num_steps:
-                length = min(chunk_size, num_steps - done)
-                state, rec = _run_chunk(
-                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
-                    with_consensus=record_consensus,
-                )
-                stopped = early and not bool(jnp.any(state.active))
-                if stopped and stops:
-                    taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
-                    length = min(length, max(0, taken - done))
-                    rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
-                chunks.append(rec)
-                if writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
-                    _write_rows(writer, rec, done, stride, final=stopped or done + length >= num_steps,
-                                grid=grid)
-                done += length
-                if bar is not None:
-                    # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
-                    jax.block_until_ready(state)
-                    best = {"best": f"{float(jnp.min(state.best_energy)):.4g}"} if hasattr(state, "best_energy") else None
-                    advance(bar, length, best)
-                if stopped:
-                    break
-            if writer is not None and out is not None:
-                _write_summary(Path(out), state, done, time.perf_counter() - t0, grid,
-                               run={"num_steps": num_steps, "num_runs": num_runs, "config": config,
-                                    "params": params, "initial_state": initial_state is not None})
-        finally:
-            if bar is not None:
-                bar.close()
-            if writer is not None:
-                writer.close()
-            if guard is not None:
-                guard.__exit__()
-        jax.block_until_ready(state)
-        if not chunks:  # num_steps=0: the history's arrays with no rows (shapes only, nothing is run)
-            _, spec = jax.eval_shape(functools.partial(
-                _run_chunk, step=dynamics.step, record=record, observe=observe, length=0, batched=levels,
-                with_consensus=record_consensus), state)
-            chunks.append(jax.tree_util.tree_map(lambda v: np.zeros(v.shape, v.dtype), spec))
-    # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
-    history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
-                                         *[c[k] for c in chunks]) for k in chunks[0]}
-    if done:
-        _warn_if_consensus_lost(state, history, levels)
-    if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
-        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
-        history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
-                   for k, h in history.items()}
-    return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+def _check_population(dynamics, x0, num_runs, mesh) -> None:
+    """The dynamics' host checks of ``x0``, and what the config asks of its ``N``."""
+    config = dynamics.config
+    if dynamics.check is not None:
+        n = dynamics.check("x0", x0, num_runs)
+    else:
+        n = check_population("x0", x0, dynamics.objective, num_runs)
+    batch_size = getattr(config, "batch_size", None)
+    if batch_size is not None and n is not None and batch_size > n:
+        raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
+    chunk = getattr(config, "particle_chunk", None)
+    if chunk is not None and n is not None and n % chunk:
+        raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
+    if chunk is not None and mesh is not None:
+        raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
+
+
+def _initial_state(dynamics, plan: _Plan, initial_state):
+    """The state of step 0: a copy of ``initial_state`` (the run donates its buffers), or ``init``'s."""
+    if initial_state is not None:
+        return jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, plan.state)
+    if plan.grid is not None:  # swept: one flattened sweep axis
+        state = _init_sweep(plan.x0, plan.key, plan.flat, init=dynamics.init, batched=plan.batched)
+    elif plan.point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
+        state = _init_point(plan.x0, plan.key, plan.point, init=dynamics.init, batched=plan.batched)
+    else:
+        state = _init(plan.x0, plan.key, init=dynamics.init, batched=plan.batched)
+    _check_some_energy_finite(state, plan.levels)
+    return state
+
+
+def _steps(state, run_chunk, num_steps: int, chunk_size: int, output: Output, grid, desc: str, *, early: bool,
+           summary: Callable[[Any, int], dict]):
+    """The chunks of steps (:func:`cbo_jax.runtime.driver.drive`): ``(state, steps taken, records)``.
+
+    A stopped run is frozen (its step count too), so once every run has stopped, the steps taken
+    are the largest step count gained, and the chunk's rows after that are dropped (dynamics of
+    one's own without a step count still stop early; their chunks are not trimmed)."""
+    chunks: list[dict] = []
+    stops = early and hasattr(state, "step")
+    start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
+    stride = output.log_every or max(1, num_steps // 1000)
+    with RunFiles() as files:
+        if output.progress:
+            files.open_bar(num_steps, desc=desc, unit="step")
+        if output.directory is not None and jax.process_index() == 0:  # one writer in a multi-process run
+            files.hold(output.directory, overwrite=output.overwrite,
+                       owned=("metrics.jsonl", "summary.json", "events.out.tfevents.*"), resumable=False)
+            files.open_writer(output.directory, tensorboard=output.tensorboard, step_key="step")
+
+        def at_stop(state, done, end, records):
+            (length, rec), = records
+            stopped = early and not bool(jnp.any(state.active))
+            if stopped and stops:
+                taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
+                length = min(length, max(0, taken - done))
+                rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
+            chunks.append(rec)
+            if files.writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
+                _write_rows(files.writer, rec, done, stride, final=stopped or done + length >= num_steps, grid=grid)
+            if files.bar is not None:
+                # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
+                jax.block_until_ready(state)
+                best = {"best": f"{float(jnp.min(state.best_energy)):.4g}"} if hasattr(state, "best_energy") else None
+                advance(files.bar, length, best)
+            return state, done + length, stopped
+
+        state, done = drive(state, 0, num_steps, next_stop=lambda done: min(num_steps, done + chunk_size),
+                            length=lambda done, stop: stop - done,
+                            scan=lambda state, done, n: run_chunk(state, length=n), at_stop=at_stop)
+        if files.writer is not None:
+            _write_summary(output.directory, state, grid, summary(state, done))
+    return state, done, chunks
 
 
 def _check_some_energy_finite(state, levels: int) -> None:
@@ -446,15 +483,14 @@ def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
                   "max_abs= to clip them)", RuntimeWarning, stacklevel=3)
 
 
-def _write_summary(out: Path, state, steps: int, seconds: float, grid, run: dict) -> None:
+def _write_summary(out: Path, state, grid, run: dict) -> None:
     """``out/summary.json`` of a finished :func:`simulate` run: the steps taken, the wall time,
     the best energy found (overall, and per run / grid point where there are several), what
     ran (the dynamics' config, the swept ``params`` by name with the grid's shape, ``num_runs``,
-    ``num_steps``) and the environment (:func:`cbo_jax.writer.write_summary`)."""
-    from cbo_jax import params as params_lib
+    ``num_steps``) and the environment (:func:`cbo_jax.runtime.writer.write_summary`)."""
     from cbo_jax.runtime.writer import describe, write_summary
 
-    summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3),
+    summary: dict[str, Any] = {"steps": int(run["steps"]), "seconds": round(run["seconds"], 3),
                                "num_steps": int(run["num_steps"]), "num_runs": run["num_runs"],
                                "config": describe(run["config"])}
     if run["initial_state"]:
@@ -609,10 +645,6 @@ def _check_state_fits(dynamics: Dynamics, state: Any, levels: int) -> None:
                      f"than these ({name}): "
                      f"{diff}. Continue a state with the dynamics (same function and config) that made it, or start "
                      "these dynamics from its particles: simulate(dynamics, state.x, key, ...)")
-
-
-def _progress_bar(total: int, desc: str):
-    return progress_bar(total, desc=desc, unit="step")
 
 
 def _typed(value: Any) -> Any:
