@@ -167,3 +167,114 @@ def check_values(what: str, values, shape) -> None:
         row = int(np.argwhere(bad)[0][0])
         raise ValueError(f"{what} returned a non-finite value (NaN or inf) at the initial particles "
                          f"(first at particle {row}): check its domain")
+
+
+# ----------------------------------------------------------------------------------------
+# A state to continue (simulate's initial_state)
+# ----------------------------------------------------------------------------------------
+
+
+def _shard_state(state, mesh, levels: int):
+    """``state`` with its agent axis (the first axis from ``levels`` on of the particles' length
+    ``N``) split over ``mesh`` and every other leaf replicated: a placement, not a change."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from cbo_jax.sharding import agent_sharding
+
+    x = getattr(state, "x", None)
+    leaves = jax.tree_util.tree_leaves(x)
+    if not leaves or np.ndim(leaves[0]) <= levels:
+        raise ValueError("mesh with initial_state needs a state with particles x (an agent axis to shard)")
+    n = int(np.shape(leaves[0])[levels])
+    if n % mesh.size:
+        raise ValueError(f"initial_state has N={n} agents, not a multiple of the mesh's {mesh.size} devices: continue "
+                         "it without mesh, or continue a state of a sharded run (its N includes the padding)")
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(v):
+        if not isinstance(v, (jax.Array, np.ndarray)):
+            return v
+        axis = next((a for a in range(levels, v.ndim) if v.shape[a] == n), None)
+        return jax.device_put(v, replicated if axis is None else agent_sharding(mesh, v.ndim, axis))
+
+    return jax.tree_util.tree_map(put, state)
+
+
+def _state_levels(state, num_runs) -> int:
+    """Leading vmapped axes of a state to continue: a sweep's grid axes and the run axis."""
+    step = getattr(state, "step", None)
+    if step is None:
+        return int(num_runs is not None)
+    shape = np.shape(step)
+    if num_runs is not None and (not shape or shape[-1] != num_runs):
+        runs = f"{shape[-1]} runs on its run axis" if shape else "no run axis"
+        raise ValueError(f"initial_state has {runs}, but num_runs={num_runs}: pass the num_runs it was made with "
+                         "(None for a state of one run)")
+    return len(shape)
+
+
+def _describe(value: Any) -> str:
+    """A short name for a state field's value in an error message."""
+    if value is None:
+        return "None"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        kind = "key" if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key) else np.dtype(value.dtype).name
+        return f"an array {kind}{tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def _same_structure(a: Any, b: Any) -> bool:
+    treedef: Any = jax.tree_util.tree_structure(a)  # Any: the PyTreeDef stub declares no __eq__
+    return bool(treedef == jax.tree_util.tree_structure(b))
+
+
+def _differences(got: Any, want: Any, path: str) -> list[str]:
+    """Where two states' tree structures differ, field by field (named tuples are descended)."""
+    if _same_structure(got, want):
+        return []
+    fields = getattr(want, "_fields", None)
+    if fields and type(got) is type(want):
+        return [d for f in fields for d in _differences(getattr(got, f), getattr(want, f), f"{path}.{f}")]
+    return [f"its {path or 'state'} is {_describe(got)} where these dynamics have {_describe(want)}"]
+
+
+def _check_state_fits(dynamics, state: Any, levels: int) -> None:
+    """Refuse an ``initial_state`` made by another dynamics or configuration, before compiling.
+
+    The state ``dynamics.init`` would make from the state's own particles and key (its
+    shapes only: :func:`jax.eval_shape`, nothing is compiled or run) must have the same
+    type, fields and tree structure as ``state`` (less its ``levels`` leading run and grid
+    axes). A CBOMemory or PSO state given to plain CBO, or a plain CBO state given to PSO,
+    used to fail deep inside the step (an ``AttributeError``) or, worse, to run.
+    """
+    x, key = getattr(state, "x", None), getattr(state, "key", None)
+    if x is None or key is None or not hasattr(key, "shape"):
+        return  # not a particle state this check knows how to re-initialise
+
+    def spec(v):
+        return jax.ShapeDtypeStruct(np.shape(v)[levels:], v.dtype) if hasattr(v, "dtype") else v
+
+    x0: Any = jax.tree_util.tree_map(spec, x)
+    firsts = [x0]  # what init takes: the particles, or a clustered state's Particles
+    fields = ("label", "malicious", "pid")
+    if all(hasattr(state, f) for f in fields):
+        from cbo_jax.dynamics.clustered import Particles
+
+        firsts.insert(0, Particles(x0, *(jax.tree_util.tree_map(spec, getattr(state, f)) for f in fields)))
+    like = None
+    for first in firsts:
+        try:
+            like = jax.eval_shape(dynamics.init, first, spec(key))
+            break
+        except Exception:  # noqa: BLE001 - these particles do not suit init: try the next form
+            continue
+    if like is None:
+        return  # nothing init accepts: leave it to the step
+    if _same_structure(state, like):
+        return
+    name = type(getattr(dynamics, "config", None)).__name__
+    diff = "; ".join(_differences(state, like, "")).replace("its .", "its ")
+    raise ValueError(f"initial_state (a {type(state).__name__}) was made by other dynamics or another configuration "
+                     f"than these ({name}): "
+                     f"{diff}. Continue a state with the dynamics (same function and config) that made it, or start "
+                     "these dynamics from its particles: simulate(dynamics, state.x, key, ...)")
