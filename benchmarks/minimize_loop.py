@@ -37,7 +37,7 @@ def main(argv=None) -> int:
                     help="what changes from call to call: the seed (default), or sigma1 and alpha (seed 0)")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON object to PATH")
     args = ap.parse_args(argv)
-    sim = importlib.import_module("cbo_jax.simulate")  # the module; cbo_jax.simulate is also the function
+    sim = importlib.import_module("cbo_jax.minimize")  # the module; cbo_jax.minimize is also the function
     size = sim._MINIMIZE_CACHE_SIZE
     f = cj.objectives.Rastrigin()
 

@@ -40,6 +40,8 @@ __all__ = [
     "per_agent",
     "tree_isfinite_rows",
     "zero_nonfinite_rows",
+    "slice_rows",
+    "update_rows",
 ]
 
 
@@ -246,6 +248,18 @@ def zero_nonfinite_rows(population: PyTree) -> tuple[PyTree, jax.Array]:
         lambda leaf: jnp.where(jnp.reshape(ok, ok.shape + (1,) * (leaf.ndim - 1)), leaf, 0), population
     )
     return clean, ok
+
+
+def slice_rows(tree: PyTree, start, size: int, axis: int = 0) -> PyTree:
+    """Rows ``start .. start + size`` (along ``axis``) of every leaf; ``start`` may be traced
+    (a chunk of a population, :func:`update_rows` writes it back)."""
+    return jax.tree_util.tree_map(lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, size, axis=axis), tree)
+
+
+def update_rows(tree: PyTree, rows: PyTree, start, axis: int = 0) -> PyTree:
+    """``tree`` with ``rows`` written from row ``start`` (along ``axis``): in place in a loop's carry."""
+    return jax.tree_util.tree_map(lambda leaf, r: jax.lax.dynamic_update_slice_in_dim(leaf, r, start, axis=axis),
+                                  tree, rows)
 
 
 def ravel(population: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:

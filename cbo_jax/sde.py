@@ -1,4 +1,4 @@
-"""Drift and diffusion terms of the CBO SDE family and one Euler–Maruyama step.
+"""The SDE of every particle system: noise draws, diffusion models and one Euler–Maruyama step.
 
 FedCBO eq. (4) for one objective L, with consensus point m::
 
@@ -10,84 +10,37 @@ the whole parameter vector of the agent), or anisotropic (Carrillo et al. 2021),
 
     θ ← θ - λ1 γ (θ - m) - λ2 γ ∇L(θ) + σ1 √γ D(θ - m) z + σ2 √γ |∇L(θ)| z~,
 
-``z, z~ ~ N(0, I)`` independent. Every function works on stacked populations.
+``z, z~ ~ N(0, I)`` independent. :func:`em_update` is that step for any increment model:
+the CBX family's noise models (:func:`noise_term`: also constant, covariance and
+user-supplied noise) and the clustered systems' (:func:`euler_maruyama`) call it, and
+FedCBO's aggregation step uses :func:`diffusion`. Every function works on stacked
+populations (rows are agents). How the draws are laid out for XLA:CPU is
+:mod:`cbo_jax._xla_cpu`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import custom_batching
 
 from cbo_jax import population as pop
+from cbo_jax._xla_cpu import normal_agent_axis_last
 
 PyTree = Any
 
-__all__ = ["NOISE_KINDS", "normal_like", "per_particle_normal", "diffusion", "euler_maruyama"]
+__all__ = ["NOISE_KINDS", "FAMILY_NOISE", "normal_like", "per_particle_normal", "draw_normal", "diffusion",
+           "noise_term", "weighted_cov", "cov_sqrt", "em_update", "euler_maruyama"]
 
 NOISE_KINDS = ("anisotropic", "isotropic", "none")
+FAMILY_NOISE = ("anisotropic", "isotropic", "constant", "covariance", "sampling", "none")
 
-
-_WRITE_OUT_ON_CPU = True
-
-
-@custom_batching.custom_vmap
-def _kernel_boundary(bits: jax.Array, z: jax.Array) -> jax.Array:
-    first = jnp.ravel(bits)[0]
-    return jax.lax.cond((first | jnp.ones_like(first)) != 0, lambda a: a, jnp.zeros_like, z)
-
-
-@_kernel_boundary.def_vmap
-def _kernel_boundary_vmap(axis_size, in_batched, bits, z):
-    # One predicate for the whole batch (from its first key), so the conditional stays a
-    # conditional instead of becoming a select that XLA fuses away.
-    if not in_batched[1]:
-        z = jnp.broadcast_to(z, (axis_size,) + z.shape)
-    return _kernel_boundary(bits, z), True
-
-
-def written_out(z: jax.Array, key: jax.Array) -> jax.Array:
-    """``z``, computed in a kernel of its own on XLA:CPU (elsewhere: ``z`` unchanged).
-
-    ``key`` is any PRNG key (or raw key data) of the step: only its bits are read. For
-    example, XLA:CPU fuses the normal transform (``erf_inv`` of the threefry bits) into the kernel
-    that reads the draw with the agent axis moved to the front, where it runs about 1.5x
-    slower than over the contiguous ``(d, N)`` array (benchmarks/RESULTS_cbx.md). A
-    conditional is a kernel boundary XLA keeps (it drops ``optimization_barrier`` on the
-    CPU); its predicate, ``key_bits | 1 != 0``, is always true but not a compile-time
-    constant, and stays one predicate under ``vmap`` (runs, sweeps). Not used on GPUs,
-    where a conditional waits on its predicate.
-    """
-    if not _WRITE_OUT_ON_CPU or jax.default_backend() != "cpu":
-        return z
-    bits = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return _differentiable_boundary(bits, z)
-
-
-@jax.custom_jvp
-def _differentiable_boundary(bits: jax.Array, z: jax.Array) -> jax.Array:
-    return _kernel_boundary(bits, z)
-
-
-@_differentiable_boundary.defjvp
-def _differentiable_boundary_jvp(primals, tangents):
-    # The identity, so its derivative is the identity (custom_vmap alone has no JVP rule).
-    bits, z = primals
-    return _differentiable_boundary(bits, z), tangents[1]
-
-
-def _normal_agent_axis_last(key: jax.Array, shape, dtype) -> jax.Array:
-    # Drawn with the agent axis last, then moved to the front. Same distribution; on
-    # XLA:CPU this avoids a slow fusion of the normal transform into the row-broadcast
-    # update (1.9x faster full CBO step, benchmarks/RESULTS.md).
-    if len(shape) < 2:
-        return jax.random.normal(key, shape, dtype)
-    z = written_out(jax.random.normal(key, tuple(shape[1:]) + (shape[0],), dtype), key)
-    return jnp.moveaxis(z, -1, 0)
+# ----------------------------------------------------------------------------------------
+# Draws
+# ----------------------------------------------------------------------------------------
 
 
 def normal_like(key: jax.Array, tree: PyTree) -> PyTree:
@@ -97,7 +50,7 @@ def normal_like(key: jax.Array, tree: PyTree) -> PyTree:
     if len(leaves) > 1:
         keys = jax.random.split(key, len(leaves))
     return jax.tree_util.tree_unflatten(
-        treedef, [_normal_agent_axis_last(k, leaf.shape, leaf.dtype) for k, leaf in zip(keys, leaves)]
+        treedef, [normal_agent_axis_last(k, leaf.shape, leaf.dtype) for k, leaf in zip(keys, leaves)]
     )
 
 
@@ -120,6 +73,22 @@ def per_particle_normal(key: jax.Array, tree: PyTree, ids: jax.Array) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, [draw(k, leaf) for k, leaf in zip(keys, leaves)])
 
 
+def draw_normal(key, tree, ids, rng: str):
+    """Standard normals with the structure of ``tree``, in the layout ``rng`` names.
+
+    ``rng="per-particle"`` draws row ``i`` from ``fold_in(key, ids[i])``; the other modes
+    one array per leaf (:func:`normal_like`).
+    """
+    if rng == "per-particle":
+        return per_particle_normal(key, tree, ids)
+    return normal_like(key, tree)
+
+
+# ----------------------------------------------------------------------------------------
+# Diffusion and noise models
+# ----------------------------------------------------------------------------------------
+
+
 def diffusion(kind: str, u: PyTree, z: PyTree) -> PyTree:
     """``D(u) z`` for a population ``u`` (rows are agents) and normals ``z``.
 
@@ -135,9 +104,103 @@ def diffusion(kind: str, u: PyTree, z: PyTree) -> PyTree:
     raise ValueError(f"unknown noise kind {kind!r}; choose from {NOISE_KINDS}")
 
 
+def weighted_cov(u: jax.Array, logw: jax.Array) -> jax.Array:
+    """``Σ_j w_j u_j u_jᵀ`` for rows ``u`` (``(N, D)``) and log-weights ``(N,)`` (``-inf``: excluded)."""
+    w = jnp.exp(logw).astype(u.dtype)
+    u = jnp.where(jnp.isfinite(logw)[:, None] & jnp.all(jnp.isfinite(u), axis=1, keepdims=True), u, 0)
+    return jnp.einsum("j,ja,jb->ab", w, u, u)
+
+
+def cov_sqrt(c: jax.Array) -> jax.Array:
+    """Symmetric square root of a positive semi-definite matrix (batched): ``V √max(Λ, 0) Vᵀ``."""
+    lam, v = jnp.linalg.eigh(c)
+    return jnp.einsum("...ab,...b,...cb->...ac", v, jnp.sqrt(jnp.maximum(lam, 0)), v)
+
+
+def noise_term(kind, key, u, *, dt, alpha, normal, logw=None, mode: str = "sampling"):
+    """The noise increment of one step before ``σ``: ``(scale, direction)``, increment = ``scale · direction``.
+
+    ``u`` is the drift ``x_i - m`` (a population). Kinds (CBXpy's ``cbx.noise``):
+
+    * ``"anisotropic"``: ``√dt · u_i ∘ ξ_i``;  ``"isotropic"``: ``√dt · |u_i| ξ_i`` (:func:`diffusion`);
+    * ``"constant"``: ``√dt · ξ_i``;
+    * ``"covariance"``: ``√(2 dt / λ) · C^{1/2} ξ_i`` with ``C = Σ_j w_j u_j u_jᵀ`` (the
+      consensus weights ``w``) and ``λ = 1/(1 + α)`` (``mode="sampling"``, CBXpy's default
+      for every dynamic) or ``λ = 1`` (``mode="optimization"``, CBS); consensus-based
+      sampling, Carrillo, Hoffmann, Stuart and Vaes (2022), eq. (1.4);
+    * a callable ``kind(key, u, dt)``: its result (scale ``1``).
+    """
+    sqdt = jnp.sqrt(jnp.asarray(dt))
+    if callable(kind):
+        return 1.0, _callable_increment(kind(key, u, dt), u)
+    if kind in ("anisotropic", "isotropic"):
+        return sqdt, diffusion(kind, u, normal(key, u))
+    if kind == "constant":
+        return sqdt, normal(key, u)
+    if kind in ("covariance", "sampling"):
+        flat, unravel = pop.ravel(u)
+        root = cov_sqrt(weighted_cov(flat, logw))
+        z, _ = pop.ravel(normal(key, u))
+        lam_inv = (1.0 + alpha) if mode == "sampling" else 1.0
+        return jnp.sqrt(2.0 * dt * lam_inv), unravel(z @ root.T)
+    raise ValueError(f"unknown noise model {kind!r}; choose from {FAMILY_NOISE} or pass a callable")
+
+
+def _callable_increment(out, u):
+    """A noise callable's increment, checked (while tracing) to be shaped like the drift ``u``: a
+    ``(d,)`` or ``(N, 1)`` result would broadcast silently (one draw shared by every particle)."""
+    want = jax.tree_util.tree_structure(u)
+    try:
+        leaves = want.flatten_up_to(out)
+    except (TypeError, ValueError):
+        raise ValueError(f"the noise callable must return an increment with the structure of the drift, {want}; "
+                         f"got {jax.tree_util.tree_structure(out)}") from None
+    for got, ref in zip(leaves, jax.tree_util.tree_leaves(u)):
+        if np.shape(got) != np.shape(ref):
+            raise ValueError(f"the noise callable returned shape {tuple(np.shape(got))} for a drift of shape "
+                             f"{tuple(np.shape(ref))}: it must return one increment per particle, shaped like the "
+                             "drift")
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# One Euler–Maruyama step
+# ----------------------------------------------------------------------------------------
+
+
 def _is_zero(v) -> bool:
     # Static (Python) zeros skip drawing noise that would be multiplied by 0.
     return isinstance(v, (int, float)) and v == 0
+
+
+def em_update(key: jax.Array, x: PyTree, u: PyTree, *, dt, lambda1, sigma1,
+              increment: Callable[[jax.Array, PyTree], tuple[Any, PyTree]] | None, grad: PyTree | None = None,
+              lambda2=0.0, sigma2=0.0, normal: Callable = normal_like) -> PyTree:
+    """Eq. (15) for every agent of ``x`` with the drift ``u`` (``x - m``, possibly corrected)::
+
+        x - λ1 dt u + σ1 · increment(u) - λ2 dt ∇L + σ2 √dt |∇L| ξ~.
+
+    ``increment(key, u) -> (scale, direction)`` is the consensus noise before ``σ1``
+    (:func:`noise_term`; ``None``: no noise); ``grad`` the gradients (``None``: no gradient
+    terms); ``normal(key, tree)`` draws ``ξ~``. The key is split once, the consensus noise
+    drawn from the first half and the gradient noise from the second. Strengths may be
+    numbers or traced arrays; a Python ``0`` leaves its term out (and its draw).
+    """
+    key_c, key_g = jax.random.split(key)
+    if increment is None or _is_zero(sigma1):
+        new = jax.tree_util.tree_map(lambda xi, ui: xi - (lambda1 * dt) * ui, x, u)
+    else:
+        scale, dz = increment(key_c, u)
+        new = jax.tree_util.tree_map(lambda xi, ui, di: xi - (lambda1 * dt) * ui + (sigma1 * scale) * di, x, u, dz)
+    if grad is None:
+        return new
+    new = jax.tree_util.tree_map(lambda ni, gi: ni - (lambda2 * dt) * gi, new, grad)
+    if _is_zero(sigma2):
+        return new
+    # σ2 |∇L| dB~ is isotropic by definition in eq. (4).
+    sqdt = jnp.sqrt(jnp.asarray(dt))
+    z_g = normal(key_g, x)
+    return jax.tree_util.tree_map(lambda ni, di: ni + (sigma2 * sqdt) * di, new, diffusion("isotropic", grad, z_g))
 
 
 def euler_maruyama(
@@ -154,7 +217,7 @@ def euler_maruyama(
     sigma2=0.0,
     normal=normal_like,
 ) -> PyTree:
-    """One Euler–Maruyama step of FedCBO eq. (15) for every agent of ``x``.
+    """One Euler–Maruyama step of FedCBO eq. (15) for every agent of ``x`` (:func:`em_update`).
 
     Args:
       key: PRNG key for this step.
@@ -176,22 +239,10 @@ def euler_maruyama(
     if isinstance(dt, (int, float, np.integer, np.floating)) and not (math.isfinite(dt) and dt >= 0):
         # √dt of a negative step was NaN in every particle (traced steps are checked by the configs)
         raise ValueError(f"dt must be a finite number >= 0, got {dt!r}")
-    u = pop.tree_sub(x, m)
-    sqdt = jnp.sqrt(jnp.asarray(dt))
-    key_c, key_g = jax.random.split(key)
-    if noise == "none" or _is_zero(sigma1):
-        new = jax.tree_util.tree_map(lambda xi, ui: xi - (lambda1 * dt) * ui, x, u)
-    else:
-        z = normal(key_c, x)
-        dz = diffusion(noise, u, z)
-        new = jax.tree_util.tree_map(lambda xi, ui, di: xi - (lambda1 * dt) * ui + (sigma1 * sqdt) * di, x, u, dz)
-    if grad is not None:
-        new = jax.tree_util.tree_map(lambda ni, gi: ni - (lambda2 * dt) * gi, new, grad)
-        if _is_zero(sigma2):
-            return new
-        # σ2 |∇L| dB~ is isotropic by definition in eq. (4).
-        z_g = normal(key_g, x)
-        new = jax.tree_util.tree_map(
-            lambda ni, di: ni + (sigma2 * sqdt) * di, new, diffusion("isotropic", grad, z_g)
-        )
-    return new
+
+    def increment(k, u):
+        return jnp.sqrt(jnp.asarray(dt)), diffusion(noise, u, normal(k, u))
+
+    return em_update(key, x, pop.tree_sub(x, m), dt=dt, lambda1=lambda1, sigma1=sigma1,
+                     increment=None if noise == "none" else increment, grad=grad, lambda2=lambda2, sigma2=sigma2,
+                     normal=normal)

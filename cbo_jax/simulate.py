@@ -9,11 +9,8 @@ updates a progress bar and stops early when every run has met its stopping crite
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
-import math
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,11 +23,13 @@ from jax.sharding import Mesh
 
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
-from cbo_jax.dynamics.cbo import CBOConfig, Dynamics, check_population
+from cbo_jax.dynamics.base import Dynamics
+from cbo_jax.dynamics.checks import _check_state_fits, _shard_state, _state_levels, check_population
 from cbo_jax.runtime import provenance
-from cbo_jax.runtime.progress import advance, progress_bar
+from cbo_jax.runtime.driver import Output, RunFiles, drive
+from cbo_jax.runtime.progress import advance
 
-__all__ = ["SimulationResult", "simulate", "minimize", "rng_context"]
+__all__ = ["SimulationResult", "simulate", "rng_context"]
 
 PyTree = Any
 
@@ -224,6 +223,47 @@ def simulate(
       log_every: write every this many steps (default: about 1000 rows for the whole run), and
         the first and the last step taken (a stop, or ``num_steps`` not a multiple).
     """
+    output = _check_call(dynamics, num_steps, num_runs=num_runs, chunk_size=chunk_size, progress=progress,
+                         record_consensus=record_consensus, observe=observe, out=out, log_every=log_every,
+                         tensorboard=tensorboard, overwrite=overwrite)
+    _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
+    plan = _plan(dynamics, x0, key, num_runs=num_runs, params=params, mesh=mesh, initial_state=initial_state)
+    record = dynamics.record or _record_cbo
+    config = dynamics.config
+    t0 = time.perf_counter()
+    # The library's dynamics enter config.rng's layout in init/step themselves; this context also
+    # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
+    # With out, summary.json names the code of the run's start (the git state read now), not of its end.
+    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
+        state = _initial_state(dynamics, plan, initial_state)
+        run_chunk = functools.partial(_run_chunk, step=dynamics.step, record=record, observe=observe,
+                                      batched=plan.levels, with_consensus=record_consensus)
+        state, done, chunks = _steps(state, run_chunk, num_steps, chunk_size, output, plan.grid, desc,
+                                     early=bool(getattr(config, "early_stop", False)),
+                                     summary=lambda state, done: {
+                                         "seconds": time.perf_counter() - t0, "num_steps": num_steps,
+                                         "num_runs": num_runs, "config": config, "params": plan.params,
+                                         "initial_state": initial_state is not None, "steps": done})
+        jax.block_until_ready(state)
+        if not chunks:  # num_steps=0: the history's arrays with no rows (shapes only, nothing is run)
+            _, spec = jax.eval_shape(functools.partial(run_chunk, length=0), state)
+            chunks.append(jax.tree_util.tree_map(lambda v: np.zeros(v.shape, v.dtype), spec))
+    # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
+    history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
+                                         *[c[k] for c in chunks]) for k in chunks[0]}
+    if done:
+        _warn_if_consensus_lost(state, history, plan.levels)
+    grid = plan.grid
+    if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
+        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
+        history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
+                   for k, h in history.items()}
+    return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+
+def _check_call(dynamics, num_steps, *, num_runs, chunk_size, progress, record_consensus, observe, out, log_every,
+                tensorboard, overwrite) -> Output:
+    """:func:`simulate`'s arguments that need no population, checked; its output options."""
     if not isinstance(dynamics, Dynamics):
         hint = (": to minimise an objective, call cbo_jax.minimize(objective, ...), or build the dynamics with "
                 "cbo_jax.cbo(objective, ...)") if callable(dynamics) else ""
@@ -233,22 +273,37 @@ def simulate(
         raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
     if num_steps > 2**31 - 1:  # the step counter is an int32: more steps never finish (and wrap around)
         raise ValueError(f"num_steps must be at most 2**31 - 1 (JAX counts steps in int32), got {num_steps!r}")
-    _checks.flags(progress=progress, record_consensus=record_consensus, tensorboard=tensorboard, overwrite=overwrite)
+    _checks.flags(record_consensus=record_consensus)
     if observe is not None and not callable(observe):
         raise TypeError(f"observe must be a function observe(state) -> dict, got {type(observe).__name__}")
-    if out is None:
-        unused = [f"{name}={value!r}" for name, value, default in (("tensorboard", tensorboard, False),
-                                                                   ("log_every", log_every, None),
-                                                                   ("overwrite", overwrite, False)) if value != default]
-        if unused:
-            raise ValueError(f"{', '.join(unused)} concern the files of out=DIRECTORY, and out is not given")
-    _refuse_tracers(x0=x0, key=key, initial_state=initial_state, params=params)
+    output = Output(out, overwrite=overwrite, tensorboard=tensorboard, progress=progress, log_every=log_every)
     _checks.positive_int("chunk_size", chunk_size)
-    if log_every is not None:
-        _checks.positive_int("log_every", log_every)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
-    grid, point = None, None
+    return output
+
+
+class _Plan(NamedTuple):
+    """What a :func:`simulate` call starts from: the population and keys as prepared (padded over a
+    mesh, one key per run), the sweep's grid (``None``: no sweep) or one point of numbers, and how
+    many leading vmapped axes (runs, the sweep's points) the state has."""
+
+    x0: Any
+    key: Any
+    grid: tuple | None
+    flat: Any
+    point: Any
+    levels: int
+    batched: bool
+    params: Any = None  # the swept numbers as Params (summary.json names them)
+    state: Any = None  # initial_state, placed on the mesh
+
+
+def _plan(dynamics, x0, key, *, num_runs, params, mesh, initial_state) -> _Plan:
+    """Check the population and the numbers on the host (nothing is compiled) and prepare them."""
+    grid, point, flat = None, None, None
+    config = dynamics.config
+    dtype = jnp.dtype(getattr(config, "dtype", "float32"))
     if initial_state is not None and (x0 is not None or key is not None):  # they were ignored
         raise ValueError("initial_state carries the population and its PRNG key: pass x0=None and key=None with it "
                          "(simulate(dynamics, None, None, num_steps, initial_state=state))")
@@ -258,36 +313,26 @@ def simulate(
         params = params_lib.as_params(params, dynamics)
         grid = params_lib.validate(params, dynamics)  # every entry, on the host, before tracing
         if grid == ():  # one point: no sweep axis, so the chunks are those of the dynamics' own numbers
-            point = params_lib.flatten(params, (), jnp.dtype(getattr(dynamics.config, "dtype", "float32")))
+            point = params_lib.flatten(params, (), dtype)
             point = jax.tree_util.tree_map(lambda v: v.reshape(()), point)
             grid = None
-    record = dynamics.record or _record_cbo
-    config = dynamics.config
+        else:
+            flat = params_lib.flatten(params, grid, dtype)
     if initial_state is None:
         key = _checks.as_key("key", key)
         _checks.single_key(key, "with num_runs=M, simulate splits the key into the M runs' keys itself (run r "
                                 "uses jax.random.split(key, M)[r])")
-        if dynamics.check is not None:
-            n = dynamics.check("x0", x0, num_runs)
-        else:
-            n = check_population("x0", x0, dynamics.objective, num_runs)
-        batch_size = getattr(config, "batch_size", None)
-        if batch_size is not None and n is not None and batch_size > n:
-            raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
-        chunk = getattr(config, "particle_chunk", None)
-        if chunk is not None and n is not None and n % chunk:
-            raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
-        if chunk is not None and mesh is not None:
-            raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
+        _check_population(dynamics, x0, num_runs, mesh)
     _checks.x64_for(config)
     batched = num_runs is not None
-    swept = grid is not None
-    levels = int(batched) + int(swept)
+    levels = int(batched) + int(grid is not None)
     if initial_state is not None:
         levels = _state_levels(initial_state, num_runs)
         _check_state_fits(dynamics, initial_state, levels)
-    t0 = time.perf_counter()
-    if mesh is not None and initial_state is None:
+        if mesh is not None:
+            initial_state = _shard_state(initial_state, mesh, levels)
+        return _Plan(None, None, None, None, None, levels, batched, state=initial_state)
+    if mesh is not None:
         from cbo_jax.sharding import prepare_population
 
         unsafe = "max_abs clipping turns the NaN padding agents into real ones" if getattr(
@@ -295,94 +340,84 @@ def simulate(
         if getattr(config, "batch_size", None) is not None:
             unsafe = "random batches would be drawn over the padding agents too"
         x0, _ = prepare_population(x0, mesh, axis=1 if batched else 0, forbid_padding=unsafe)
-    if mesh is not None and initial_state is not None:
-        initial_state = _shard_state(initial_state, mesh, levels)
-    if num_runs is not None and initial_state is None:  # batched
+    if num_runs is not None:
         key = jax.random.split(cast(jax.Array, key), num_runs)  # a key since as_key above
-    # The library's dynamics enter config.rng's layout in init/step themselves; this context also
-    # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
-    # With out, summary.json names the code of the run's start (the git state read now), not of its end.
-    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
-        if initial_state is not None:
-            state = jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, initial_state)
-        elif grid is not None:  # swept: one flattened sweep axis
-            flat = params_lib.flatten(params, grid, jnp.dtype(getattr(config, "dtype", "float32")))
-            state = _init_sweep(x0, key, flat, init=dynamics.init, batched=batched)
-        elif point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
-            state = _init_point(x0, key, point, init=dynamics.init, batched=batched)
-        else:
-            state = _init(x0, key, init=dynamics.init, batched=batched)
-        if initial_state is None:
-            _check_some_energy_finite(state, levels)
-        chunks: list[dict] = []
-        done = 0
-        bar = _progress_bar(num_steps, desc) if progress else None
-        writer, guard = None, None
-        if out is not None and jax.process_index() == 0:  # one writer in a multi-process run
-            from cbo_jax.runtime.results import ResultsDir
-            from cbo_jax.runtime.writer import MetricsWriter
+    return _Plan(x0, key, grid, flat, point, levels, batched, params)
 
-            owned = ("metrics.jsonl", "summary.json", "events.out.tfevents.*")
-            guard = ResultsDir(out, overwrite=overwrite, owned=owned, resumable=False).__enter__()
-            writer = MetricsWriter(out, tensorboard=tensorboard, step_key="step")
-            stride = log_every or max(1, num_steps // 1000)
-        # A stopped run is frozen (its step count too), so once every run has stopped, the steps
-        # taken are the largest step count gained; the chunk's rows after that are dropped.
-        # (Dynamics of the user's without a step count still stop early; their chunks are not trimmed.)
-        early = bool(getattr(config, "early_stop", False))
-        stops = early and hasattr(state, "step")
-        start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
-        try:
-            while done < num_steps:
-                length = min(chunk_size, num_steps - done)
-                state, rec = _run_chunk(
-                    state, step=dynamics.step, record=record, observe=observe, length=length, batched=levels,
-                    with_consensus=record_consensus,
-                )
-                stopped = early and not bool(jnp.any(state.active))
-                if stopped and stops:
-                    taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
-                    length = min(length, max(0, taken - done))
-                    rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
-                chunks.append(rec)
-                if writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
-                    _write_rows(writer, rec, done, stride, final=stopped or done + length >= num_steps,
-                                grid=grid)
-                done += length
-                if bar is not None:
-                    # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
-                    jax.block_until_ready(state)
-                    best = {"best": f"{float(jnp.min(state.best_energy)):.4g}"} if hasattr(state, "best_energy") else None
-                    advance(bar, length, best)
-                if stopped:
-                    break
-            if writer is not None and out is not None:
-                _write_summary(Path(out), state, done, time.perf_counter() - t0, grid,
-                               run={"num_steps": num_steps, "num_runs": num_runs, "config": config,
-                                    "params": params, "initial_state": initial_state is not None})
-        finally:
-            if bar is not None:
-                bar.close()
-            if writer is not None:
-                writer.close()
-            if guard is not None:
-                guard.__exit__()
-        jax.block_until_ready(state)
-        if not chunks:  # num_steps=0: the history's arrays with no rows (shapes only, nothing is run)
-            _, spec = jax.eval_shape(functools.partial(
-                _run_chunk, step=dynamics.step, record=record, observe=observe, length=0, batched=levels,
-                with_consensus=record_consensus), state)
-            chunks.append(jax.tree_util.tree_map(lambda v: np.zeros(v.shape, v.dtype), spec))
-    # An entry may be a pytree (the consensus of a pytree population, an observe() dict): leaf by leaf.
-    history = {k: jax.tree_util.tree_map(lambda *rows: np.concatenate([np.asarray(r) for r in rows]),
-                                         *[c[k] for c in chunks]) for k in chunks[0]}
-    if done:
-        _warn_if_consensus_lost(state, history, levels)
-    if grid is not None:  # swept: the flattened sweep axis back to the grid's axes
-        state = jax.tree_util.tree_map(lambda v: v.reshape(grid + v.shape[1:]), state)
-        history = {k: jax.tree_util.tree_map(lambda v: v.reshape(v.shape[:1] + grid + v.shape[2:]), h)
-                   for k, h in history.items()}
-    return SimulationResult(state=state, history=history, steps=done, seconds=time.perf_counter() - t0)
+
+def _check_population(dynamics, x0, num_runs, mesh) -> None:
+    """The dynamics' host checks of ``x0``, and what the config asks of its ``N``."""
+    config = dynamics.config
+    if dynamics.check is not None:
+        n = dynamics.check("x0", x0, num_runs)
+    else:
+        n = check_population("x0", x0, dynamics.objective, num_runs)
+    batch_size = getattr(config, "batch_size", None)
+    if batch_size is not None and n is not None and batch_size > n:
+        raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
+    chunk = getattr(config, "particle_chunk", None)
+    if chunk is not None and n is not None and n % chunk:
+        raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
+    if chunk is not None and mesh is not None:
+        raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
+
+
+def _initial_state(dynamics, plan: _Plan, initial_state):
+    """The state of step 0: a copy of ``initial_state`` (the run donates its buffers), or ``init``'s."""
+    if initial_state is not None:
+        return jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, plan.state)
+    if plan.grid is not None:  # swept: one flattened sweep axis
+        state = _init_sweep(plan.x0, plan.key, plan.flat, init=dynamics.init, batched=plan.batched)
+    elif plan.point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
+        state = _init_point(plan.x0, plan.key, plan.point, init=dynamics.init, batched=plan.batched)
+    else:
+        state = _init(plan.x0, plan.key, init=dynamics.init, batched=plan.batched)
+    _check_some_energy_finite(state, plan.levels)
+    return state
+
+
+def _steps(state, run_chunk, num_steps: int, chunk_size: int, output: Output, grid, desc: str, *, early: bool,
+           summary: Callable[[Any, int], dict]):
+    """The chunks of steps (:func:`cbo_jax.runtime.driver.drive`): ``(state, steps taken, records)``.
+
+    A stopped run is frozen (its step count too), so once every run has stopped, the steps taken
+    are the largest step count gained, and the chunk's rows after that are dropped (dynamics of
+    one's own without a step count still stop early; their chunks are not trimmed)."""
+    chunks: list[dict] = []
+    stops = early and hasattr(state, "step")
+    start = jnp.array(state.step, copy=True) if stops else None  # a copy: the state is donated
+    stride = output.log_every or max(1, num_steps // 1000)
+    with RunFiles() as files:
+        if output.progress:
+            files.open_bar(num_steps, desc=desc, unit="step")
+        if output.directory is not None and jax.process_index() == 0:  # one writer in a multi-process run
+            files.hold(output.directory, overwrite=output.overwrite,
+                       owned=("metrics.jsonl", "summary.json", "events.out.tfevents.*"), resumable=False)
+            files.open_writer(output.directory, tensorboard=output.tensorboard, step_key="step")
+
+        def at_stop(state, done, end, records):
+            (length, rec), = records
+            stopped = early and not bool(jnp.any(state.active))
+            if stopped and stops:
+                taken = int(jnp.max(state.step - start))  # on device: a sharded state may span hosts
+                length = min(length, max(0, taken - done))
+                rec = jax.tree_util.tree_map(lambda v, n=length: v[:n], rec)
+            chunks.append(rec)
+            if files.writer is not None:  # the run's last row too (a stop, or num_steps not a multiple of the stride)
+                _write_rows(files.writer, rec, done, stride, final=stopped or done + length >= num_steps, grid=grid)
+            if files.bar is not None:
+                # Dispatch is asynchronous: wait for the chunk, so the bar shows steps done, not queued.
+                jax.block_until_ready(state)
+                best = {"best": f"{float(jnp.min(state.best_energy)):.4g}"} if hasattr(state, "best_energy") else None
+                advance(files.bar, length, best)
+            return state, done + length, stopped
+
+        state, done = drive(state, 0, num_steps, next_stop=lambda done: min(num_steps, done + chunk_size),
+                            length=lambda done, stop: stop - done,
+                            scan=lambda state, done, n: run_chunk(state, length=n), at_stop=at_stop)
+        if files.writer is not None:
+            _write_summary(output.directory, state, grid, summary(state, done))
+    return state, done, chunks
 
 
 def _check_some_energy_finite(state, levels: int) -> None:
@@ -446,15 +481,14 @@ def _warn_if_consensus_lost(state, history: dict, levels: int) -> None:
                   "max_abs= to clip them)", RuntimeWarning, stacklevel=3)
 
 
-def _write_summary(out: Path, state, steps: int, seconds: float, grid, run: dict) -> None:
+def _write_summary(out: Path, state, grid, run: dict) -> None:
     """``out/summary.json`` of a finished :func:`simulate` run: the steps taken, the wall time,
     the best energy found (overall, and per run / grid point where there are several), what
     ran (the dynamics' config, the swept ``params`` by name with the grid's shape, ``num_runs``,
-    ``num_steps``) and the environment (:func:`cbo_jax.writer.write_summary`)."""
-    from cbo_jax import params as params_lib
+    ``num_steps``) and the environment (:func:`cbo_jax.runtime.writer.write_summary`)."""
     from cbo_jax.runtime.writer import describe, write_summary
 
-    summary: dict[str, Any] = {"steps": int(steps), "seconds": round(seconds, 3),
+    summary: dict[str, Any] = {"steps": int(run["steps"]), "seconds": round(run["seconds"], 3),
                                "num_steps": int(run["num_steps"]), "num_runs": run["num_runs"],
                                "config": describe(run["config"])}
     if run["initial_state"]:
@@ -503,336 +537,3 @@ def _write_rows(writer, rec: dict, done: int, stride: int, final: bool = False, 
         if step % stride == 0 or step == 1 or (final and i == length - 1):  # an entry may be a pytree
             writer.write({"step": step, **{k: jax.tree_util.tree_map(lambda a, i=i: np.asarray(a[i]), v)
                                             for k, v in rec.items()}})
-
-
-def _shard_state(state, mesh, levels: int):
-    """``state`` with its agent axis (the first axis from ``levels`` on of the particles' length
-    ``N``) split over ``mesh`` and every other leaf replicated: a placement, not a change."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from cbo_jax.sharding import agent_sharding
-
-    x = getattr(state, "x", None)
-    leaves = jax.tree_util.tree_leaves(x)
-    if not leaves or np.ndim(leaves[0]) <= levels:
-        raise ValueError("mesh with initial_state needs a state with particles x (an agent axis to shard)")
-    n = int(np.shape(leaves[0])[levels])
-    if n % mesh.size:
-        raise ValueError(f"initial_state has N={n} agents, not a multiple of the mesh's {mesh.size} devices: continue "
-                         "it without mesh, or continue a state of a sharded run (its N includes the padding)")
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def put(v):
-        if not isinstance(v, (jax.Array, np.ndarray)):
-            return v
-        axis = next((a for a in range(levels, v.ndim) if v.shape[a] == n), None)
-        return jax.device_put(v, replicated if axis is None else agent_sharding(mesh, v.ndim, axis))
-
-    return jax.tree_util.tree_map(put, state)
-
-
-def _state_levels(state, num_runs) -> int:
-    """Leading vmapped axes of a state to continue: a sweep's grid axes and the run axis."""
-    step = getattr(state, "step", None)
-    if step is None:
-        return int(num_runs is not None)
-    shape = np.shape(step)
-    if num_runs is not None and (not shape or shape[-1] != num_runs):
-        runs = f"{shape[-1]} runs on its run axis" if shape else "no run axis"
-        raise ValueError(f"initial_state has {runs}, but num_runs={num_runs}: pass the num_runs it was made with "
-                         "(None for a state of one run)")
-    return len(shape)
-
-
-def _describe(value: Any) -> str:
-    """A short name for a state field's value in an error message."""
-    if value is None:
-        return "None"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        kind = "key" if jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key) else np.dtype(value.dtype).name
-        return f"an array {kind}{tuple(value.shape)}"
-    return f"a {type(value).__name__}"
-
-
-def _same_structure(a: Any, b: Any) -> bool:
-    treedef: Any = jax.tree_util.tree_structure(a)  # Any: the PyTreeDef stub declares no __eq__
-    return bool(treedef == jax.tree_util.tree_structure(b))
-
-
-def _differences(got: Any, want: Any, path: str) -> list[str]:
-    """Where two states' tree structures differ, field by field (named tuples are descended)."""
-    if _same_structure(got, want):
-        return []
-    fields = getattr(want, "_fields", None)
-    if fields and type(got) is type(want):
-        return [d for f in fields for d in _differences(getattr(got, f), getattr(want, f), f"{path}.{f}")]
-    return [f"its {path or 'state'} is {_describe(got)} where these dynamics have {_describe(want)}"]
-
-
-def _check_state_fits(dynamics: Dynamics, state: Any, levels: int) -> None:
-    """Refuse an ``initial_state`` made by another dynamics or configuration, before compiling.
-
-    The state ``dynamics.init`` would make from the state's own particles and key (its
-    shapes only: :func:`jax.eval_shape`, nothing is compiled or run) must have the same
-    type, fields and tree structure as ``state`` (less its ``levels`` leading run and grid
-    axes). A CBOMemory or PSO state given to plain CBO, or a plain CBO state given to PSO,
-    used to fail deep inside the step (an ``AttributeError``) or, worse, to run.
-    """
-    x, key = getattr(state, "x", None), getattr(state, "key", None)
-    if x is None or key is None or not hasattr(key, "shape"):
-        return  # not a particle state this check knows how to re-initialise
-
-    def spec(v):
-        return jax.ShapeDtypeStruct(np.shape(v)[levels:], v.dtype) if hasattr(v, "dtype") else v
-
-    x0: Any = jax.tree_util.tree_map(spec, x)
-    firsts = [x0]  # what init takes: the particles, or a clustered state's Particles
-    fields = ("label", "malicious", "pid")
-    if all(hasattr(state, f) for f in fields):
-        from cbo_jax.dynamics.clustered import Particles
-
-        firsts.insert(0, Particles(x0, *(jax.tree_util.tree_map(spec, getattr(state, f)) for f in fields)))
-    like = None
-    for first in firsts:
-        try:
-            like = jax.eval_shape(dynamics.init, first, spec(key))
-            break
-        except Exception:  # noqa: BLE001 - these particles do not suit init: try the next form
-            continue
-    if like is None:
-        return  # nothing init accepts: leave it to the step
-    if _same_structure(state, like):
-        return
-    name = type(getattr(dynamics, "config", None)).__name__
-    diff = "; ".join(_differences(state, like, "")).replace("its .", "its ")
-    raise ValueError(f"initial_state (a {type(state).__name__}) was made by other dynamics or another configuration "
-                     f"than these ({name}): "
-                     f"{diff}. Continue a state with the dynamics (same function and config) that made it, or start "
-                     "these dynamics from its particles: simulate(dynamics, state.x, key, ...)")
-
-
-def _progress_bar(total: int, desc: str):
-    return progress_bar(total, desc=desc, unit="step")
-
-
-def _typed(value: Any) -> Any:
-    """A hashable key for a configuration value that tells ``1`` from ``1.0`` and ``True``.
-
-    Dataclasses (configs, schedules) by their type and fields, recursively, a schedule
-    ``Chain`` by its rules; sequences and dicts item by item; anything else as
-    ``(type, value)`` (identity for objects without value equality). Unhashable leaves
-    (arrays) make :func:`hash` of the key fail.
-    """
-    import dataclasses
-
-    from cbo_jax.schedules import Chain
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return (type(value),) + tuple((f.name, _typed(getattr(value, f.name))) for f in dataclasses.fields(value))
-    if isinstance(value, Chain):
-        return (Chain,) + tuple(_typed(r) for r in value.rules)
-    if isinstance(value, (tuple, list)):
-        return (type(value),) + tuple(_typed(v) for v in value)
-    if isinstance(value, dict):
-        return (dict,) + tuple(sorted((k, _typed(v)) for k, v in value.items()))
-    return (type(value), value)
-
-
-def _structure(config) -> Any:
-    """The key of ``config`` less its traced numbers (:class:`cbo_jax.params.Params`): ``dt``, the
-    values of ``λ1, σ1, λ2, σ2`` (whether each is zero stays: a zero term is left out of the
-    compiled step) and the α schedule's numbers (its kind and static fields stay). Two configs
-    with one structure run the same compiled programs, their numbers passed as ``params``."""
-    import dataclasses
-
-    from cbo_jax import params as params_lib
-
-    def schedule(s):
-        numbers = getattr(s.params(), "_fields", ()) if hasattr(s, "params") else ()
-        if not numbers or not dataclasses.is_dataclass(s):
-            return _typed(s)
-        return (type(s),) + tuple((f.name, _typed(getattr(s, f.name))) for f in dataclasses.fields(s)
-                                  if f.name not in numbers)
-
-    extra = getattr(config.extra_params(), "_fields", ()) if hasattr(config, "extra_params") else ()
-    items: list[Any] = [type(config)]
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.name == "dt" or f.name in extra:
-            continue
-        if f.name in params_lib.SDE_FIELDS:
-            items.append((f.name, value == 0))
-        elif f.name == "alpha":
-            items.append((f.name, schedule(value)))
-        else:
-            items.append((f.name, _typed(value)))
-    return tuple(items)
-
-
-# minimize's dynamics by (objective, the config's structure): calls that differ only in their numbers
-# (λ1, σ1, λ2, σ2, dt, the α schedule's) reuse one Dynamics and pass their numbers as params=, so
-# simulate's jitted programs (keyed on the step function and the state's shapes) compile once.
-# Oldest entry out after 8.
-_MINIMIZE_DYNAMICS: collections.OrderedDict = collections.OrderedDict()
-_MINIMIZE_CACHE_SIZE = 8
-_MINIMIZE_LOCK = threading.Lock()
-
-
-def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> tuple[Dynamics, Any]:
-    """The dynamics for ``objective`` with ``config`` updated by ``cfg_kw``, and the numbers to run
-    them with (a :class:`cbo_jax.params.Params` point, or ``None`` when built for this call)."""
-    import dataclasses
-
-    from cbo_jax import params as params_lib
-    from cbo_jax import population as pop
-    from cbo_jax.dynamics.cbo import cbo
-
-    # cfg_kw holds CBOConfig fields only (minimize split them off); the resolved config is the key: CBOConfig(alpha=30), alpha=30 and CBOConfig() + alpha=30 are one setting
-    config = dataclasses.replace(config, **cfg_kw) if config is not None else CBOConfig(**cfg_kw)
-
-    def build() -> Dynamics:
-        return cbo(pop.per_agent(objective) if lift else objective, config)
-
-    try:
-        key = (objective, lift, _structure(config))  # the objective by its own ``==`` (identity)
-        hash(key)
-    except TypeError:  # an unhashable objective or an array in the config: build afresh
-        return build(), None
-    numbers = params_lib.defaults(config)
-    with _MINIMIZE_LOCK:  # minimize may be called from several threads
-        if key in _MINIMIZE_DYNAMICS:
-            _MINIMIZE_DYNAMICS.move_to_end(key)
-            return _MINIMIZE_DYNAMICS[key], numbers
-    dyn = build()  # outside the lock: building may trace the objective
-    with _MINIMIZE_LOCK:
-        dyn = _MINIMIZE_DYNAMICS.setdefault(key, dyn)
-        while len(_MINIMIZE_DYNAMICS) > _MINIMIZE_CACHE_SIZE:
-            _MINIMIZE_DYNAMICS.popitem(last=False)
-    return dyn, numbers
-
-
-def _refuse_ambiguous_objective(objective, single) -> None:
-    """``objective`` maps ``single`` to ``(N,)`` *and* one particle to a scalar (an ``(N, d)``
-    population with ``N = d``, say): compare the two readings on random particles and refuse
-    when they differ. ``jnp.sum((x - 1) ** 2, axis=0)``, written for one particle, gave ``(N,)``
-    on an ``(N, N)`` population, and the run quietly minimised the sums of the columns."""
-    from cbo_jax import population as pop
-
-    leaves, tree = jax.tree_util.tree_flatten(single)
-    keys = jax.random.split(jax.random.key(20250601), len(leaves))
-    probe = jax.tree_util.tree_unflatten(
-        tree, [jax.random.normal(k, np.shape(leaf), jnp.float32) for k, leaf in zip(keys, leaves)])
-    try:
-        with jax.ensure_compile_time_eval():
-            as_population = np.asarray(objective(probe), np.float64)
-            row_by_row = np.asarray(jax.vmap(objective)(probe), np.float64)
-    except Exception:  # noqa: BLE001 - not evaluable eagerly: the population reading, as before
-        return
-    if np.allclose(as_population, row_by_row, rtol=1e-4, atol=1e-5, equal_nan=True):
-        return  # a row-wise function: both readings are the same function
-    n = pop.num_agents(single)
-    shapes = jax.tree_util.tree_map(np.shape, single)
-    raise ValueError(f"minimize cannot tell how to read the objective: on x0 ({shapes}) it returns shape ({n},) as a "
-                     "population objective (N, d) -> (N,), and a scalar for one particle, and the two readings give "
-                     "different energies. For a single-particle function pass cj.population.per_agent(objective); for "
-                     "a population objective, reduce over the particle's axes (axis=-1), not the particles' axis")
-
-
-_SIMULATE_OPTIONS = ("num_runs", "chunk_size", "progress", "record_consensus", "observe", "mesh", "initial_state",
-                     "desc", "params", "out", "log_every", "tensorboard", "overwrite")
-
-
-def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key: jax.Array | int = 0,
-             num_steps: int = 1000, config: CBOConfig | None = None, *, dim: int | None = None,
-             num_particles: int = 100, init_bounds: tuple[float, float] = (-3.0, 3.0),
-             **kwargs: Any) -> SimulationResult:
-    """Minimise ``objective`` with CBO: build :func:`cbo_jax.cbo` dynamics and :func:`simulate` them.
-
-    ``cj.minimize(f, dim=d, key=0)`` is enough: without ``x0``, the initial population is
-    ``num_particles`` (default 100) particles drawn uniformly from ``init_bounds``
-    (default ``[-3, 3]``) in every coordinate of ``R^dim`` (with ``num_runs=M``, ``M`` such
-    populations), from the first half of ``jax.random.split(key)``; the run uses the
-    second half. With ``x0`` given, ``key`` drives the run directly.
-
-    Args:
-      objective: a population objective ``(N, d) -> (N,)`` (every function of
-        :mod:`cbo_jax.objectives`), or a single-particle one ``(d,) -> ()``, which is
-        lifted with :func:`cbo_jax.population.per_agent` (detected from the shapes on
-        the host before anything runs; where both readings fit the shapes, as with
-        ``N = d``, they are compared on random particles, and a disagreement is an error).
-      x0: initial population ``(N, d)`` (or ``(M, N, d)`` with ``num_runs``, or a stacked
-        pytree); ``None`` draws the default one above (needs ``dim``).
-      key: PRNG key or integer seed (default ``0``).
-      num_steps: steps of Euler–Maruyama (default 1000).
-      config: a :class:`~cbo_jax.CBOConfig`.
-      kwargs: :class:`~cbo_jax.CBOConfig` fields (override ``config``) and
-        :func:`simulate` options; any other keyword is an error that lists the valid ones.
-
-    The best particle is ``result.state.best_x``. A call with the same ``objective`` object
-    and the same structure of settings as one of the last eight reuses its dynamics and
-    compiled programs, so a loop of calls over seeds, ``x0`` or the numbers ``lambda1``,
-    ``sigma1``, ``lambda2``, ``sigma2``, ``dt`` and the α schedule's (a constant ``alpha``,
-    or a :class:`~cbo_jax.schedules.Multiplicative`'s ``alpha0``, ``factor``, ``alpha_max``)
-    compiles once. Any other setting (the noise, the dtype, the kind of α schedule, a zero
-    ``sigma1``, ``lambda2`` or ``sigma2``, ``energy_tol``, ``max_abs``, the population's shape)
-    compiles anew. For a sweep in one program see :func:`simulate` with ``num_runs`` or
-    ``params``. As with :func:`jax.jit`, the objective is taken to be a pure
-    function: a global or an attribute it reads, changed between two calls with the same
-    function object, is not seen by the second (pass a new function, or put the value in
-    the objective's fields, e.g. ``Rastrigin(shift=b)``).
-    """
-    import dataclasses
-
-    from cbo_jax import population as pop
-    from cbo_jax.dynamics.cbo import CBOConfig, looks_single_particle
-
-    fields = [f.name for f in dataclasses.fields(CBOConfig)]
-    own = ["x0", "key", "num_steps", "config", "dim", "num_particles", "init_bounds"]
-    _checks.known_keywords("minimize", kwargs, own + fields + list(_SIMULATE_OPTIONS))
-    cfg_kw = {k: v for k, v in kwargs.items() if k in fields}
-    sim_kw = {k: v for k, v in kwargs.items() if k not in fields}
-    _checks.config_with("minimize", CBOConfig, config, {})  # a CBOConfig (a dict is refused, naming the fix)
-    key = _checks.as_key("key", key)
-    num_runs = sim_kw.get("num_runs")
-    if x0 is None:
-        if dim is None:
-            raise ValueError("minimize needs an initial population x0 or the dimension dim=d (for the default "
-                             f"population of num_particles={num_particles} uniform in {tuple(init_bounds)}^d)")
-        _checks.positive_int("dim", dim)
-        _checks.positive_int("num_particles", num_particles, int32=False)
-        dtype = cfg_kw.get("dtype", config.dtype if config is not None else "float32")  # a keyword overrides config
-        if isinstance(init_bounds, (str, bytes)) or not hasattr(init_bounds, "__len__") or len(init_bounds) != 2:
-            raise ValueError(f"init_bounds must be a pair (low, high), got {init_bounds!r}")
-        low, high = (_checks.finite_number("init_bounds", b, f32=dtype != "float64") for b in init_bounds)
-        if not low < high:
-            raise ValueError(f"init_bounds must be (low, high) with low < high, got {tuple(init_bounds)}")
-        k_init, key = jax.random.split(key)
-        shape = (num_particles, dim) if num_runs is None else (num_runs, num_particles, dim)
-        # else simulate explains what is missing; the flag is not in jax's Config stub (narrow ignore)
-        wide = dtype == "float64" and jax.config.jax_enable_x64  # type: ignore[attr-defined]
-        x0 = jax.random.uniform(k_init, shape, jnp.float64 if wide else jnp.float32, low, high)
-    elif dim is not None:
-        if isinstance(x0, (np.ndarray, jax.Array)):
-            if np.shape(x0)[-1:] != (dim,):
-                raise ValueError(f"dim={dim} does not match x0's last axis (x0 has shape {np.shape(x0)})")
-        else:  # a pytree population: dim counts the numbers of one particle, over every leaf
-            lead = 1 if num_runs is None else 2
-            size = sum(math.prod(np.shape(leaf)[lead:]) for leaf in jax.tree_util.tree_leaves(x0))
-            if size != dim:
-                raise ValueError(f"dim={dim} does not match x0, a pytree population of {size} numbers per particle "
-                                 "(dim is only needed without x0)")
-    single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
-    try:
-        out = jax.eval_shape(objective, jax.tree_util.tree_map(
-            lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
-        batched_ok = tuple(out.shape) == (pop.num_agents(single),)
-    except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
-        batched_ok = False
-    single_ok = looks_single_particle(objective, single)
-    if batched_ok and single_ok:  # both readings fit the shapes (N = d): they must agree
-        _refuse_ambiguous_objective(objective, single)
-    lift = not batched_ok and single_ok
-    dynamics, numbers = _minimize_dynamics(objective, lift, config, cfg_kw)
-    if numbers is not None and sim_kw.get("params") is None and sim_kw.get("initial_state") is None:
-        sim_kw["params"] = numbers  # this call's numbers, traced: the dynamics may be another call's
-    return simulate(dynamics, x0, key, num_steps, **sim_kw)

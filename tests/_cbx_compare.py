@@ -3,7 +3,7 @@
 A test helper, not in the wheel: used by ``tests/test_cbx_family.py``,
 ``tests/test_mutation_family.py`` and ``benchmarks/cbx_family.py`` (needs ``cbx``, the
 test extra). A cbo_jax dynamic draws every standard normal through
-:func:`cbo_jax.dynamics.core.draw_normal`; :func:`record` runs it once un-jitted with
+:func:`cbo_jax.sde.draw_normal`; :func:`record` runs it once un-jitted with
 that function wrapped, so the draws come out in the order the step makes them. CBXpy
 1.0.4 draws through its ``sampler`` (the noise models and the resampling), through
 NumPy's global generator (DriftConstrainedCBO's independent noise) and through its own
@@ -30,6 +30,7 @@ import numpy as np
 import cbo_jax as cj
 from cbo_jax import constraints as cons
 from cbo_jax import objectives, schedules
+from cbo_jax import sde
 from cbo_jax.dynamics import core
 
 __all__ = ["Case", "CASES", "record", "cbx_run", "compare", "Recorded"]
@@ -48,7 +49,7 @@ class Recorded(NamedTuple):
 def _recording(draws: list):
     """Wrap the family's draw function so that every draw is also handed to the host, in
     program order (``jax.debug.callback(ordered=True)``): a jitted run records itself."""
-    real = core.draw_normal
+    real = sde.draw_normal
 
     def wrapped(key, tree, ids, rng):
         out = real(key, tree, ids, rng)
@@ -60,11 +61,11 @@ def _recording(draws: list):
             np.shape(b)[:out.ndim])), bits, ordered=True)
         return out
 
-    core.draw_normal = wrapped
+    sde.draw_normal = wrapped
     try:
         yield
     finally:
-        core.draw_normal = real
+        sde.draw_normal = real
 
 
 def _observe(state):

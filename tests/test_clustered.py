@@ -203,7 +203,7 @@ def test_cb2o_consensus_matches_numpy_quantile_reference():
 
 @pytest.mark.parametrize("rng", ["fast", "per-particle"])
 def test_noise_draw_is_a_kernel_of_its_own_on_cpu(rng):
-    """The clustered step keeps the draw's conditional (sde.written_out): fused into the
+    """The clustered step keeps the draw's conditional (_xla_cpu.written_out): fused into the
     gather-and-update, the per-particle draw made the step 1.7x slower on XLA:CPU."""
     if jax.default_backend() != "cpu":
         pytest.skip("the boundary is only placed on XLA:CPU")

@@ -45,7 +45,7 @@ def _optimize_defaults() -> argparse.Namespace:
 
 def test_the_particle_table_is_the_code():
     import cbo_jax as cj
-    from cbo_jax.simulate import minimize
+    from cbo_jax.minimize import minimize
 
     rows = _tables()["particle run"]
     cfg = cj.CBOConfig()

@@ -407,7 +407,9 @@ def test_progress_bar_counts_finished_steps_not_dispatched_ones(monkeypatch):
         current["state"], rec = run_chunk(state, **kw)
         return current["state"], rec
 
-    monkeypatch.setattr(sim, "_progress_bar", lambda total, desc: Bar())
+    from cbo_jax.runtime import progress
+
+    monkeypatch.setattr(progress, "progress_bar", lambda total, **kw: Bar())
     monkeypatch.setattr(sim, "_run_chunk", spy)
     dyn = cj.cbo(objectives.Rastrigin(), cj.CBOConfig(sigma1=1.0, dt=0.01, alpha=30.0))
     x0 = jax.random.uniform(jax.random.key(0), (2000, 20), minval=-3, maxval=3)

@@ -57,7 +57,7 @@ def test_minimize_called_again_compiles_nothing_and_equals_a_fresh_build(monkeyp
     loop of minimize calls compiles once; the results are those of dynamics built anew."""
     import importlib
 
-    sim = importlib.import_module("cbo_jax.simulate")  # the module (cbo_jax.simulate is also the function)
+    sim = importlib.import_module("cbo_jax.minimize")  # the module (cbo_jax.minimize is also the function)
 
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -200,7 +200,7 @@ def test_minimize_keys_on_the_resolved_config():
     one dynamics: each spelling compiled the run again."""
     import importlib
 
-    sim = importlib.import_module("cbo_jax.simulate")
+    sim = importlib.import_module("cbo_jax.minimize")
     f = objectives.Sphere()
     with pytest.MonkeyPatch.context() as m:
         ran, numbers = [], []
@@ -223,7 +223,7 @@ def test_minimize_with_an_equal_chain_schedule_compiles_once():
 
     from cbo_jax import schedules as sch
 
-    sim = importlib.import_module("cbo_jax.simulate")
+    sim = importlib.import_module("cbo_jax.minimize")
     f = objectives.Sphere()
     make = lambda: dict(alpha=sch.Chain(sch.Constant(1.0), sch.Multiply(1.05, maximum=1e3)),  # noqa: E731
                         schedule={"sigma1": sch.Chain(sch.Multiply(0.99), sch.Multiply(1.0, minimum=0.1))})

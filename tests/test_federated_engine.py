@@ -483,13 +483,13 @@ def test_a_model_hashed_under_another_jax_is_compared_without_its_hash(tmp_path,
     recorded under another JAX version is resumed and read back as finished, with a warning
     that its traced computation was not compared (under the same version, it is: the test
     above)."""
-    from cbo_jax.federated import runner
+    from cbo_jax.federated import _records, runner
 
     data, alg = _tiny_local_run(0)
     kw = dict(progress=False, plots=False, checkpoint_every=1)
     fl.run(alg, data, 2, jax.random.key(0), out=tmp_path / "r", **kw)
     monkeypatch.setattr(jax, "__version__", "99.0.0")
-    monkeypatch.setattr(runner, "_apply_hash", lambda *a: "printed-otherwise")
+    monkeypatch.setattr(_records, "_apply_hash", lambda *a: "printed-otherwise")
     with pytest.warns(UserWarning, match="traced computation is not"):
         assert runner.finished(tmp_path / "r", alg, data, 2, jax.random.key(0)) is not None
     with pytest.warns(UserWarning, match=r"recorded its model under JAX .* this is JAX 99\.0\.0"):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cbo_jax import sde
+from cbo_jax import _xla_cpu, sde
 
 from _stack import enable_x64
 
@@ -154,13 +154,13 @@ def test_draw_is_a_kernel_of_its_own_on_cpu():
     hlo_runs = jax.jit(jax.vmap(step)).lower(keys, jnp.ones((3, 64, 8), jnp.float32)).compile().as_text()
     assert " conditional(" in hlo_runs
     # the switch really removes it (the comparison above is about the boundary, not the jit)
-    old = sde._WRITE_OUT_ON_CPU
-    sde._WRITE_OUT_ON_CPU = False
+    old = _xla_cpu._WRITE_OUT_ON_CPU
+    _xla_cpu._WRITE_OUT_ON_CPU = False
     try:
         hlo_off = jax.jit(lambda k, x: step(k, x)).lower(jax.random.key(0), jnp.ones((64, 8), jnp.float32))
         assert " conditional(" not in hlo_off.compile().as_text()
     finally:
-        sde._WRITE_OUT_ON_CPU = old
+        _xla_cpu._WRITE_OUT_ON_CPU = old
 
 
 def test_written_out_is_differentiable_as_the_identity():
@@ -168,7 +168,7 @@ def test_written_out_is_differentiable_as_the_identity():
     x = jnp.arange(6.0, dtype=jnp.float32).reshape(3, 2)
 
     def f(x):
-        return jnp.sum(sde.written_out(x * x, key))
+        return jnp.sum(_xla_cpu.written_out(x * x, key))
 
     np.testing.assert_array_equal(jax.grad(f)(x), 2 * x)
     np.testing.assert_array_equal(jax.jit(jax.vmap(jax.grad(f)))(jnp.stack([x, -x])), jnp.stack([2 * x, -2 * x]))
@@ -177,7 +177,7 @@ def test_written_out_is_differentiable_as_the_identity():
 
 
 def test_a_constrained_step_is_differentiable_in_the_positions():
-    """reg_combination_cbo writes its solve out (sde.written_out): gradients still flow through it."""
+    """reg_combination_cbo writes its solve out (_xla_cpu.written_out): gradients still flow through it."""
     import cbo_jax as cj
 
     x0 = np.random.default_rng(0).uniform(-1, 1, (16, 3)).astype(np.float32)

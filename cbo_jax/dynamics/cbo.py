@@ -19,22 +19,24 @@ once at the new particles (and the best-so-far tracker updated with it).
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
+from cbo_jax import sde
 from cbo_jax.consensus import streaming_consensus_point
 from cbo_jax.dynamics import core
-from cbo_jax.dynamics.core import FamilyConfig
+from cbo_jax.dynamics.base import CBOState, Dynamics, FamilyConfig
+from cbo_jax.dynamics.checks import check_objective, check_population, looks_single_particle
 
 PyTree = Any
 
-__all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo", "cbo_kernel"]
+# CBOState, Dynamics and the host checks live in base and checks; named here as before
+__all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo", "cbo_kernel", "check_population", "check_objective",
+           "looks_single_particle"]
 
 RNG_MODES = core.RNG_MODES
 
@@ -101,80 +103,6 @@ class CBOConfig(FamilyConfig):
                                  "correction or resampling (they need the whole population at once)")
 
 
-class CBOState(NamedTuple):
-    """State of one run of any CBX-family dynamic (vmapped runs carry a leading run axis on every field).
-
-    Attributes:
-      x: particles, a population with ``N`` agents.
-      energy: ``(N,)`` energies ``L(x_i)`` of the current particles (CBOMemory and PSO:
-        of their memory points).
-      grad: ``∇L(x_i)`` (same structure as ``x``) when gradient terms are on, else ``None``.
-      consensus: the consensus point used by the last step (at ``init``: that of ``x0``).
-      alpha: α for the next step.
-      key: PRNG key for the next step.
-      step: number of steps taken (frozen runs stop counting).
-      best_x: best particle seen so far.
-      best_energy: its energy.
-      active: ``False`` once an early-stop criterion fired; the state is then frozen.
-      params: the numbers of this run (:class:`cbo_jax.params.Params`: λ1, σ1, λ2, σ2, dt
-        and the α schedule's numbers), traced, so runs with different numbers vmap.
-      batch: the random batch method's :class:`cbo_jax.batching.BatchState`, or ``None``.
-      in_batch: ``(N,)`` mask of the batch the last step used (all ``True`` at ``init``),
-        or ``None`` without batches.
-      aux: what a dynamic keeps besides the particles (CBOMemory's memory points, PSO's
-        velocities, AdamCBO's moments, MirrorCBO's dual variable), or ``None``.
-      evals: int32 number of objective evaluations so far, held at ``2**31 - 1`` once it
-        gets there (see :mod:`cbo_jax.dynamics.core` for how it relates to CBXpy's
-        ``num_f_eval``).
-      ctrl: the control machinery's counters (:class:`cbo_jax.dynamics.core.Ctrl`).
-    """
-
-    x: PyTree
-    energy: jax.Array
-    grad: PyTree | None
-    consensus: PyTree
-    alpha: jax.Array
-    key: jax.Array
-    step: jax.Array
-    best_x: PyTree
-    best_energy: jax.Array
-    active: jax.Array
-    params: Any = None
-    batch: Any = None
-    in_batch: Any = None
-    aux: Any = None
-    evals: Any = None
-    ctrl: Any = None
-
-
-class Dynamics(NamedTuple):
-    """A particle system as a pure pair plus what built it.
-
-    ``init(x0, key) -> state`` and ``step(state) -> state`` for a single run; both are
-    jittable and vmappable. The built-in systems also take ``init(x0, key, params)``
-    with a :class:`cbo_jax.params.Params` (the numbers, traced; default: the config's). ``objective`` maps a population to ``(N,)`` energies.
-    ``check(name, x0, num_runs) -> N`` validates an initial population on the host
-    before compilation (default :func:`check_population` with ``objective``), and
-    ``record(state) -> dict`` gives the per-step history :func:`cbo_jax.simulate`
-    keeps (default: best/min energy, α, active flag of a :class:`CBOState`).
-    ``drive(state, m) -> state``, where given, is one step toward a given consensus
-    point ``m`` instead of the particles' own, with the same noise as ``step``: the
-    mean-field copies of :func:`cbo_jax.meanfield.coupling` (FedCBO JMLR eq. (50)).
-    """
-
-    init: Callable[[PyTree, jax.Array], Any]
-    step: Callable[[Any], Any]
-    config: Any
-    objective: Callable[[PyTree], jax.Array]
-    check: Callable[..., int] | None = None
-    record: Callable[[Any], dict] | None = None
-    drive: Callable[[Any, PyTree], Any] | None = None
-
-    def __repr__(self) -> str:  # what built it; not its functions' addresses
-        objective = getattr(self.objective, "__qualname__", None) or repr(self.objective)
-        return f"Dynamics(objective={objective}, config={self.config!r})"
-
-
 def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides: Any) -> Dynamics:
     """Build the CBO dynamics for ``objective``.
 
@@ -214,35 +142,15 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
     evaluate = core.energy_evaluator(objective, config.uses_gradient)
 
     def update(x, grad, u, prm, key, noise, normal):
-        """FedCBO eq. (15) for the rows ``x`` with the drift ``u``."""
-        lambda1, sigma1, dt = prm.lambda1, strength(prm, "sigma1"), prm.dt
-        key_c, key_g = jax.random.split(key)
-        if noise_off or (isinstance(sigma1, float) and sigma1 == 0):
-            new = jax.tree_util.tree_map(lambda xi, ui: xi - (lambda1 * dt) * ui, x, u)
-        else:
-            scale, dz = noise(key_c, u)
-            new = jax.tree_util.tree_map(lambda xi, ui, di: xi - (lambda1 * dt) * ui + (sigma1 * scale) * di, x, u, dz)
-        if grad is not None:
-            lambda2, sigma2 = strength(prm, "lambda2"), strength(prm, "sigma2")
-            sqdt = jnp.sqrt(jnp.asarray(dt))
-            new = jax.tree_util.tree_map(lambda ni, gi: ni - (lambda2 * dt) * gi, new, grad)
-            if not (isinstance(sigma2, float) and sigma2 == 0):
-                # σ2 |∇L| dB~ is isotropic by definition in eq. (4).
-                z_g = normal(key_g, x)
-                new = jax.tree_util.tree_map(lambda ni, di: ni + (sigma2 * sqdt) * di, new,
-                                             pop.tree_scale_rows(z_g, pop.norms(grad)))
-        return new
+        """FedCBO eq. (15) for the rows ``x`` with the drift ``u`` (:func:`cbo_jax.sde.em_update`)."""
+        return sde.em_update(key, x, u, dt=prm.dt, lambda1=prm.lambda1, sigma1=strength(prm, "sigma1"),
+                             increment=None if noise_off else noise, grad=grad, lambda2=strength(prm, "lambda2"),
+                             sigma2=strength(prm, "sigma2"), normal=normal)
 
     def move(ctx: core.Move):
         state = ctx.state
         u = ctx.correct(pop.tree_sub(state.x, ctx.m))
         return update(state.x, state.grad, u, ctx.prm, ctx.key, ctx.noise, ctx.normal), state.aux
-
-    def clip(x):
-        if config.max_abs is None:
-            return x
-        c = config.max_abs
-        return jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), x)
 
     def consensus(state, in_batch):
         return streaming_consensus_point(state.x, state.energy, state.alpha, in_batch, chunk=chunk)
@@ -256,135 +164,24 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
         def body(c, bufs):
             x_buf, e_buf, g_buf = bufs
             start = c * chunk
-            rows = lambda tree: jax.tree_util.tree_map(  # noqa: E731
-                lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, chunk, axis=0), tree)
+            rows = lambda tree: pop.slice_rows(tree, start, chunk)  # noqa: E731
             ids = start + jnp.arange(chunk, dtype=jnp.int32)
             # Fast layouts: chunk c draws from fold_in(sub, c); per-particle: from the ids.
             key_c = sub if config.rng == "per-particle" else jax.random.fold_in(sub, c)
             normal = lambda k, t: core.draw_normal(k, t, ids, config.rng)  # noqa: E731
-            noise = lambda k, u: core.noise_term(config.noise_kind, k, u, dt=state.params.dt,  # noqa: E731
-                                                 alpha=state.alpha, normal=normal)
+            noise = lambda k, u: sde.noise_term(config.noise_kind, k, u, dt=state.params.dt,  # noqa: E731
+                                                alpha=state.alpha, normal=normal)
             x_c = rows(x_buf)
-            new = clip(update(x_c, None if g_buf is None else rows(g_buf), pop.tree_sub(x_c, m), state.params,
-                              key_c, noise, normal))
+            new = core.clip(update(x_c, None if g_buf is None else rows(g_buf), pop.tree_sub(x_c, m), state.params,
+                                   key_c, noise, normal), config.max_abs)
             if in_batch is not None and config.batch_partial:  # only the batch's particles move
-                new = pop.tree_where_rows(jax.lax.dynamic_slice_in_dim(in_batch, start, chunk), new, x_c)
+                new = pop.tree_where_rows(pop.slice_rows(in_batch, start, chunk), new, x_c)
             e_c, g_c = evaluate(new)
-            put = lambda buf, v: jax.tree_util.tree_map(  # noqa: E731
-                lambda b, w: jax.lax.dynamic_update_slice_in_dim(b, w, start, axis=0), buf, v)
-            return put(x_buf, new), jax.lax.dynamic_update_slice_in_dim(e_buf, e_c, start, 0), (
-                None if g_buf is None else put(g_buf, g_c))
+            put = lambda buf, v: pop.update_rows(buf, v, start)  # noqa: E731
+            return put(x_buf, new), put(e_buf, e_c), None if g_buf is None else put(g_buf, g_c)
 
         # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
         return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.energy, state.grad))
 
     return core.Kernel(name=name, move=move, consensus=None if chunk is None else consensus,
                        advance=None if chunk is None else advance)
-
-
-def _check_batch(config) -> None:
-    if config.batch_size is not None:
-        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
-    if not isinstance(config.batch_partial, (bool, np.bool_)):
-        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
-
-
-def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None, extra=None, *,
-                     gradient: str = "") -> int:
-    """Host-side checks before compilation; returns ``N``.
-
-    ``x0`` must have a leading agent axis (after the run axis when ``num_runs`` is
-    given), hold only finite values, and ``objective`` must map it to ``(N,)``.
-    ``extra(single_run_x0, N)``, if given, runs after the checks of ``x0`` and before the
-    objective is traced (a dynamic's own checks: mirror maps, constraints, ...).
-    ``gradient``: the gradient terms' settings when the dynamics differentiate the
-    objective (its energies must then be floats; see :func:`check_objective`).
-    """
-    leaves = jax.tree_util.tree_leaves(x0)
-    if not leaves:
-        raise ValueError(f"{name} has no array leaves")
-    lead = 2 if num_runs is not None else 1
-    for leaf in leaves:
-        shape = np.shape(leaf)
-        if len(shape) < lead + (1 if isinstance(x0, (np.ndarray, jax.Array)) else 0):
-            want = "(M, N, d)" if num_runs is not None else "(N, d)"
-            hint = ""
-            if isinstance(x0, (list, tuple)) and not shape:  # its numbers are a pytree's scalar leaves
-                hint = (f": {name} is a Python {type(x0).__name__} of numbers, which JAX reads as a pytree of scalars; "
-                        f"pass an array (np.asarray({name}))")
-            raise ValueError(f"{name} must have shape {want} (or be a stacked pytree), got shape {shape}{hint}")
-        if num_runs is not None and shape[0] != num_runs:
-            raise ValueError(f"{name} has {shape[0]} runs on its leading axis, but num_runs={num_runs}")
-    single = jax.tree_util.tree_map(lambda leaf: leaf[0], x0) if num_runs is not None else x0
-    n = pop.num_agents(single)
-    if n < 1:
-        raise ValueError(f"{name} needs at least one particle (N >= 1), got N={n}")
-    d = sum(math.prod(np.shape(leaf)[1:]) for leaf in jax.tree_util.tree_leaves(single))
-    if d < 1:  # every step ran, on nothing: an objective of no coordinates, a "consensus" of empty points
-        raise ValueError(f"{name} has no coordinates per particle (d = 0, shape "
-                         f"{tuple(np.shape(leaves[0]))}); a particle needs at least one (d >= 1)")
-    for path, leaf in jax.tree_util.tree_leaves_with_path(x0):  # strings failed in isfinite, complex lost its part
-        dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
-        if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
-            raise ValueError(f"{name}{jax.tree_util.keystr(path)} must hold real numbers (float or integer), got "
-                             f"dtype {dtype}" + (": take the real part or split it into two real coordinates"
-                                                 if jnp.issubdtype(dtype, jnp.complexfloating) else ""))
-    _checks.all_finite(name, x0)
-    if extra is not None:
-        extra(single, n)
-    try:
-        check_objective(name, objective, single, n, gradient=gradient)
-    except ValueError as err:
-        if num_runs is None and isinstance(x0, (np.ndarray, jax.Array)) and np.ndim(x0) == 3:
-            shape = tuple(np.shape(x0))
-            raise ValueError(f"{err} ({name} has shape {shape}: if its leading axis holds {shape[0]} independent "
-                             f"runs of {shape[1]} particles, pass num_runs={shape[0]})") from err
-        raise
-    return n
-
-
-def check_objective(name: str, objective, single: PyTree, n: int, what: str = "objective", *,
-                    gradient: str = "") -> None:
-    """Trace ``objective`` on the shapes of one run's population ``single`` (``N = n``
-    agents): it must run and return ``(n,)`` real (float or integer) energies; a clear ``ValueError``
-    otherwise. ``gradient`` (the gradient terms' settings, when the dynamics have them): the
-    energies must be floats, which ``jax.grad`` can differentiate."""
-    try:
-        out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
-    except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise ValueError(f"{what} failed on a population shaped like {name}: {err}") from err
-    if tuple(out.shape) != (n,):
-        hint = ""
-        one = _one_particle_shape(objective, single)
-        if one == ():
-            hint = (" It looks like an objective of ONE particle (it maps one particle to a scalar): lift it with "
-                    "cbo_jax.population.per_agent(f) (cbo_jax.minimize does this by itself).")
-        elif one is not None and len(one) > 0 and int(np.prod(one)) == 1:
-            hint = (" On one particle it returns an array of one element, not a scalar: return a scalar (drop "
-                    "keepdims=True, or end with .squeeze()) and it is taken as an objective of one particle, or "
-                    "return one energy per row of the population.")
-        raise ValueError(f"{what} must return one energy per particle, shape ({n},); got {tuple(out.shape)}."
-                         + hint)
-    if not (jnp.issubdtype(out.dtype, jnp.floating) or jnp.issubdtype(out.dtype, jnp.integer)):
-        raise ValueError(f"{what} must return real energies (a float or integer array); got dtype {out.dtype}"
-                         + (": take the real part or the modulus" if jnp.issubdtype(out.dtype, jnp.complexfloating)
-                            else ": cast it to float (x.astype(float))"))
-    if gradient and not jnp.issubdtype(out.dtype, jnp.floating):
-        raise ValueError(f"{gradient}: the gradient terms differentiate the {what}, which returns {out.dtype} "
-                         "energies; return floats (a differentiable objective), or build the dynamics without "
-                         "gradient terms")
-
-
-def _one_particle_shape(objective, population: PyTree) -> tuple[int, ...] | None:
-    """The shape ``objective`` returns on one particle (one row of ``population``); ``None`` when it fails
-    there."""
-    row = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf)[1:], jnp.float32), population)
-    try:
-        return tuple(jax.eval_shape(objective, row).shape)
-    except Exception:  # noqa: BLE001 - any failure means "not an objective of one particle"
-        return None
-
-
-def looks_single_particle(objective, population: PyTree) -> bool:
-    """Whether ``objective`` maps one particle (one row of ``population``) to a scalar."""
-    return _one_particle_shape(objective, population) == ()

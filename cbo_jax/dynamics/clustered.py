@@ -41,10 +41,12 @@ from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
-from cbo_jax.dynamics.core import with_rng_layout
-from cbo_jax.dynamics.cbo import Dynamics, _check_batch, check_objective, check_population
+from cbo_jax._xla_cpu import written_out
+from cbo_jax.dynamics.base import Dynamics
+from cbo_jax.dynamics.checks import check_batch, check_objective, check_population
+from cbo_jax.dynamics.core import clip, with_rng_layout
 from cbo_jax.schedules import as_schedule
-from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal, written_out
+from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
 
 PyTree = Any
 
@@ -112,7 +114,7 @@ class ClusteredConfig:
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
-        _check_batch(self)
+        check_batch(self)
         if self.particle_chunk is not None:
             set_("particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
         for name in ("lambda1", "sigma1", "lambda2", "sigma2"):
@@ -290,94 +292,109 @@ def clustered(
         β-quantile sub-level set of ``L_k`` (CB²O eq. (1.3)–(1.4)).
       malicious: the attackers' SDE, applied to particles marked malicious.
 
-    Returns a :class:`~cbo_jax.dynamics.cbo.Dynamics`. ``init(p, key)`` takes a
+    Returns a :class:`~cbo_jax.dynamics.base.Dynamics`. ``init(p, key)`` takes a
     :class:`Particles` (from :func:`particles`); :func:`cbo_jax.simulate` runs it.
     """
     config = _checks.config_with("clustered", ClusteredConfig, config, overrides)
     lower = _as_objective_list("objectives", objectives)
-    k_classes = len(lower)
     uppers = None if upper is None else _as_objective_list("upper", upper)
-    if uppers is not None and len(uppers) not in (1, k_classes):
-        raise ValueError(f"upper must be one objective or K={k_classes} of them, got {len(uppers)}")
+    if uppers is not None and len(uppers) not in (1, len(lower)):
+        raise ValueError(f"upper must be one objective or K={len(lower)} of them, got {len(uppers)}")
     if malicious is not None and not isinstance(malicious, Malicious):
         raise ValueError("malicious must be a cbo_jax.dynamics.clustered.Malicious(drift, diffusion)")
-    dtype = jnp.dtype(config.dtype)
-    schedule = config.alpha
-    default_params = params_lib.defaults(config)
-    beta = config.beta if uppers is not None else 1.0
+    system = _System(config, lower, uppers, malicious)
+    init, step, drive = (with_rng_layout(config.rng, fn) for fn in (system.init, system.step, system.drive))
+    return Dynamics(init=init, step=step, config=config, objective=system.losses, check=system.check,
+                    record=system.record, drive=drive)
 
-    def losses(x):
-        return jnp.stack([f(x) for f in lower])
 
-    def energies(x, loss):
-        if uppers is None:
+class _System:
+    """The clustered system's ``init`` and ``step``, phase by phase (built by :func:`clustered`):
+    ``batch`` and ``consensus`` (the ``K`` points, over the β-quantile sets of CB²O), ``move``
+    (Euler–Maruyama, :func:`cbo_jax.sde.euler_maruyama`, and the attackers' own SDE), then the
+    evaluation and the α schedules."""
+
+    def __init__(self, config: ClusteredConfig, lower: list, uppers: list | None, malicious: Malicious | None):
+        self.config, self.lower, self.uppers, self.malicious = config, lower, uppers, malicious
+        self.k_classes = len(lower)
+        self.dtype = jnp.dtype(config.dtype)
+        self.default_params = params_lib.defaults(config)
+        self.beta = config.beta if uppers is not None else 1.0
+
+    # --- energies ------------------------------------------------------------------------------
+
+    def losses(self, x):
+        """``(K, N)`` lower-level losses."""
+        return jnp.stack([f(x) for f in self.lower])
+
+    def energies(self, x, loss):
+        """``(K, N)`` energies of the consensus weights: the losses, or the upper level."""
+        if self.uppers is None:
             return loss
-        g = jnp.stack([f(x) for f in uppers])
+        g = jnp.stack([f(x) for f in self.uppers])
         return jnp.broadcast_to(g, loss.shape)
 
-    def evaluate(x, label):
+    def evaluate(self, x, label):
         """``(K, N)`` losses and ``∇L_{k_i}(θ_i)`` (``None`` without gradient terms)."""
-        if not config.uses_gradient:
-            return losses(x), None
+        if not self.config.uses_gradient:
+            return self.losses(x), None
 
         def own_total(x):
-            loss = losses(x)
+            loss = self.losses(x)
             own = jnp.take_along_axis(loss, label[None, :], axis=0)[0]
             return jnp.sum(own), loss
 
         (_, loss), g = jax.value_and_grad(own_total, has_aux=True)(x)
         return loss, g
 
-    def consensus(x, loss, energy, alpha, in_batch=None):
+    # --- phases ----------------------------------------------------------------------------------
+
+    def consensus(self, x, loss, energy, alpha, in_batch=None):
+        """The ``K`` consensus points (leading axis ``K``)."""
         mask = in_batch if in_batch is None else jnp.broadcast_to(in_batch, loss.shape)
-        if beta < 1.0:
-            mask = quantile_mask(loss, beta, mask)
-        if config.particle_chunk is not None:
-            return streaming_consensus_point(x, energy, alpha, mask, chunk=config.particle_chunk)
+        if self.beta < 1.0:
+            mask = quantile_mask(loss, self.beta, mask)
+        if self.config.particle_chunk is not None:
+            return streaming_consensus_point(x, energy, alpha, mask, chunk=self.config.particle_chunk)
         return consensus_point(x, energy, alpha, mask)
 
-    def init(p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
+    def init(self, p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
+        config, dtype = self.config, self.dtype
         _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX was float32 throughout
         key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
-        prm = params_lib.in_dtype(default_params if params is None else params_lib.as_params(params, config), dtype)
-        loss, grad = evaluate(x0, p.label)
-        energy = energies(x0, loss)
-        alpha = jnp.full((k_classes,), params_lib.alpha_init(schedule, prm.alpha), dtype)
+        prm = params_lib.in_dtype(self.default_params if params is None else params_lib.as_params(params, config),
+                                  dtype)
+        loss, grad = self.evaluate(x0, p.label)
+        energy = self.energies(x0, loss)
+        alpha = jnp.full((self.k_classes,), params_lib.alpha_init(config.alpha, prm.alpha), dtype)
         return ClusteredState(
             x=x0, label=p.label, malicious=p.malicious, pid=p.pid, loss=loss, energy=energy, grad=grad,
-            consensus=consensus(x0, loss, energy, alpha), alpha=alpha, params=prm,
+            consensus=self.consensus(x0, loss, energy, alpha), alpha=alpha, params=prm,
             key=key, step=jnp.zeros((), jnp.int32), time=jnp.zeros((), dtype),
             batch=None if config.batch_size is None else batching.init(loss.shape[1]),
             in_batch=None if config.batch_size is None else jnp.ones(loss.shape[1:], bool),
         )
 
-    def noise_fn(pid):
+    def normal(self, pid):
+        """The draw function of the particles ``pid``."""
         # The draw is computed in a kernel of its own on XLA:CPU (normal_like does so itself):
         # fused into the gather-and-update, the per-particle draw ran 1.7x slower. Written out
         # here, not in sde.per_particle_normal: there it gained the CBX family little (1.03x) and
         # moved the pinned FedCBO runs by float32 rounding (benchmarks/RESULTS_cbx.md, the A/B of the
         # written-out draw).
-        if config.rng == "per-particle":
+        if self.config.rng == "per-particle":
             return lambda key, tree: jax.tree_util.tree_map(lambda z: written_out(z, key),
                                                             per_particle_normal(key, tree, pid))
         return normal_like
 
-    def step(state: ClusteredState) -> ClusteredState:
-        return _step(state, None)
-
-    def drive(state: ClusteredState, m: PyTree) -> ClusteredState:
-        """One step toward the given ``K`` consensus points ``m`` (leading axis ``K``) instead
-        of the particles' own, with exactly the noise (and random batch) of :func:`step`."""
-        return _step(state, jax.tree_util.tree_map(lambda v, c: jnp.asarray(v, c.dtype), m, state.consensus))
-
-    chunk = config.particle_chunk
-
-    def move(x, grad, label, bad_mask, pid, m, prm, t, k_benign, k_mal, in_batch):
+    def move(self, x, grad, label, bad_mask, pid, m, prm, t, k_benign, k_mal, in_batch):
         """Euler–Maruyama (eq. (15)) for the rows ``x`` (all, or one chunk), the attackers'
-        own SDE (CB²O eq. (1.7b)), clipping and the partial batch update."""
+        own SDE (CB²O eq. (1.7b)), clipping, the partial batch update and the evaluation:
+        ``(x, loss, energy, grad)``."""
+        config, malicious = self.config, self.malicious
         m_own = pop.gather(m, label)  # each particle's own class's consensus point
-        normal = noise_fn(pid)
+        normal = self.normal(pid)
         # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
         strength = lambda name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
         new = euler_maruyama(
@@ -397,69 +414,75 @@ def clustered(
                     kick = jax.tree_util.tree_map(jnp.multiply, a_diff, z)
                 bad = jax.tree_util.tree_map(lambda bi, ki: bi + sq * ki, bad, kick)
             new = pop.tree_where_rows(bad_mask, bad, new)
-        if config.max_abs is not None:
-            c = config.max_abs
-            new = jax.tree_util.tree_map(lambda leaf: jnp.clip(jnp.nan_to_num(leaf, nan=c), -c, c), new)
+        new = clip(new, config.max_abs)
         if in_batch is not None and config.batch_partial:  # only the batch's particles move
             new = pop.tree_where_rows(in_batch, new, x)
-        loss, g = evaluate(new, label)
-        return new, loss, energies(new, loss), g
+        loss, g = self.evaluate(new, label)
+        return new, loss, self.energies(new, loss), g
 
-    def advance(state: ClusteredState, m, k_benign, k_mal, in_batch):
+    def advance(self, state: ClusteredState, m, k_benign, k_mal, in_batch):
         """New positions, ``(K, N)`` losses and energies, and gradients of every particle."""
         args = (state.x, state.grad, state.label, state.malicious, state.pid)
+        chunk = self.config.particle_chunk
         if chunk is None:
-            return move(*args, m, state.params, state.time, k_benign, k_mal, in_batch)
+            return self.move(*args, m, state.params, state.time, k_benign, k_mal, in_batch)
         n = state.label.shape[0]
         if n % chunk:
             raise ValueError(f"particle_chunk={chunk} must divide N={n}")
+        per_particle = self.config.rng == "per-particle"
 
         def body(c, bufs):
             x_buf, loss_buf, e_buf, g_buf = bufs
             start = c * chunk
-            rows = lambda tree, axis=0: jax.tree_util.tree_map(  # noqa: E731
-                lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, chunk, axis=axis), tree)
+            rows = lambda tree, axis=0: pop.slice_rows(tree, start, chunk, axis)  # noqa: E731
             # Fast layouts: chunk c draws from fold_in(key, c); per-particle: from the ids.
-            fold = (lambda k: k) if config.rng == "per-particle" else (lambda k: jax.random.fold_in(k, c))
-            new, loss, energy, g = move(
+            fold = (lambda k: k) if per_particle else (lambda k: jax.random.fold_in(k, c))
+            new, loss, energy, g = self.move(
                 rows(x_buf), None if g_buf is None else rows(g_buf), rows(state.label), rows(state.malicious),
                 rows(state.pid), m, state.params, state.time, fold(k_benign), fold(k_mal),
                 None if in_batch is None else rows(in_batch))
-            put = lambda buf, v, axis=0: jax.tree_util.tree_map(  # noqa: E731
-                lambda b, u: jax.lax.dynamic_update_slice_in_dim(b, u, start, axis=axis), buf, v)
+            put = lambda buf, v, axis=0: pop.update_rows(buf, v, start, axis)  # noqa: E731
             return (put(x_buf, new), put(loss_buf, loss, 1), put(e_buf, energy, 1),
                     None if g_buf is None else put(g_buf, g))
 
         # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
         return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.loss, state.energy, state.grad))
 
-    def _step(state: ClusteredState, m_given) -> ClusteredState:
-        prm = state.params
+    def step(self, state: ClusteredState, m_given=None) -> ClusteredState:
+        """One step (toward the ``K`` points ``m_given`` instead of the particles' own)."""
+        config, prm = self.config, state.params
         batch, in_batch = state.batch, None
         if config.batch_size is not None:
             in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
         if m_given is None:
-            m = consensus(state.x, state.loss, state.energy, state.alpha, in_batch)  # leading axis K
+            m = self.consensus(state.x, state.loss, state.energy, state.alpha, in_batch)  # leading axis K
         else:
             m = m_given
         key, k_benign, k_mal = jax.random.split(state.key, 3)
-        new, loss, energy, grad = advance(state, m, k_benign, k_mal, in_batch)
+        new, loss, energy, grad = self.advance(state, m, k_benign, k_mal, in_batch)
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
             energy=energy, grad=grad, consensus=m,
-            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(schedule, a, e, prm.alpha, in_batch))(
-                state.alpha, state.energy).astype(dtype),
+            alpha=jax.vmap(lambda a, e: params_lib.alpha_update(config.alpha, a, e, prm.alpha, in_batch))(
+                state.alpha, state.energy).astype(self.dtype),
             params=prm, key=key, step=state.step + 1, batch=batch, in_batch=in_batch,
-            time=(state.step + 1).astype(dtype) * prm.dt,  # step · dt: a running sum drifts in float32
+            time=(state.step + 1).astype(self.dtype) * prm.dt,  # step · dt: a running sum drifts in float32
         )
 
-    def check(name: str, p, num_runs: int | None = None) -> int:
+    def drive(self, state: ClusteredState, m: PyTree) -> ClusteredState:
+        """One step toward the given ``K`` consensus points ``m`` (leading axis ``K``) instead
+        of the particles' own, with exactly the noise (and random batch) of :meth:`step`."""
+        return self.step(state, jax.tree_util.tree_map(lambda v, c: jnp.asarray(v, c.dtype), m, state.consensus))
+
+    # --- host side -------------------------------------------------------------------------------
+
+    def check(self, name: str, p, num_runs: int | None = None) -> int:
+        """Host checks of a :class:`Particles` bundle (one run, or ``num_runs`` runs)."""
         if not isinstance(p, Particles):
             raise ValueError(f"{name} must be a Particles bundle: cbo_jax.dynamics.clustered.particles(x, label, ...)")
-        lead = 1 if num_runs is not None else 0
-        n = check_population(f"{name}.x", p.x, lower[0], num_runs)
+        n = check_population(f"{name}.x", p.x, self.lower[0], num_runs)
         single = jax.tree_util.tree_map(lambda leaf: leaf[0], p.x) if num_runs is not None else p.x
-        for what, fs in (("lower objective", lower), ("upper objective", uppers or [])):
+        for what, fs in (("lower objective", self.lower), ("upper objective", self.uppers or [])):
             for i, f in enumerate(fs):
                 if not (what == "lower objective" and i == 0):  # checked with the population above
                     check_objective(f"{name}.x", f, single, n, what=f"{what} {i}")
@@ -471,27 +494,28 @@ def clustered(
                        "fields" if num_runs is not None and np.shape(getattr(p, field)) == (n,) else "")
                 raise ValueError(f"{name}.{field} must have shape {want} ({per}), got "
                                  f"{np.shape(getattr(p, field))}{fix}")
+        self._check_roles(name, p)
+        return n
+
+    def _check_roles(self, name: str, p) -> None:
         lab = np.asarray(p.label)
-        if lab.size and (lab.min() < 0 or lab.max() >= k_classes):
-            raise ValueError(f"{name}.label must lie in [0, K) with K={k_classes}, got range [{lab.min()}, {lab.max()}]")
+        if lab.size and (lab.min() < 0 or lab.max() >= self.k_classes):
+            raise ValueError(f"{name}.label must lie in [0, K) with K={self.k_classes}, got range "
+                             f"[{lab.min()}, {lab.max()}]")
         benign = ~np.asarray(p.malicious, bool)
         per_run = np.atleast_2d(benign).reshape(-1, benign.shape[-1]) if benign.ndim else benign.reshape(1, 1)
         empty = ~per_run.any(axis=1)  # every run needs one: its consensus is over benign particles only
         if empty.any():
             which = f" in run {int(np.argmax(empty))}" if per_run.shape[0] > 1 else ""
             raise ValueError(f"{name} has no benign particle{which}")
-        if malicious is None and not benign.all():  # the marks would change nothing: they moved as benign ones
+        if self.malicious is None and not benign.all():  # the marks would change nothing: they moved as benign ones
             raise ValueError(f"{name} marks {int((~benign).sum())} particles malicious, but these dynamics have no "
                              "attackers' SDE: build them with malicious=Malicious(drift, diffusion)")
-        return n
 
+    @staticmethod
     def record(state: ClusteredState) -> dict:
         e = jnp.where(jnp.isnan(state.energy), jnp.inf, state.energy)
         return {"min_energy": jnp.min(e, axis=-1), "alpha": state.alpha}
-
-    init, step, drive = (with_rng_layout(config.rng, fn) for fn in (init, step, drive))  # as core.build
-    return Dynamics(init=init, step=step, config=config, objective=losses, check=check, record=record,
-                    drive=drive)
 
 
 def cb2o(

@@ -50,7 +50,7 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
-from cbo_jax import sde as sde_lib
+from cbo_jax._xla_cpu import written_out
 from cbo_jax import constraints as cons
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.cbo import Dynamics
@@ -328,7 +328,7 @@ def reg_combination_cbo(objective: Callable[[PyTree], jax.Array], config: RegCom
             # Written out once: otherwise XLA:CPU recomputes this elementwise update (with its
             # transposed read of the noise) inside each of its consumers; 1.12x faster
             # steps, the same numbers (benchmarks/RESULTS_cbx.md).
-            return sde_lib.written_out(rhs / s[:, None], ctx.key), st.aux
+            return written_out(rhs / s[:, None], ctx.key), st.aux
         H = cons.hessians(cs, x)
         rhs = x_tilde - 2 * f * jnp.sum(g[..., None] * (dg - jnp.einsum("knab,nb->kna", H, x)), axis=0)
         if one_constant:

@@ -48,10 +48,8 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax import population as pop
 from cbo_jax.consensus import gibbs_exponent
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.cbo import Dynamics

@@ -25,9 +25,7 @@ evaluation, the checkpoints and the returned state.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
-import hashlib
 import json
 import math
 import warnings
@@ -42,14 +40,16 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.federated import padding
+from cbo_jax.federated._records import (_comparable, _config_record, _fingerprint_hash, _read_fingerprint,
+                                        _resume, fingerprint, model_record)
 from cbo_jax.federated.algorithms.base import Algorithm
 from cbo_jax.federated.data import AgentData, FederatedData, check_training
 from cbo_jax.federated.metrics import Evaluation
 from cbo_jax.runtime import checkpoint as ckpt
 from cbo_jax.runtime import provenance
-from cbo_jax.runtime.progress import Stopwatch, advance, progress_bar
-from cbo_jax.runtime.results import ResultsDir
-from cbo_jax.runtime.writer import (MetricsWriter, json_safe, read_jsonl, replace_text, stable_text, to_python,
+from cbo_jax.runtime.driver import Output, RunFiles, drive
+from cbo_jax.runtime.progress import Stopwatch, advance
+from cbo_jax.runtime.writer import (read_jsonl, replace_text, to_python,
                                     write_summary)
 
 __all__ = ["DivergedError", "RunResult", "finished", "fingerprint", "model_record", "run"]
@@ -259,12 +259,6 @@ def _metric_fns(name: str, fns: Any) -> tuple:
     return fns
 
 
-def _config_dict(cfg) -> Any:
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return dataclasses.asdict(cfg)
-    return cfg
-
-
 def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics: Sequence[Callable] = (),
         round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
         mesh: Mesh | None = None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
@@ -326,23 +320,14 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
-    _checks.flags(resume=resume, extend=extend, overwrite=overwrite, progress=progress, tensorboard=tensorboard,
-                  plots=plots)
+    output = Output(out, overwrite=overwrite, resume=resume, extend=extend, tensorboard=tensorboard, progress=progress,
+                    plots=plots, checkpoint_every=checkpoint_every)
     key = _checks.as_key("key", key)
     _checks.single_key(key, "run splits the key into the rounds' keys itself (several runs: one run call per key)")
     metrics, round_metrics = _metric_fns("metrics", metrics), _metric_fns("round_metrics", round_metrics)
     _checks.positive_int("rounds", rounds)
     _checks.positive_int("every", every)
     _checks.one_of("on_diverged", on_diverged, ON_DIVERGED)
-    if checkpoint_every is not None:
-        _checks.positive_int("checkpoint_every", checkpoint_every)
-    out = Path(out) if out is not None else None
-    if extend and not resume:  # was ignored: a new run of the extended length
-        raise ValueError("extend continues a run: it needs resume=True")
-    if resume and overwrite:  # overwrite was ignored: the run resumed
-        raise ValueError("resume continues the results in out and overwrite replaces them: give one of them")
-    if (resume or checkpoint_every or tensorboard) and out is None:
-        raise ValueError("resume, checkpoint_every and tensorboard need out (the results directory)")
     clusters = getattr(data, "num_clusters", None)
     takes = getattr(algorithm, "takes", None)
     if takes is not None and not isinstance(data, takes):  # was "built for 5 agents but the data holds 4"
@@ -361,19 +346,16 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     n = data.num_agents
     padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
     fp = fingerprint(algorithm, data, key, rounds, every)
-    guard: contextlib.AbstractContextManager = contextlib.nullcontext()
-    if out is not None:
-        guard = ResultsDir(out, resume=resume, overwrite=overwrite)
     # summary.json names the code of the run's start (git state read now), not of its end
-    started = provenance.started() if out is not None else contextlib.nullcontext()
-    with guard, jax.threefry_partitionable(True), started:
-        # Row j's random numbers must not depend on the rows after it (padding agents):
-        # JAX's partitionable threefry (its default since 0.5) guarantees that.
-        res = _run(algorithm, data, rounds, key, fp, metrics=metrics, round_metrics=round_metrics,
-                   every=every, out=out, config=config, mesh=mesh, checkpoint_every=checkpoint_every, resume=resume,
-                   extend=extend, progress=progress, tensorboard=tensorboard, plots=plots, clusters=clusters,
-                   declared=declared, on_diverged=on_diverged)
-    return res
+    started = provenance.started() if output.directory is not None else contextlib.nullcontext()
+    # Row j's random numbers must not depend on the rows after it (padding agents):
+    # JAX's partitionable threefry (its default since 0.5) guarantees that.
+    with RunFiles() as files, jax.threefry_partitionable(True), started:
+        if output.directory is not None:
+            files.hold(output.directory, resume=resume, overwrite=overwrite)
+        return _run(algorithm, data, rounds, key, fp, output, files, metrics=metrics, round_metrics=round_metrics,
+                    every=every, config=config, mesh=mesh, clusters=clusters, declared=declared,
+                    on_diverged=on_diverged)
 
 
 def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, every: int = 1,
@@ -423,189 +405,20 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
     return RunResult(None, rows, summary)
 
 
-def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int, key: jax.Array) -> Any:
-    """What ``config.json`` records, as JSON reads it back. Without ``config``: the
-    algorithm, ``rounds``, ``every``, the run's PRNG key (:func:`_key_data`), the
-    algorithm's config and the model it trains (:func:`model_record`; records written
-    before they held the key or the model lack them)."""
-    if config is not None:
-        cfg = _config_dict(config)
-    else:
-        cfg = {"algorithm": algorithm.name, "rounds": rounds, "every": every, "key": _key_data(key),
-               "config": _config_dict(algorithm.config)}
-        model = model_record(getattr(algorithm, "model", None))
-        if model is not None:
-            cfg["model"] = model
-    return json.loads(json.dumps(json_safe(to_python(cfg)), default=stable_text))
-
-
-def model_record(model) -> dict | None:
-    """The model as ``config.json`` records it: its name, classes, loss and number of
-    parameters (the last when ``init`` traces abstractly); ``None`` for ``None`` (an
-    algorithm without a model). A ``config`` of your own given to :func:`run` can hold it
-    (``{**my_config, "model": model_record(model)}``), as ``cbo-jax run`` records do."""
-    if model is None:
-        return None
-    out: dict[str, Any] = {"name": model.name, "num_classes": model.num_classes, "loss": _loss_name(model)}
-    try:
-        params = jax.eval_shape(model.init, jax.random.key(0))
-        out["parameters"] = sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(params))
-    except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not counted
-        pass
-    return out
-
-
-def _loss_name(model) -> str:
-    from cbo_jax.models import loss_name
-
-    return loss_name(model.loss)
-
-
-def _key_data(key: jax.Array) -> list:
-    """The key's data as a list of integers: ``jax.random.key(seed)`` is ``[0, seed]`` for a
-    seed below 2**32 (JAX's default threefry keys); ``jax.random.wrap_key_data`` makes the
-    key again."""
-    return np.asarray(jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key).tolist()
-
-
-def _fingerprint_hash(fp: dict) -> str:
-    return hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def fingerprint(algorithm: Algorithm, data, key: jax.Array, rounds: int, every: int) -> dict:
-    """What makes a run the run it is: algorithm, its config, rounds, every, key, data (a hash)
-    and the model (:func:`_model_fingerprint`)."""
-    h = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(data):
-        a = np.ascontiguousarray(np.asarray(leaf))
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(a.tobytes())
-    fp = {"algorithm": algorithm.name, "num_agents": data.num_agents, "rounds": rounds, "every": every,
-          "key": _key_data(key),
-          "data_sha256": h.hexdigest()}
-    fp.update(_flatten("config", json.loads(json.dumps(json_safe(to_python(_config_dict(algorithm.config))),
-                                                       default=stable_text))))
-    fp.update(_model_fingerprint(getattr(algorithm, "model", None), data))
-    return fp
-
-
-def _model_fingerprint(model, data) -> dict:
-    """The model a run trains: its name, classes and loss, its parameters' shapes, and a hash
-    of the computation ``apply`` traces on one input (a changed activation changes it)."""
-    if model is None:
-        return {}
-    out: dict[str, Any] = {"model": model.name, "model.num_classes": model.num_classes, "model.loss": _loss_name(model)}
-    x = getattr(data, "x", None)
-    if x is None and hasattr(data, "benign"):
-        x = data.benign.x
-    try:
-        params = jax.eval_shape(model.init, jax.random.key(0))
-        out["model.parameters"] = [f"{jax.tree_util.keystr(p)}: {leaf.dtype}{list(leaf.shape)}"
-                                   for p, leaf in jax.tree_util.tree_leaves_with_path(params)]
-        if x is not None:
-            one = jax.ShapeDtypeStruct((1,) + tuple(np.shape(x))[2:], x.dtype)
-            out["model.apply_sha256"] = _apply_hash(model, params, one)
-            out["model.apply_jax"] = jax.__version__  # the hash is of a printed jaxpr: comparable within a version
-    except Exception:  # noqa: BLE001 - a model that cannot be traced abstractly is named, not hashed
-        pass
-    return out
-
-
-def _apply_hash(model, params, one) -> str:
-    return hashlib.sha256(str(jax.make_jaxpr(model.apply)(params, one)).encode()).hexdigest()[:16]
-
-
-def _comparable(saved: dict, now: dict, out, stacklevel: int) -> dict:
-    """``now`` as it compares with a recorded fingerprint ``saved``: without the model keys a
-    run recorded before the model was fingerprinted lacks, and, when ``saved`` hashed the
-    model's ``apply`` under another JAX version (whose jaxprs may print otherwise), without
-    that hash (a warning says the computation was not compared)."""
-    now = {k: v for k, v in now.items() if not (k.startswith("model") and k not in saved)}
-    then = saved.get("model.apply_jax")
-    if then is not None and now.get("model.apply_jax") not in (None, then):
-        warnings.warn(f"{out} recorded its model under JAX {then}, this is JAX {now['model.apply_jax']}: the "
-                      "model's name, classes, loss and parameter shapes are compared, its traced computation is "
-                      "not", stacklevel=stacklevel + 1)
-        now = {**now, "model.apply_jax": then}
-        if "model.apply_sha256" in saved and "model.apply_sha256" in now:
-            now["model.apply_sha256"] = saved["model.apply_sha256"]
-    return now
-
-
-def _flatten(prefix: str, value) -> dict:
-    if isinstance(value, dict):
-        out = {}
-        for k, v in value.items():
-            out.update(_flatten(f"{prefix}.{k}", v))
-        return out
-    return {prefix: value}
-
-
-def _resume_differences(saved: dict, now: dict, extend: bool, where) -> list[str]:
-    now = _comparable(saved, now, where, 4)
-    out = []
-    for k in sorted(set(saved) | set(now)):
-        if saved.get(k) != now.get(k) and not (extend and k == "rounds"):
-            out.append(f"{k}: {saved.get(k)!r} in the checkpoint, {now.get(k)!r} now")
-    return out
-
-
-def _read_fingerprint(out: Path) -> dict | None:
-    path = out / "fingerprint.json"
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None  # cut short by a kill: the run had not started rounds yet
-
-
-def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out, config, mesh, checkpoint_every,
-         resume, extend, progress, tensorboard, plots, clusters, declared=(), on_diverged="warn") -> RunResult:
+def _run(algorithm, data, rounds, key, fp, output: Output, files: RunFiles, *, metrics, round_metrics, every, config,
+         mesh, clusters, declared=(), on_diverged="warn") -> RunResult:
     # declared: the evaluation metrics' declared names (run's _declared), refused in the rounds' trace
-    n = data.num_agents
+    n, out = data.num_agents, output.directory
     lay = padding.layout(n, mesh)
     clock = Stopwatch()  # elapsed_s and seconds: the run's work, not the time its process was stopped
     state = jax.jit(algorithm.init)(key)
     history: list[dict] = []
     done = 0
-    if resume:
-        # The run this directory holds: from its checkpoint, or from the fingerprint written at
-        # its start (a run killed before its first checkpoint starts again from round 0).
-        has_ckpt = ckpt.exists(out / "checkpoint")
-        saved = ckpt.read_meta(out / "checkpoint").get("run") if has_ckpt else _read_fingerprint(out)
-        if saved is None and read_jsonl(out / "metrics.jsonl"):
-            raise ValueError(f"cannot resume {out}: it holds results of a run that recorded no fingerprint; "
-                             f"overwrite them instead")
-        diffs = _resume_differences(saved, fp, extend, out) if saved is not None else []
-        if diffs:
-            hint = " (extend=True / --extend allows more rounds)" if any(d.startswith("rounds:") for d in diffs) else ""
-            raise ValueError(f"cannot resume {out}: it holds another run{hint}:\n  " + "\n  ".join(diffs))
-        rows = read_jsonl(out / "metrics.jsonl")
-        if any("round" not in r for r in rows):  # e.g. a particle run's rows (`optimize --overwrite` into it)
-            raise ValueError(f"cannot resume {out}: {out / 'metrics.jsonl'} holds rows without a round (not a "
-                             f"federated run's); overwrite them instead")
-        if has_ckpt:
-            state, meta = ckpt.restore(out / "checkpoint", state)
-            done = int(meta["step"])
-            if done > rounds:
-                raise ValueError(f"the checkpoint is at round {done}, beyond rounds={rounds}")
-            history = [r for r in rows if r["round"] <= done]
-            if len(history) != done:
-                raise ValueError(f"{out / 'metrics.jsonl'} has {len(history)} rows up to round {done} (the "
-                                 f"checkpoint's); cannot resume")
-            # elapsed_s and the summary's seconds go on from the kept rounds' time, as in one process
-            clock.offset = max((r["elapsed_s"] for r in history if isinstance(r.get("elapsed_s"), (int, float))),
-                               default=0.0)
-        elif rows:  # its rows are replaced as the run goes again: say so, it may have been long
-            warnings.warn(f"resuming {out}: it holds {len(rows)} rows but no checkpoint (the run saved none: "
-                          f"checkpoint_every / --checkpoint-every saves them), so the run starts again from round 0",
-                          stacklevel=3)
+    if output.resume:
+        state, done, history, clock.offset = _resume(out, state, fp, rounds, output.extend)
     if out is not None:
         replace_text(out / "fingerprint.json", json.dumps(fp, indent=1) + "\n")
-    writer = None
-    if out is not None:
-        writer = MetricsWriter(out, tensorboard=tensorboard, keep=history)
+        files.open_writer(out, tensorboard=output.tensorboard, keep=history)
         replace_text(out / "config.json",
                      json.dumps(_config_record(algorithm, config, rounds, every, key), indent=2) + "\n")
     if lay.padded:
@@ -614,85 +427,103 @@ def _run(algorithm, data, rounds, key, fp, *, metrics, round_metrics, every, out
         from cbo_jax.sharding import shard_fields
 
         state, data = shard_fields(state, mesh), shard_fields(data, mesh)
-    bar = None
-    if progress:
-        bar = progress_bar(rounds, desc=algorithm.name, unit="round", initial=done)
-    last_eval: dict = {}
-    diverged: set[int] = set()  # the agents that diverged so far (warned about once)
-    try:
-        # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
-        # a couple of scan lengths compile. The rounds are the same whatever the scans. With a
-        # progress bar, one round per scan: the bar moves when a round has finished, not only at
-        # the evaluations (every=10 rounds of a large run can take many minutes).
-        step = every if not checkpoint_every else math.gcd(every, checkpoint_every)
-        if bar is not None:
-            step = 1
-        while done < rounds:
-            # Stop at the next evaluation round (multiples of every, and the last, also after a
-            # resume) or checkpoint round (multiples of checkpoint_every).
-            stop = min(rounds, _next_multiple(done, every), _next_multiple(done, checkpoint_every or rounds))
-            start, recs = done, []
-            while done < stop:
-                length = min(step - done % step, stop - done)
-                state, rec = _scan_rounds(state, data, round_fn=algorithm.round, eval_models=algorithm.eval_models,
-                                          layout=lay, metrics=round_metrics, length=length, taken=declared)
-                if bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
-                    rec = jax.device_get(rec)
-                    advance(bar, length, _postfix(last_eval, {k: v[-1] for k, v in rec[0].items() if np.ndim(v) == 1}))
-                recs.append((length, rec))
-                done += length
-            recs = jax.device_get(recs)
-            news = _diverged_news(start, recs, diverged)
-            recs = [(length, to_python(row)) for length, (row, _) in recs]
-            user = lay.unpad_state(state)
-            evaluate = done % every == 0 or done == rounds
-            if evaluate:
-                kind, params = algorithm.eval_models(user)
-                taken = {k: "a round metric" for _, rec in recs[:1] for k in rec}  # a row holds both kinds
-                last_eval = _merge(metrics, Evaluation(done, done == rounds, user, kind, params), "the metric", taken)
-            r = start
-            for length, rec in recs:
-                for i in range(length):
-                    r += 1
-                    row: dict[str, Any] = {"round": r}
-                    row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
-                    if evaluate and r == done:
-                        row.update(last_eval)
-                        row["elapsed_s"] = round(clock(), 3)
-                    history.append(row)
-                    if writer is not None:
-                        writer.write(row)
-            if bar is not None and evaluate:  # drawn with the next round's move, or when the bar closes
-                bar.set_postfix(_postfix(last_eval, history[-1]), refresh=False)
-            for r, agents, servers in news:  # after the rows up to them are written
-                message = _diverged_message(algorithm.name, r, agents, servers)
-                if on_diverged == "stop":
-                    raise DivergedError(f"{message}; the run stops (on_diverged='stop'), its rows up to round {done} "
-                                        f"are written" + (f" in {out}" if out is not None else ""))
-                warnings.warn(f"{message} (on_diverged='stop' / --on-diverged stop stops the run instead)",
-                              RuntimeWarning, stacklevel=3)
-            if checkpoint_every and (done % checkpoint_every == 0 or done == rounds):
-                ckpt.save(out / "checkpoint", user, step=done, meta={"run": fp}, overwrite=True)
-    finally:
-        if bar is not None:
-            bar.close()
-        if writer is not None:
-            writer.close()
+    if output.progress:
+        files.open_bar(rounds, desc=algorithm.name, unit="round", initial=done)
+    rounds_ = _Rounds(algorithm, data, lay, fp, output, files, metrics, round_metrics, every, rounds, declared,
+                      on_diverged, clock, history)
+    checkpoint_every = output.checkpoint_every
+    # Scans of step rounds (fewer to reach the next stop after a resume and at the end): at most
+    # a couple of scan lengths compile. The rounds are the same whatever the scans. With a
+    # progress bar, one round per scan: the bar moves when a round has finished, not only at
+    # the evaluations (every=10 rounds of a large run can take many minutes).
+    step = 1 if files.bar is not None else every if not checkpoint_every else math.gcd(every, checkpoint_every)
+    state, done = drive(
+        state, done, rounds,
+        # Stop at the next evaluation round (multiples of every, and the last, also after a
+        # resume) or checkpoint round (multiples of checkpoint_every).
+        next_stop=lambda done: min(rounds, _next_multiple(done, every), _next_multiple(done, checkpoint_every or rounds)),
+        length=lambda done, stop: min(step - done % step, stop - done), scan=rounds_.scan, at_stop=rounds_.at_stop)
     summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n,
                "seconds": round(clock(), 2),
                "fingerprint": _fingerprint_hash(fp)}
     if clusters is not None:
         summary["num_clusters"] = clusters
     summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
-    if diverged:
-        summary["diverged"] = sorted(diverged)  # every agent that diverged in this process's rounds
+    if rounds_.diverged:
+        summary["diverged"] = sorted(rounds_.diverged)  # every agent that diverged in this process's rounds
+    files.finish()  # the rows written and the bar closed before the files that mark the run finished
     if out is not None:
         # The plot before the summary, which marks the run finished (`finished`, a resume): an
         # interrupt while the plot was drawn left a finished run without its metrics.png.
-        if plots:
+        if output.plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
         write_summary(out / "summary.json", summary)
     return RunResult(lay.unpad_state(state), history, summary)
+
+
+class _Rounds:
+    """The federated run's work of the driver (:func:`cbo_jax.runtime.driver.drive`): ``scan`` runs
+    compiled rounds; ``at_stop`` (an evaluation round, a checkpoint round, the end) evaluates,
+    writes the rows, reports diverged agents and checkpoints."""
+
+    def __init__(self, algorithm, data, lay, fp, output, files, metrics, round_metrics, every, rounds, declared,
+                 on_diverged, clock, history):
+        self.algorithm, self.data, self.lay, self.fp, self.output, self.files = algorithm, data, lay, fp, output, files
+        self.metrics, self.round_metrics, self.every, self.rounds = metrics, round_metrics, every, rounds
+        self.declared, self.on_diverged, self.clock, self.history = declared, on_diverged, clock, history
+        self.last_eval: dict = {}
+        self.diverged: set[int] = set()  # the agents that diverged so far (warned about once)
+
+    def scan(self, state, done: int, length: int):
+        state, rec = _scan_rounds(state, self.data, round_fn=self.algorithm.round,
+                                  eval_models=self.algorithm.eval_models, layout=self.lay, metrics=self.round_metrics,
+                                  length=length, taken=self.declared)
+        if self.files.bar is not None:  # fetched once: the bar shows the round's metrics, the rows take them below
+            rec = jax.device_get(rec)
+            advance(self.files.bar, length,
+                    _postfix(self.last_eval, {k: v[-1] for k, v in rec[0].items() if np.ndim(v) == 1}))
+        return state, rec
+
+    def at_stop(self, state, start: int, done: int, recs: list):
+        recs = jax.device_get(recs)
+        news = _diverged_news(start, recs, self.diverged)
+        recs = [(length, to_python(row)) for length, (row, _) in recs]
+        user = self.lay.unpad_state(state)
+        evaluate = done % self.every == 0 or done == self.rounds
+        if evaluate:
+            kind, params = self.algorithm.eval_models(user)
+            taken = {k: "a round metric" for _, rec in recs[:1] for k in rec}  # a row holds both kinds
+            self.last_eval = _merge(self.metrics, Evaluation(done, done == self.rounds, user, kind, params),
+                                    "the metric", taken)
+        self._write_rows(start, done, recs, evaluate)
+        if self.files.bar is not None and evaluate:  # drawn with the next round's move, or when the bar closes
+            self.files.bar.set_postfix(_postfix(self.last_eval, self.history[-1]), refresh=False)
+        for r, agents, servers in news:  # after the rows up to them are written
+            message = _diverged_message(self.algorithm.name, r, agents, servers)
+            if self.on_diverged == "stop":
+                out = self.output.directory
+                raise DivergedError(f"{message}; the run stops (on_diverged='stop'), its rows up to round {done} "
+                                    f"are written" + (f" in {out}" if out is not None else ""))
+            warnings.warn(f"{message} (on_diverged='stop' / --on-diverged stop stops the run instead)",
+                          RuntimeWarning, stacklevel=5)
+        every_ckpt = self.output.checkpoint_every
+        if every_ckpt and (done % every_ckpt == 0 or done == self.rounds):
+            ckpt.save(self.output.directory / "checkpoint", user, step=done, meta={"run": self.fp}, overwrite=True)
+        return state, done, False
+
+    def _write_rows(self, start: int, done: int, recs: list, evaluate: bool) -> None:
+        r = start
+        for length, rec in recs:
+            for i in range(length):
+                r += 1
+                row: dict[str, Any] = {"round": r}
+                row.update(jax.tree_util.tree_map(lambda v: v[i], rec, is_leaf=lambda v: isinstance(v, list)))
+                if evaluate and r == done:
+                    row.update(self.last_eval)
+                    row["elapsed_s"] = round(self.clock(), 3)
+                self.history.append(row)
+                if self.files.writer is not None:
+                    self.files.writer.write(row)
 
 
 def _next_multiple(done: int, k: int) -> int:
