@@ -30,7 +30,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 PyTree = Any
 
 __all__ = ["AGENT_AXIS", "agent_mesh", "padded_size", "pad_rows", "agent_sharding", "shard_agents",
-           "prepare_population", "shard_leading", "shard_fields"]
+           "prepare_population", "shard_leading", "shard_fields", "shard_state"]
 
 AGENT_AXIS = "agents"
 
@@ -177,3 +177,25 @@ def prepare_population(x0: PyTree, mesh: Mesh, *, axis: int = 0, forbid_padding:
     else:
         x0 = pad_rows(x0, n_total, axis=axis)
     return shard_agents(x0, mesh, axis=axis), n
+
+
+def shard_state(state, mesh, levels: int):
+    """``state`` with its agent axis (the first axis from ``levels`` on of the particles' length
+    ``N``) split over ``mesh`` and every other leaf replicated: a placement, not a change."""
+    x = getattr(state, "x", None)
+    leaves = jax.tree_util.tree_leaves(x)
+    if not leaves or np.ndim(leaves[0]) <= levels:
+        raise ValueError("mesh with initial_state needs a state with particles x (an agent axis to shard)")
+    n = int(np.shape(leaves[0])[levels])
+    if n % mesh.size:
+        raise ValueError(f"initial_state has N={n} agents, not a multiple of the mesh's {mesh.size} devices: continue "
+                         "it without mesh, or continue a state of a sharded run (its N includes the padding)")
+    replicated = NamedSharding(mesh, PartitionSpec())
+
+    def put(v):
+        if not isinstance(v, (jax.Array, np.ndarray)):
+            return v
+        axis = next((a for a in range(levels, v.ndim) if v.shape[a] == n), None)
+        return jax.device_put(v, replicated if axis is None else agent_sharding(mesh, v.ndim, axis))
+
+    return jax.tree_util.tree_map(put, state)

@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import params as params_lib
 from cbo_jax.dynamics.base import Dynamics
-from cbo_jax.dynamics.checks import _check_state_fits, _shard_state, _state_levels, check_population
+from cbo_jax.dynamics.checks import _check_state_fits, _state_levels, check_population
 from cbo_jax.runtime import provenance
 from cbo_jax.runtime.driver import Output, RunFiles, drive
 from cbo_jax.runtime.progress import advance
@@ -330,7 +330,9 @@ def _plan(dynamics, x0, key, *, num_runs, params, mesh, initial_state) -> _Plan:
         levels = _state_levels(initial_state, num_runs)
         _check_state_fits(dynamics, initial_state, levels)
         if mesh is not None:
-            initial_state = _shard_state(initial_state, mesh, levels)
+            from cbo_jax.sharding import shard_state
+
+            initial_state = shard_state(initial_state, mesh, levels)
         return _Plan(None, None, None, None, None, levels, batched, state=initial_state)
     if mesh is not None:
         from cbo_jax.sharding import prepare_population

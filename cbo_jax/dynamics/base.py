@@ -21,9 +21,9 @@ import dataclasses
 from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
+import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.dynamics.checks import check_batch
 from cbo_jax.resampling import Resampling
 from cbo_jax.schedules import as_schedule
 from cbo_jax import sde
@@ -31,12 +31,20 @@ from cbo_jax.sde import FAMILY_NOISE
 
 PyTree = Any
 
-__all__ = ["FamilyConfig", "ScheduleMap", "CBOState", "Dynamics", "Ctrl", "Move", "Absorbed", "Kernel",
+__all__ = ["FamilyConfig", "ScheduleMap", "CBOState", "Dynamics", "Particles", "check_batch", "Ctrl", "Move", "Absorbed", "Kernel",
            "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "SDE_NUMBERS"]
 
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")
 RNG_MODES = ("fast", "partitionable", "per-particle")
 SDE_NUMBERS = ("lambda1", "sigma1", "lambda2", "sigma2", "dt")
+
+
+def check_batch(config) -> None:
+    """The random batch method's settings (``batch_size``, ``batch_partial``) of any config."""
+    if config.batch_size is not None:
+        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
+    if not isinstance(config.batch_partial, (bool, np.bool_)):
+        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,3 +391,19 @@ class Kernel(NamedTuple):
     prestep: Callable | None = None
     prestep_evaluates: Callable | None = None
     admissible: Callable | None = None
+
+
+class Particles(NamedTuple):
+    """An initial population with its per-particle attributes (see :func:`particles`).
+
+    Attributes:
+      x: positions, ``(N, d)`` or a stacked pytree.
+      label: ``(N,)`` int32 class of each particle, in ``[0, K)``: which ``L_k`` it follows.
+      malicious: ``(N,)`` bool; malicious particles follow :class:`Malicious`.
+      pid: ``(N,)`` int32 particle ids (the noise stream of ``rng="per-particle"``).
+    """
+
+    x: PyTree
+    label: jax.Array
+    malicious: jax.Array
+    pid: jax.Array | np.ndarray  # NumPy ids after host-side padding (sharding.prepare_population)

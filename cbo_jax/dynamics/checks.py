@@ -17,19 +17,12 @@ import numpy as np
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
+from cbo_jax.dynamics.base import Particles
 
 PyTree = Any
 
-__all__ = ["check_batch", "check_population", "check_objective", "looks_single_particle", "require_array",
+__all__ = ["check_population", "check_objective", "looks_single_particle", "require_array",
            "host_eval", "check_values"]
-
-
-def check_batch(config) -> None:
-    """The random batch method's settings (``batch_size``, ``batch_partial``) of any config."""
-    if config.batch_size is not None:
-        object.__setattr__(config, "batch_size", _checks.positive_int("batch_size", config.batch_size))
-    if not isinstance(config.batch_partial, (bool, np.bool_)):
-        raise ValueError(f"batch_partial must be True or False, got {config.batch_partial!r}")
 
 
 def check_population(name: str, x0: PyTree, objective, num_runs: int | None = None, extra=None, *,
@@ -174,32 +167,6 @@ def check_values(what: str, values, shape) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def _shard_state(state, mesh, levels: int):
-    """``state`` with its agent axis (the first axis from ``levels`` on of the particles' length
-    ``N``) split over ``mesh`` and every other leaf replicated: a placement, not a change."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    from cbo_jax.sharding import agent_sharding
-
-    x = getattr(state, "x", None)
-    leaves = jax.tree_util.tree_leaves(x)
-    if not leaves or np.ndim(leaves[0]) <= levels:
-        raise ValueError("mesh with initial_state needs a state with particles x (an agent axis to shard)")
-    n = int(np.shape(leaves[0])[levels])
-    if n % mesh.size:
-        raise ValueError(f"initial_state has N={n} agents, not a multiple of the mesh's {mesh.size} devices: continue "
-                         "it without mesh, or continue a state of a sharded run (its N includes the padding)")
-    replicated = NamedSharding(mesh, PartitionSpec())
-
-    def put(v):
-        if not isinstance(v, (jax.Array, np.ndarray)):
-            return v
-        axis = next((a for a in range(levels, v.ndim) if v.shape[a] == n), None)
-        return jax.device_put(v, replicated if axis is None else agent_sharding(mesh, v.ndim, axis))
-
-    return jax.tree_util.tree_map(put, state)
-
-
 def _state_levels(state, num_runs) -> int:
     """Leading vmapped axes of a state to continue: a sweep's grid axes and the run axis."""
     step = getattr(state, "step", None)
@@ -258,8 +225,6 @@ def _check_state_fits(dynamics, state: Any, levels: int) -> None:
     firsts = [x0]  # what init takes: the particles, or a clustered state's Particles
     fields = ("label", "malicious", "pid")
     if all(hasattr(state, f) for f in fields):
-        from cbo_jax.dynamics.clustered import Particles
-
         firsts.insert(0, Particles(x0, *(jax.tree_util.tree_map(spec, getattr(state, f)) for f in fields)))
     like = None
     for first in firsts:

@@ -42,8 +42,8 @@ from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensus_point
 from cbo_jax._xla_cpu import written_out
-from cbo_jax.dynamics.base import Dynamics
-from cbo_jax.dynamics.checks import check_batch, check_objective, check_population
+from cbo_jax.dynamics.base import Dynamics, Particles, check_batch
+from cbo_jax.dynamics.checks import check_objective, check_population
 from cbo_jax.dynamics.core import clip, with_rng_layout
 from cbo_jax.schedules import as_schedule
 from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
@@ -150,22 +150,6 @@ class SDEParams(NamedTuple):
     sigma1: jax.Array
     lambda2: jax.Array
     sigma2: jax.Array
-
-
-class Particles(NamedTuple):
-    """An initial population with its per-particle attributes (see :func:`particles`).
-
-    Attributes:
-      x: positions, ``(N, d)`` or a stacked pytree.
-      label: ``(N,)`` int32 class of each particle, in ``[0, K)``: which ``L_k`` it follows.
-      malicious: ``(N,)`` bool; malicious particles follow :class:`Malicious`.
-      pid: ``(N,)`` int32 particle ids (the noise stream of ``rng="per-particle"``).
-    """
-
-    x: PyTree
-    label: jax.Array
-    malicious: jax.Array
-    pid: jax.Array | np.ndarray  # NumPy ids after host-side padding (sharding.prepare_population)
 
 
 def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | None = None,
