@@ -276,7 +276,8 @@ def _check_call(dynamics, num_steps, *, num_runs, chunk_size, progress, record_c
     _checks.flags(record_consensus=record_consensus)
     if observe is not None and not callable(observe):
         raise TypeError(f"observe must be a function observe(state) -> dict, got {type(observe).__name__}")
-    output = Output(out, overwrite=overwrite, tensorboard=tensorboard, progress=progress, log_every=log_every)
+    output = Output(None if out is None else Path(out), overwrite=overwrite, tensorboard=tensorboard, progress=progress,
+                    log_every=log_every)
     _checks.positive_int("chunk_size", chunk_size)
     if num_runs is not None:
         _checks.positive_int("num_runs", num_runs)
@@ -418,7 +419,7 @@ def _steps(state, run_chunk, num_steps: int, chunk_size: int, output: Output, gr
                             length=lambda done, stop: stop - done,
                             scan=lambda state, done, n: run_chunk(state, length=n), at_stop=at_stop)
         if files.writer is not None:
-            _write_summary(output.directory, state, grid, summary(state, done))
+            _write_summary(output.files, state, grid, summary(state, done))
     return state, done, chunks
 
 

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.base import AdamAux
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
@@ -36,13 +37,6 @@ class AdamParams(NamedTuple):
     beta1: Any
     beta2: Any
     eps: Any
-
-
-class AdamAux(NamedTuple):
-    """First and second moment estimates (populations like ``x``)."""
-
-    m: Any
-    v: Any
 
 
 @dataclasses.dataclass(frozen=True)

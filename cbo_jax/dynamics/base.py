@@ -31,7 +31,7 @@ from cbo_jax.sde import FAMILY_NOISE
 
 PyTree = Any
 
-__all__ = ["FamilyConfig", "ScheduleMap", "CBOState", "Dynamics", "Particles", "check_batch", "Ctrl", "Move", "Absorbed", "Kernel",
+__all__ = ["FamilyConfig", "ScheduleMap", "CBOState", "Dynamics", "Particles", "check_batch", "MemoryAux", "PSOAux", "AdamAux", "MirrorAux", "Ctrl", "Move", "Absorbed", "Kernel",
            "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "SDE_NUMBERS"]
 
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")
@@ -226,8 +226,9 @@ class CBOState(NamedTuple):
       batch: the random batch method's :class:`cbo_jax.batching.BatchState`, or ``None``.
       in_batch: ``(N,)`` mask of the batch the last step used (all ``True`` at ``init``),
         or ``None`` without batches.
-      aux: what a dynamic keeps besides the particles (CBOMemory's memory points, PSO's
-        velocities, AdamCBO's moments, MirrorCBO's dual variable), or ``None``.
+      aux: what a dynamic keeps besides the particles: CBOMemory's :class:`MemoryAux` (memory
+        points), PSO's :class:`PSOAux` (memories and velocities), AdamCBO's :class:`AdamAux`
+        (moments), MirrorCBO's :class:`MirrorAux` (dual variables); ``None`` for the others.
       evals: int32 number of objective evaluations so far, held at ``2**31 - 1`` once it
         gets there (see :mod:`cbo_jax.dynamics.core` for how it relates to CBXpy's
         ``num_f_eval``).
@@ -247,9 +248,9 @@ class CBOState(NamedTuple):
     params: Any = None
     batch: Any = None
     in_batch: Any = None
-    aux: Any = None
+    aux: MemoryAux | PSOAux | AdamAux | MirrorAux | None = None
     evals: Any = None
-    ctrl: Any = None
+    ctrl: Ctrl | None = None
 
 
 class Dynamics(NamedTuple):
@@ -407,3 +408,38 @@ class Particles(NamedTuple):
     label: jax.Array
     malicious: jax.Array
     pid: jax.Array | np.ndarray  # NumPy ids after host-side padding (sharding.prepare_population)
+
+
+# What a dynamic keeps besides its particles (``CBOState.aux``).
+
+
+class MemoryAux(NamedTuple):
+    """``y``: the personal-best memory of every particle (a population like ``x``);
+    ``x_energy``: the energies of the current positions ``x`` (``state.energy`` holds the
+    memories' energies), the history's ``min_energy``."""
+
+    y: Any
+    x_energy: Any
+
+
+class PSOAux(NamedTuple):
+    """``y``: personal-best memories; ``v``: velocities (populations like ``x``);
+    ``x_energy``: the energies of the current positions (``state.energy`` holds the
+    memories'), the history's ``min_energy``."""
+
+    y: Any
+    v: Any
+    x_energy: Any
+
+
+class AdamAux(NamedTuple):
+    """First and second moment estimates (populations like ``x``)."""
+
+    m: Any
+    v: Any
+
+
+class MirrorAux(NamedTuple):
+    """``y``: the dual variables ``∇φ(x)``."""
+
+    y: Any

@@ -36,6 +36,7 @@ from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.consensus import consensus_point
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.base import MemoryAux
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
 
@@ -47,15 +48,6 @@ class MemoryParams(NamedTuple):
 
     lambda_memory: Any
     sigma_memory: Any
-
-
-class MemoryAux(NamedTuple):
-    """``y``: the personal-best memory of every particle (a population like ``x``);
-    ``x_energy``: the energies of the current positions ``x`` (``state.energy`` holds the
-    memories' energies), the history's ``min_energy``."""
-
-    y: Any
-    x_energy: Any
 
 
 @dataclasses.dataclass(frozen=True)

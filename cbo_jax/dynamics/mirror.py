@@ -17,7 +17,7 @@ particles is an error before compilation. Needs an ``(N, d)`` array population.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -26,17 +26,12 @@ from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax import mirror_maps
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.base import MirrorAux
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient
 
 __all__ = ["MirrorCBOConfig", "MirrorAux", "mirror_cbo"]
-
-
-class MirrorAux(NamedTuple):
-    """``y``: the dual variables ``∇φ(x)``."""
-
-    y: Any
 
 
 @dataclasses.dataclass(frozen=True)

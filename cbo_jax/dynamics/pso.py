@@ -36,6 +36,7 @@ import jax
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.dynamics import core
+from cbo_jax.dynamics.base import PSOAux
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
 from cbo_jax.dynamics.memory import _no_gradient, memory_absorb, memory_consensus
@@ -50,16 +51,6 @@ class PSOParams(NamedTuple):
     gamma: Any
     lambda_memory: Any
     sigma_memory: Any
-
-
-class PSOAux(NamedTuple):
-    """``y``: personal-best memories; ``v``: velocities (populations like ``x``);
-    ``x_energy``: the energies of the current positions (``state.energy`` holds the
-    memories'), the history's ``min_energy``."""
-
-    y: Any
-    v: Any
-    x_energy: Any
 
 
 @dataclasses.dataclass(frozen=True)

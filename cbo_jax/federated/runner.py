@@ -320,7 +320,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
-    output = Output(out, overwrite=overwrite, resume=resume, extend=extend, tensorboard=tensorboard, progress=progress,
+    output = Output(None if out is None else Path(out), overwrite=overwrite, resume=resume, extend=extend, tensorboard=tensorboard, progress=progress,
                     plots=plots, checkpoint_every=checkpoint_every)
     key = _checks.as_key("key", key)
     _checks.single_key(key, "run splits the key into the rounds' keys itself (several runs: one run call per key)")
@@ -415,7 +415,7 @@ def _run(algorithm, data, rounds, key, fp, output: Output, files: RunFiles, *, m
     history: list[dict] = []
     done = 0
     if output.resume:
-        state, done, history, clock.offset = _resume(out, state, fp, rounds, output.extend)
+        state, done, history, clock.offset = _resume(output.files, state, fp, rounds, output.extend)
     if out is not None:
         replace_text(out / "fingerprint.json", json.dumps(fp, indent=1) + "\n")
         files.open_writer(out, tensorboard=output.tensorboard, keep=history)

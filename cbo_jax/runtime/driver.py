@@ -37,7 +37,7 @@ class Output:
       checkpoint_every: checkpoint every this many rounds (federated runs).
     """
 
-    directory: str | Path | None = None
+    directory: Path | None = None  # a str is taken too
     overwrite: bool = False
     resume: bool = False
     extend: bool = False
@@ -54,7 +54,14 @@ class Output:
             if getattr(self, name) is not None:
                 _checks.positive_int(name, getattr(self, name))
         if self.directory is not None:
-            object.__setattr__(self, "directory", Path(self.directory))
+            object.__setattr__(self, "directory", Path(self.directory))  # a str given
+
+    @property
+    def files(self) -> Path:
+        """The results directory (an error when there is none: the caller checked ``directory``)."""
+        if self.directory is None:
+            raise ValueError("this run writes no files (out=None)")
+        return self.directory
         if self.extend and not self.resume:  # was ignored: a new run of the extended length
             raise ValueError("extend continues a run: it needs resume=True")
         if self.resume and self.overwrite:  # overwrite was ignored: the run resumed
