@@ -251,7 +251,7 @@ def zero_nonfinite_rows(population: PyTree) -> tuple[PyTree, jax.Array]:
 
 
 def slice_rows(tree: PyTree, start, size: int, axis: int = 0) -> PyTree:
-    """Rows ``start .. start + size`` (along ``axis``) of every leaf; ``start`` may be traced
+    """The ``size`` rows from row ``start`` (along ``axis``) of every leaf; ``start`` may be traced
     (a chunk of a population, :func:`update_rows` writes it back)."""
     return jax.tree_util.tree_map(lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, size, axis=axis), tree)
 
