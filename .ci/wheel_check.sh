@@ -15,8 +15,9 @@ src="$(pwd)"
 work="$(mktemp -d)"
 elapsed() { echo "  ($(( $(date +%s) - $1 )) s)"; }
 
-# Test files that import only the installed package (no docs/, examples/, benchmarks/ or test helpers).
-SOURCE_FREE_TESTS=(test_release.py test_consensus.py test_mnist.py test_federated_data.py test_report.py)
+# Test files that import only the installed package (no docs/, examples/, benchmarks/ or test helpers), as paths
+# under tests/; they run from a copy of tests/ that holds them, conftest.py and the __init__.py of their folders.
+SOURCE_FREE_TESTS=(test_release.py test_consensus.py federated/test_mnist.py federated/test_data.py runtime/test_report.py)
 
 echo "+ build sdist and wheel"
 start=$(date +%s)
@@ -82,7 +83,15 @@ elapsed "$start"
 echo "+ source-tree-free tests against the installed wheel"
 start=$(date +%s)
 mkdir "$work/tests"
-for f in "${SOURCE_FREE_TESTS[@]}"; do cp "$src/tests/$f" "$work/tests/"; done
+for f in "${SOURCE_FREE_TESTS[@]}"; do
+  dir="$(dirname "$f")"
+  mkdir -p "$work/tests/$dir"
+  cp "$src/tests/$f" "$work/tests/$f"
+  while [ "$dir" != "." ]; do  # the test packages on the way (tests/federated/__init__.py, ...)
+    cp "$src/tests/$dir/__init__.py" "$work/tests/$dir/"
+    dir="$(dirname "$dir")"
+  done
+done
 cp "$src/tests/conftest.py" "$work/tests/"
 python -m pytest -q -p no:cacheprovider --rootdir "$work/tests" "$work/tests"
 elapsed "$start"

@@ -3,6 +3,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -120,12 +121,21 @@ except ImportError:  # hypothesis is in the test extra; a bare install skips the
 # Modules whose tests share one long fixture: the 8-device subprocess of tests/test_sharding.py
 # takes minutes. CI's slow step runs with `--dist loadfile` (one module, one pytest-xdist worker,
 # the fixture once); these modules go first so that it starts while the other workers take the
-# rest instead of being left for the end.
+# rest instead of being left for the end. Paths relative to tests/.
+TESTS = Path(__file__).resolve().parent
 LONG_FIRST = ("test_sharding.py",)
 
 
+def _in_tests(path) -> str:
+    """``path`` relative to tests/, with ``/`` (``federated/test_runner.py``)."""
+    try:
+        return Path(path).resolve().relative_to(TESTS).as_posix()
+    except ValueError:  # a test file outside tests/
+        return str(path)
+
+
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the order is kept otherwise
+    items.sort(key=lambda item: _in_tests(item.path) not in LONG_FIRST)  # stable: the order is kept otherwise
 
 
 # The tests of the real MNIST files (the full 60000 + 10000 images, not the bundled subset) read

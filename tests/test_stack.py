@@ -123,8 +123,9 @@ def test_the_probe_adds_the_flag_only_where_jaxlib_knows_it():
 
 
 def test_the_wheel_checks_tests_import_no_test_helpers():
-    """.ci/wheel_check.sh runs some test files against the installed wheel with only conftest.py beside
-    them: a helper import (``from _stack import ...``) there fails only in CI's wheel step."""
+    """.ci/wheel_check.sh runs some test files against the installed wheel with only conftest.py (and the
+    __init__.py of their folders) beside them: a helper import (``from _stack import ...``) or an import of
+    another test file there fails only in CI's wheel step."""
     import re
 
     root = Path(__file__).resolve().parents[1]
@@ -139,3 +140,7 @@ def test_the_wheel_checks_tests_import_no_test_helpers():
         text = (root / "tests" / name).read_text()
         used = set(re.findall(r"^\s*(?:from|import)\s+(_\w+)", text, re.M)) & helpers
         assert not used, f"tests/{name} runs against the wheel without the test helpers but imports {sorted(used)}"
+        tests = {m for m in re.findall(r"^\s*(?:from|import)\s+([\w.]+)", text, re.M)
+                 if (root / "tests" / (m.replace(".", "/") + ".py")).is_file()}
+        beside = {f[:-len(".py")].replace("/", ".") for f in files}
+        assert tests <= beside, f"tests/{name} imports test files the wheel check does not copy: {sorted(tests - beside)}"

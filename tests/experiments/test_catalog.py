@@ -9,7 +9,7 @@ import pytest
 from cbo_jax.experiments import registry
 from cbo_jax.experiments.catalog import RECORDED
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _numbers(text: str) -> list[str]:

@@ -483,7 +483,7 @@ def test_every_dynamic_sharded_over_eight_devices_equals_one_device():
     from pathlib import Path
 
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("_family_sharded.py"))], env=env,
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve().parents[1] / "_family_sharded.py")], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])

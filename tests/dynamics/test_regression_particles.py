@@ -1,7 +1,7 @@
 """Pinned final particles of CBO, the clustered system and CB²O (fixed seeds, tiny sizes).
 
 ``tests/data/regression_particles.npz`` holds the final positions of each case below,
-written by ``python tests/test_regression_particles.py --write`` with the code as it was
+written by ``python tests/dynamics/test_regression_particles.py --write`` with the code as it was
 before the parameter pytree (issue 14) was introduced. Any later change to the dynamics
 must keep these numbers. float64 cases are compared to 1e-12 (the tolerance leaves room
 for another CPU's vectorisation); float32 cases to 2e-6. Two cases run by default, all
@@ -27,10 +27,12 @@ import cbo_jax as cj
 from cbo_jax import objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, cb2o, clustered, particles
 
-from _stack import enable_x64
+if __name__ == "__main__":  # run as a script (--write, below): the test helpers are in tests/
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _stack import enable_x64  # noqa: E402
 
 
-DATA = Path(__file__).resolve().parent / "data" / "regression_particles.npz"
+DATA = Path(__file__).resolve().parents[1] / "data" / "regression_particles.npz"
 STEPS = 25
 
 
@@ -124,7 +126,7 @@ def test_final_particles_are_pinned(name, dtype, optimized_xla):
     assert got.dtype == np.dtype(dtype)
 
 
-if __name__ == "__main__":  # python tests/test_regression_particles.py --write [PATH]
+if __name__ == "__main__":  # python tests/dynamics/test_regression_particles.py --write [PATH]
     if len(sys.argv) >= 2 and sys.argv[1] == "--write":
         path = Path(sys.argv[2]) if len(sys.argv) > 2 else DATA
         path.parent.mkdir(parents=True, exist_ok=True)

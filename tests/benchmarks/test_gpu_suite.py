@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUITE = ROOT / "benchmarks" / "gpu_suite.py"
 
 pytestmark = pytest.mark.skipif(not SUITE.exists(), reason="benchmarks/ is not beside the tests (installed wheel)")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "getting_started.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "getting_started.md"
 NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?")  # not the 0 of x0
 
 

@@ -42,7 +42,7 @@ def test_run_fedcbo_writes_results_directory(tmp_path, capsys):
 
 
 def _idx_dir(path):
-    from test_mnist import _fake_dir  # tiny random IDX files (60 training, 20 test images)
+    from federated.test_mnist import _fake_dir  # tiny random IDX files (60 training, 20 test images)
 
     path.mkdir()
     return _fake_dir(path, n_train=60, n_test=20)

@@ -51,7 +51,7 @@ def test_leaves_and_trees():
 
 
 def test_a_federated_run_result_prints_its_summary_and_its_rows_by_name():
-    from test_federated_engine import _tiny_local_run
+    from federated.test_runner import _tiny_local_run
 
     data, alg = _tiny_local_run(1)
     res = fl.run(alg, data, 3, jax.random.key(0), progress=False, plots=False,

@@ -14,7 +14,7 @@ import pytest
 
 from cbo_jax import notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted((ROOT / "examples" / "notebooks").glob("[0-9][0-9]_*.py"))
 
 

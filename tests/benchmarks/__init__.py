@@ -1,0 +1,1 @@
+"""Tests of the benchmark scripts in benchmarks/ (their plumbing, at smoke sizes)."""

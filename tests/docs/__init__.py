@@ -1,0 +1,1 @@
+"""Tests of the documentation: README.md and the pages in docs/."""

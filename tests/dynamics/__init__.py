@@ -1,0 +1,1 @@
+"""Tests of cbo_jax.dynamics: the particle systems."""

@@ -1,0 +1,1 @@
+"""Tests of the scripts and notebooks in examples/."""

@@ -1,0 +1,1 @@
+"""Tests of cbo_jax.federated: data, local training, aggregation, selection, metrics, the runner."""

@@ -1,0 +1,1 @@
+"""Tests of cbo_jax.federated.algorithms: one file per algorithm."""

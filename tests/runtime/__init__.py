@@ -1,0 +1,1 @@
+"""Tests of cbo_jax.runtime: results directories, checkpoints, reports, provenance, processes."""
