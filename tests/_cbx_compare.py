@@ -1,7 +1,7 @@
 """Step-by-step comparison with CBXpy: the same initial particles and the same normals.
 
-A test helper, not in the wheel: used by ``tests/test_cbx_family.py``,
-``tests/test_mutation_family.py`` and ``benchmarks/cbx_family.py`` (needs ``cbx``, the
+A test helper, not in the wheel: used by ``tests/dynamics/test_family.py``
+and ``benchmarks/cbx_family.py`` (needs ``cbx``, the
 test extra). A cbo_jax dynamic draws every standard normal through
 :func:`cbo_jax.sde.draw_normal`; :func:`record` runs it once un-jitted with
 that function wrapped, so the draws come out in the order the step makes them. CBXpy

@@ -1,4 +1,4 @@
-"""Run by tests/test_cbx_family.py (slow) in a subprocess with 8 simulated CPU devices.
+"""Run by tests/dynamics/test_family.py (slow) in a subprocess with 8 simulated CPU devices.
 
 Every CBX-family dynamic, N = 44 particles padded to 48 over 8 devices, per-particle
 noise: the sharded run equals the single-device run. Prints one JSON line of max abs

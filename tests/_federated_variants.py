@@ -1,6 +1,6 @@
 """The pinned federated runs (tests/pinned/make_federated_pinned.py) rebuilt with the current API.
 
-Shared by tests/test_federated_regression.py (one device) and tests/_sharded_runs.py
+Shared by tests/federated/test_runner.py (one device) and tests/_sharded_runs.py
 (8 simulated devices). ``run_variant(name, mesh)`` returns ``(state_arrays, metric_arrays)``
 in the layout of ``tests/pinned/federated_v4.npz``.
 
@@ -213,7 +213,7 @@ DROPPED = {"eps", "participants"}
 
 # Metrics whose definition changed after the pins were recorded (the runs' states are still
 # compared bitwise): round_stats' train_loss is the mean over G_n, no longer over every agent,
-# which differs in the runs with participation < 1 (tests/test_algorithms.py checks the new one).
+# which differs in the runs with participation < 1 (tests/federated/test_metrics.py checks the new one).
 # fedcbo_egreedy_iso's v4 pin was recorded with the new definition. sr_oracle is the oracle of
 # the draw made, ⌊εM⌋ random picks of M (it used ε itself; they differ where εM is not whole:
 # fedcbo_egreedy_iso's M = 3).

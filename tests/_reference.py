@@ -1,5 +1,5 @@
-"""Float64 NumPy references shared by the equation-level tests (test_paper_equations.py,
-test_mutation_spec.py, test_mutation_baselines.py)."""
+"""Float64 NumPy references shared by the equation-level tests (federated/test_paper_equations.py
+and the tests marked ``reference`` in federated/algorithms/)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def optimized_xla():
 # tests that count compilations must see every one, and a test run writes nothing under ~/.cache.
 os.environ["CBO_JAX_COMPILATION_CACHE"] = "0"
 
-# Property tests (tests/test_properties.py): in CI every run draws the same examples, so a
+# Property tests (tests/test_config.py): in CI every run draws the same examples, so a
 # submission never fails on a case no earlier run saw; elsewhere they are drawn anew.
 try:
     from hypothesis import settings as _hyp_settings

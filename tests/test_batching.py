@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cbo_jax as cj
-from cbo_jax import objectives, schedules
+from cbo_jax import batching, objectives, schedules
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, cb2o, particles
 
 from _stack import enable_x64
@@ -97,9 +97,33 @@ def test_bad_batch_settings():
 def test_next_batch_refuses_a_batch_size_that_is_not_an_integer(bad):
     """next_batch(state, key, 2.5) passed its range check and failed in dynamic_slice with
     JAX's "Shapes must be 1D sequences of concrete values of integer type"; True was a batch of 1."""
-    from cbo_jax import batching
-
     with pytest.raises(ValueError, match="batch_size must be an integer"):
         batching.next_batch(batching.init(5), jax.random.key(0), bad)
     mask, _ = batching.next_batch(batching.init(5), jax.random.key(0), np.int64(2))
     assert int(mask.sum()) == 2
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+@pytest.mark.reference
+def test_first_batch_comes_from_a_fresh_permutation_on_the_batch_stream():
+    """Guards: ``init`` puts ``pos = N`` so the first step draws a permutation (``pos = 0``
+    walked the identity permutation, the first epoch's batches were ``0..b-1, b..2b-1, ...``),
+    and the permutation's key is ``fold_in(step_key, BATCH_STREAM)`` (documented; the key
+    itself is the one the noise is split from)."""
+    n, b = 10, 3
+    firsts = set()
+    for seed in range(4):
+        key = jax.random.key(seed)
+        mask, state = batching.next_batch(batching.init(n), key, b)
+        perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, batching.BATCH_STREAM), n))
+        want = np.zeros(n, bool)
+        want[perm[:b]] = True
+        np.testing.assert_array_equal(np.asarray(mask), want)
+        np.testing.assert_array_equal(np.asarray(state.perm), perm)
+        assert int(state.pos) == b
+        firsts.add(tuple(np.flatnonzero(np.asarray(mask))))
+    assert len(firsts) > 1  # not the same first batch for every key

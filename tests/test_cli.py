@@ -327,7 +327,7 @@ def test_ctrl_c_is_one_line_and_exit_status_130(monkeypatch, capsys):
         action.set_defaults(func=interrupted)
     assert cli.main(["optimize", "--no-progress"]) == 130
     err = capsys.readouterr().err
-    # optimize cannot resume: no hint about --resume (that is `cbo-jax run`'s: tests/test_faults.py)
+    # optimize cannot resume: no hint about --resume (that is `cbo-jax run`'s: tests/runtime/test_faults.py)
     assert err.strip().splitlines() == ["cbo-jax: interrupted"]
 
 

@@ -290,8 +290,6 @@ def test_low_precision_energies_and_integer_rows():
     denominator stopped at 256 (consensus 3.98 for rows near 1) and the plain weights did not
     sum to one; they are promoted to float32. Integer rows gave a truncated mean (weights cast
     to int: 0) and are refused."""
-    import jax.numpy as jnp
-
     from cbo_jax import population as pop
     from cbo_jax.consensus import consensus_point, streaming_consensus_point
 
@@ -483,3 +481,37 @@ def test_quantile_mask_checks_a_concrete_beta_of_any_kind():
             cj.quantile_mask(e, beta)
     assert int(jnp.sum(cj.quantile_mask(e, np.float32(0.3)))) == 3
     assert int(jax.jit(lambda b: jnp.sum(cj.quantile_mask(e, b)))(0.3)) == 3  # traced: not checked, as documented
+
+
+def _np_consensus(x, e, alpha, keep):
+    """float64 NumPy reference: Σ θ e^{-α(E - E_min)} / Σ e^{-α(E - E_min)} over the kept rows."""
+    keep = keep & np.isfinite(e) & np.all(np.isfinite(x), axis=1)
+    w = np.where(keep, np.exp(-alpha * np.where(keep, e - e[keep].min(), 0.0)), 0.0)
+    return (w[:, None] * np.where(keep[:, None], x, 0)).sum(0) / w.sum()
+
+
+def test_streaming_consensus_matches_numpy_float64():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 3))
+    e = rng.exponential(size=60) + 1e-8
+    x[5, 1], e[7] = np.nan, np.inf  # non-finite agents get weight zero
+    mask = rng.random(60) < 0.7
+    streaming = jax.jit(consensus.streaming_consensus_point, static_argnames="chunk")
+    with enable_x64(True):
+        for alpha in (0.0, 3.0, 1e12):
+            for keep in (None, mask):
+                got = streaming(x, e, alpha, keep, chunk=12)
+                ref = _np_consensus(x, e, alpha, np.ones(60, bool) if keep is None else keep)
+                np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-12)
+        alpha = 3.0
+        # K consensus points at once, and a stacked pytree
+        E = np.stack([e, rng.exponential(size=60)])
+        got = consensus.streaming_consensus_point(x, E, jnp.array([alpha, 1.0]), chunk=20)
+        np.testing.assert_allclose(np.asarray(got), np.asarray(consensus.consensus_point(x, E, jnp.array([alpha, 1.0]))),
+                                   rtol=1e-12)
+        tree = {"a": x[:, :2].reshape(60, 2, 1), "b": x[:, 2:]}
+        got = consensus.streaming_consensus_point(tree, e, alpha, chunk=30)
+        np.testing.assert_allclose(np.concatenate([np.asarray(got["a"]).ravel(), np.asarray(got["b"])]),
+                                   _np_consensus(x, e, alpha, np.ones(60, bool)), rtol=1e-12)
+    with pytest.raises(ValueError, match="multiple of chunk"):
+        consensus.streaming_consensus_point(x, e, 1.0, chunk=7)

@@ -1,6 +1,7 @@
 """Mean-field diagnostics: variances, decay rates, sliced Wasserstein."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -282,3 +283,76 @@ def test_class_variance_of_stacked_runs_names_the_vmap():
     with pytest.raises(ValueError, match=r"x looks like 3 runs stacked.*jax.vmap\(class_variance"):
         meanfield.class_variance(x, label, centers)
     assert jax.vmap(meanfield.class_variance, in_axes=(0, None, None))(x, label, centers).shape == (3, 2)
+
+
+@pytest.mark.parametrize("label,centers,include,match", [
+    (np.zeros(5, int), np.zeros((2, 2)), None, r"label must have shape \(6,\)"),
+    (np.zeros(6, int), np.zeros((2, 3)), None, r"centers must be K points shaped like one particle"),
+    (np.zeros(6, int), np.zeros((2, 2)), np.ones(4, bool), r"include must have shape \(6,\)"),
+    (np.zeros(6), np.zeros((2, 2)), None, "label must hold integers"),
+])
+def test_class_variance_shape_mismatches_are_named(label, centers, include, match):
+    """These were TypeErrors from jnp's broadcasting ("sub got incompatible shapes")."""
+    with pytest.raises(ValueError, match=match):
+        meanfield.class_variance(jnp.ones((6, 2)), label, centers, include=include)
+
+
+def test_class_variance_closed_form():
+    x = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [1.0, 1.0]])
+    got = np.asarray(meanfield.class_variance(x, np.array([0, 0, 1, 1]), np.array([[0.0, 0.0], [1.0, 1.0]])))
+    np.testing.assert_allclose(got, [0.5 * (1 + 4) / 2, 0.5 * (8 + 0) / 2], rtol=1e-6)
+
+
+def test_predicted_decay_rate_is_elementwise_in_the_lipschitz_constant_too():
+    """Documented as elementwise on arrays, but float(lipschitz) refused an array."""
+    got = meanfield.predicted_decay_rate(1.0, 0.5, 0.1, 0.2, 2, np.array([0.0, 1.0, 2.0]))
+    want = [2 * 1.0 - 2 * 0.5 * m - 2 * 0.01 - 2 * 0.04 * m ** 2 for m in (0.0, 1.0, 2.0)]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert meanfield.predicted_decay_rate(1.0, 0.5, 0.1, 0.2, 2, 1.0) == pytest.approx(want[1], rel=1e-12)
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+@pytest.mark.reference
+def test_sliced_wasserstein_p2_of_a_translation_in_one_dimension_is_the_shift():
+    """Guards the final ``** (1/p)`` of SW_p: in 1-D (directions ±1, so every projection is
+    exact) a sample and its translate by ``v`` are ``W_p = |v|`` apart for every ``p``; the
+    suite only used ``p = 1``, where the root is the identity."""
+    x = np.random.default_rng(0).standard_normal((9, 1))
+    for p in (2.0, 3.0):
+        got = float(meanfield.sliced_wasserstein(x, x + 3.0, jax.random.key(0), num_projections=5, p=p))
+        assert got == pytest.approx(3.0, rel=1e-5)
+
+
+@pytest.mark.reference
+def test_ideal_quadratic_rate_closed_form():
+    """Guards ``2(λ1 + λ2) - c σ1² - d σ2²`` (``c = d`` isotropic, ``1`` anisotropic)."""
+    assert meanfield.ideal_quadratic_rate(1.0, 0.5, 0.3, 0.2, d=3) == pytest.approx(3.0 - 3 * 0.09 - 3 * 0.04)
+    assert meanfield.ideal_quadratic_rate(1.0, 0.5, 0.3, 0.2, d=3, noise="anisotropic") == pytest.approx(
+        3.0 - 0.09 - 3 * 0.04)
+
+
+@pytest.mark.reference
+def test_coupling_distance_is_averaged_over_the_benign_particles_only():
+    """Guards the benign mean of ``|θ_i - θ̄_i|²`` in :func:`meanfield.coupling` (dividing by
+    all ``N`` went unnoticed: the suite's coupling tests had no malicious particles). Noise
+    off, copies driven to the own consensus shifted by ``δ``: for each benign particle
+    ``|d_t|² = |δ|² (1 - (1 - λ1 dt)^t)²``, so their mean is that too."""
+    from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, clustered, particles
+
+    rng = np.random.default_rng(4)
+    delta = np.array([0.3, -0.4])
+    n = 10
+    with enable_x64(True):
+        cfg = ClusteredConfig(lambda1=0.8, sigma1=0.5, dt=0.02, alpha=10.0, noise="none", dtype="float64")
+        attack = Malicious(drift=lambda t, x: -(x + 1.0))
+        dyn = clustered([objectives.Quadratic(shift=c) for c in ([1.0, 1.0], [-1.0, -1.0])], cfg, malicious=attack)
+        p = particles(rng.uniform(-2, 2, (n, 2)), np.arange(n) % 2, malicious=np.arange(n) % 5 == 0)
+        own = cj.simulate(dyn, p, 1, 12, record_consensus=True)
+        res = meanfield.coupling(dyn, p, 1, own.history["consensus"] + delta)
+    t = np.arange(13)
+    expected = np.sum(delta ** 2) * (1 - (1 - 0.8 * 0.02) ** t) ** 2
+    np.testing.assert_allclose(res.sq_distance, expected, rtol=1e-10, atol=1e-15)

@@ -15,6 +15,7 @@ import cbo_jax.federated as fl
 from cbo_jax import models
 from cbo_jax.federated import local
 from cbo_jax.federated.data import AgentData
+from cbo_jax.models import logistic_regression, mlp_mnist
 
 
 class DropNet(nn.Module):
@@ -285,3 +286,13 @@ def test_fedcbo_download_consensus_of_bfloat16_rows_sums_in_float32():
                                                    alpha=1.0, chunk=1))(params, own)
     assert res.consensus["w"].dtype == jnp.bfloat16
     assert float(res.consensus["w"][0, 0]) == float(jnp.asarray(7 / 3, jnp.bfloat16)) == 2.328125
+
+
+@pytest.mark.slow  # the default run's time budget; CI runs it in the slow step
+def test_models_logistic_and_mlp_still_usable():
+    lr = logistic_regression()
+    p = lr.init(jax.random.key(0))
+    assert p["params"]["Dense_0"]["kernel"].shape == (60, 10)
+    assert lr.apply(p, jnp.ones((5, 60))).shape == (5, 10)
+    mlp = mlp_mnist()
+    assert mlp.apply(mlp.init(jax.random.key(0)), jnp.zeros((2, 28, 28), jnp.uint8)).shape == (2, 10)

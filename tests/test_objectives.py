@@ -1,7 +1,7 @@
-"""Numerical edge cases of the objectives, mirror maps, SDE step, parameter sweeps and plots.
+"""The test objectives (cbo_jax.objectives): minimisers, values and gradients, bad input.
 
-Each test pins a defect found by checking the numbers against closed forms (or bad input
-against a clear ``ValueError``); the test fails on the code before its fix.
+The numerical edge cases each pin a defect found by checking the numbers against closed forms
+(or bad input against a clear ``ValueError``); the test fails on the code before its fix.
 """
 
 import jax
@@ -9,16 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import cbo_jax as cj
-from cbo_jax import mirror_maps as mm
 from cbo_jax import objectives
-from cbo_jax import params as P
-from cbo_jax import sde
 
 from _stack import enable_x64
 
 
-# ------------------------------------------------------------------------------ objectives
+# ------------------------------------------------------------------------------ numerical edge cases
 
 @pytest.mark.parametrize("obj", [objectives.DropWave(), objectives.Ackley(), objectives.AcceleratedSinus(),
                                  objectives.AckleyMultimodal(alpha=(1.0, 2.0))], ids=lambda o: o.name)
@@ -86,152 +82,11 @@ def test_nd_sinus_has_a_minimiser_in_one_dimension():
         assert float(jax.jit(obj)(jnp.asarray(m))[0]) == pytest.approx(0.0, abs=1e-14)
 
 
-# ------------------------------------------------------------------------------ mirror maps
-
-def test_projection_sphere_of_the_origin_lands_on_the_sphere():
-    """r y / |y| was NaN at y = 0 (every point of the sphere is nearest there)."""
-    m = mm.ProjectionSphere(2.0)
-    x = np.asarray(m.grad_conj(jnp.asarray([[0.0, 0.0, 0.0], [3.0, 0.0, 4.0]])))
-    assert np.all(np.isfinite(x))
-    np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 2.0, rtol=1e-6)
-    np.testing.assert_allclose(x[1], [1.2, 0.0, 1.6], rtol=1e-6)
-
-
-def test_log_barrier_inverse_saturates_at_the_box_edge_for_huge_duals():
-    """``∇φ*(y) = y / (1 + √(1 + y²))`` tends to ±1; ``y²`` overflowed float32 past 1.8e19 and
-    gave 0 (the box's centre). Moderate duals keep the float64 value."""
-    m = mm.LogBarrierBox()
-    y = jnp.asarray([1e20, -3e30, 0.5, -2.0, 0.0], jnp.float32)
-    x = np.asarray(m.grad_conj(y))
-    ref = np.array([1.0, -1.0, 0.5 / (1 + np.sqrt(1.25)), -2.0 / (1 + np.sqrt(5.0)), 0.0])
-    np.testing.assert_allclose(x, ref, rtol=1e-6, atol=0)
-    np.testing.assert_allclose(np.asarray(m.grad(jnp.asarray(x[2:]))), np.asarray(y[2:]), rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.parametrize("build,match", [
-    (lambda: mm.ProjectionSquare(-1.0), "r must be > 0"),  # clipped every coordinate to 1 silently
-    (lambda: mm.ProjectionStiefel((2,)), "two integers"),
-    (lambda: mm.ProjectionStiefel((2, 2)).grad_conj(jnp.ones((3, 5))), "dimension n k = 4, got 5"),
-    (lambda: mm.weighted_L2(np.ones((2, 3))), "square"),
-    (lambda: mm.weighted_L2([[1.0, 0.0], [0.0, -1.0]]), "positive definite"),  # an indefinite φ
-    (lambda: mm.get_mirror_map({"name": "L2", "lambda": 2.0}), r"'L2' takes \['lamda'\]"),  # was a TypeError
-])
-def test_mirror_map_bad_input_is_a_clear_value_error(build, match):
-    with pytest.raises(ValueError, match=match):
-        build()
-
-
-# ------------------------------------------------------------------------------ SDE step
-
-def test_euler_maruyama_negative_dt_is_refused_not_nan():
-    x = jnp.ones((4, 2))
-    with pytest.raises(ValueError, match="dt must be a finite number >= 0"):
-        sde.euler_maruyama(jax.random.key(0), x, jnp.zeros(2), dt=-0.1, lambda1=1.0, sigma1=1.0)
-    out = sde.euler_maruyama(jax.random.key(0), x, jnp.zeros(2), dt=0.1, lambda1=1.0, sigma1=0.0)
-    np.testing.assert_allclose(np.asarray(out), 0.9, rtol=1e-6)  # the noiseless step (1 - λ dt) x
-
-
-# ------------------------------------------------------------------------------ parameter sweeps
-
-def _dyn():
-    return cj.cbo(objectives.Sphere(), sigma1=1.0)
-
-
-@pytest.mark.parametrize("leaf,match", [
-    (np.array([]), r"sweep grid \(0,\) has no points"),  # was a bare IndexError inside simulate
-    (np.ones((0, 3)), r"sweep grid \(0, 3\) has no points"),
-    (np.array([1 + 2j, 1.0]), "must hold real numbers"),  # the imaginary part was dropped with a warning
-    (True, "must hold real numbers"),
-    ("0.5", "must hold real numbers"),
-    (None, "must hold real numbers"),  # was "= nan: must be finite"
-])
-def test_validate_refuses_empty_grids_and_non_real_leaves(leaf, match):
-    dyn = _dyn()
-    with pytest.raises(ValueError, match=match):
-        P.validate(P.defaults(dyn)._replace(sigma1=leaf), dyn)
-
-
-def test_validate_still_accepts_integer_and_low_precision_leaves():
-    dyn = _dyn()
-    p = P.defaults(dyn)._replace(lambda1=np.array([1, 2], np.int32), sigma1=jnp.array([0.5, 1.0], jnp.bfloat16))
-    assert P.validate(p, dyn) == (2,)
-
-
-# ------------------------------------------------------------------------------ plots
-
-def test_contour_names_an_objective_of_the_wrong_output_shape():
-    """The shape check ran after the reshape, so NumPy's "cannot reshape" came first."""
-    from cbo_jax import plot
-
-    # the grid evaluation behind contour() (no matplotlib needed to reach the check)
-    with pytest.raises(ValueError, match=r"must map an \(n, 2\) array of points to \(n,\) values"):
-        plot._grid_values(lambda x: jnp.sum(x), ((-1.0, 1.0), (-1.0, 1.0)), 8)
-    gx, gy, z = plot._grid_values(lambda x: jnp.sum(x * x, axis=-1, keepdims=True), ((-1.0, 1.0), (-1.0, 1.0)), 8)
-    np.testing.assert_allclose(z, gx ** 2 + gy ** 2, rtol=1e-6)  # an (n, 1) output still reshapes
-
-
-# ------------------------------------------------------------------------------ constraints
-
-@pytest.mark.parametrize("spec,match", [
-    ({"name": "sphere", "r": 2.0}, r"'sphere' takes no parameters, got \['r'\]"),  # was the unit sphere, silently
-    ({"name": "Stiefel", "nk": (2, 1), "n": 3}, r"'Stiefel' takes \['nk'\], got \['n'\]"),
-    ({"name": "plane"}, "needs its normal a"),  # was a TypeError
-])
-def test_get_surface_refuses_parameters_it_would_drop(spec, match):
-    from cbo_jax import constraints as cons
-
-    with pytest.raises(ValueError, match=match):
-        cons.get_surface(spec)
-
-
-def test_named_constraint_with_a_wrong_keyword_is_a_value_error():
-    from cbo_jax import constraints as cons
-
-    with pytest.raises(ValueError, match=r"constraint 'sphere' takes \['r'\], got \['radius'\]"):
-        cons.as_constraints({"name": "sphere", "radius": 2.0})
-    (g,) = cons.as_constraints({"name": "sphere", "r": 2.0})
-    assert float(g(jnp.asarray([2.0, 0.0]))) == 0.0
-
-
-# ------------------------------------------------------------------------------ mean-field diagnostics
-
-@pytest.mark.parametrize("label,centers,include,match", [
-    (np.zeros(5, int), np.zeros((2, 2)), None, r"label must have shape \(6,\)"),
-    (np.zeros(6, int), np.zeros((2, 3)), None, r"centers must be K points shaped like one particle"),
-    (np.zeros(6, int), np.zeros((2, 2)), np.ones(4, bool), r"include must have shape \(6,\)"),
-    (np.zeros(6), np.zeros((2, 2)), None, "label must hold integers"),
-])
-def test_class_variance_shape_mismatches_are_named(label, centers, include, match):
-    """These were TypeErrors from jnp's broadcasting ("sub got incompatible shapes")."""
-    from cbo_jax import meanfield
-
-    with pytest.raises(ValueError, match=match):
-        meanfield.class_variance(jnp.ones((6, 2)), label, centers, include=include)
-
-
-def test_class_variance_closed_form():
-    from cbo_jax import meanfield
-
-    x = np.array([[1.0, 0.0], [0.0, 2.0], [3.0, 3.0], [1.0, 1.0]])
-    got = np.asarray(meanfield.class_variance(x, np.array([0, 0, 1, 1]), np.array([[0.0, 0.0], [1.0, 1.0]])))
-    np.testing.assert_allclose(got, [0.5 * (1 + 4) / 2, 0.5 * (8 + 0) / 2], rtol=1e-6)
-
-
 @pytest.mark.parametrize("x", [3.0, np.zeros((4, 0))], ids=["scalar", "d=0"])
 def test_objective_of_a_scalar_or_of_zero_dimensional_particles_is_refused(x):
     """A scalar was NumPy's "axis -1 is out of bounds"; particles in R^0 got the energy 0 silently."""
     with pytest.raises(ValueError, match=r"particles of shape \(\.\.\., d\) with d >= 1"):
         objectives.Sphere()(x)
-
-
-def test_predicted_decay_rate_is_elementwise_in_the_lipschitz_constant_too():
-    """Documented as elementwise on arrays, but float(lipschitz) refused an array."""
-    from cbo_jax import meanfield
-
-    got = meanfield.predicted_decay_rate(1.0, 0.5, 0.1, 0.2, 2, np.array([0.0, 1.0, 2.0]))
-    want = [2 * 1.0 - 2 * 0.5 * m - 2 * 0.01 - 2 * 0.04 * m ** 2 for m in (0.0, 1.0, 2.0)]
-    np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert meanfield.predicted_decay_rate(1.0, 0.5, 0.1, 0.2, 2, 1.0) == pytest.approx(want[1], rel=1e-12)
 
 
 @pytest.mark.parametrize("point", [[0.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
@@ -264,28 +119,6 @@ def test_objectives_unbounded_below_on_the_plane_name_the_domain_of_their_minimu
         assert float(jnp.min(jax.jit(obj)(jnp.asarray(grid)))) >= obj.minimum(2) - 1e-9
 
 
-@pytest.mark.parametrize("values", [[0.1, "a"], [True, False], [0.5 + 1j]])
-def test_grid_refuses_values_that_are_not_real_numbers(values):
-    """grid() read bools as 1/0 and dropped imaginary parts (a ComplexWarning); a string was NumPy's
-    "could not convert", without the parameter's name."""
-    with pytest.raises(ValueError, match=r"grid: sigma1 must hold real numbers"):
-        P.grid(_dyn(), sigma1=values)
-
-
-@pytest.mark.parametrize("build,match", [
-    (lambda c: c.sphere(float("nan")), "sphere r must be finite"),  # every g(x) was NaN
-    (lambda c: c.sphere("2"), "sphere r must be a real number"),  # a TypeError once traced
-    (lambda c: c.plane([1.0, 0.0], float("nan")), "plane b must be finite"),
-    (lambda c: c.quadric(np.eye(2), None, float("inf")), "quadric c must be finite"),
-    (lambda c: c.quadric([[1.0, float("nan")], [0.0, 1.0]]), "A and b must be finite"),
-])
-def test_constraint_constants_must_be_finite_numbers(build, match):
-    from cbo_jax import constraints as cons
-
-    with pytest.raises(ValueError, match=match):
-        build(cons)
-
-
 def test_bimodal_energy_is_finite_far_from_its_modes():
     """-log(e^{-a} + e^{-b}/2) underflowed to -log(0) = +inf a few units away (|y| > 8 in float32);
     there the energy is b + log 2, the second mode's quadratic."""
@@ -311,3 +144,127 @@ def test_objective_keeps_its_own_copy_of_an_array_shift():
     assert float(f(jnp.zeros((1, 2)))[0]) == 0.0
     with pytest.raises(ValueError):
         f.shift[0] = 1.0  # read-only
+
+
+# ------------------------------------------------------------------------------ minimisers and named objectives
+
+@pytest.mark.parametrize("name", [n for n, c in sorted(objectives.OBJECTIVES.items()) if c.dim is None and
+                                  c.domain is None and c.isolated and n != "gaussian-mixture"])
+def test_objectives_minimisers(name):
+    d = 7
+    obj = objectives.get_objective(name, shift=0.25)
+    xstar = obj.minimiser(d)
+    with enable_x64(True):
+        f_star = float(obj(jnp.asarray(xstar[None], jnp.float64))[0])
+        assert f_star == pytest.approx(obj.minimum(d), abs=1e-9)
+        pert = xstar[None] + 0.05 * np.random.default_rng(0).normal(size=(64, d))
+        assert np.all(np.asarray(obj(jnp.asarray(pert))) > f_star)
+    # batched over runs too
+    assert obj(jnp.zeros((3, 5, d))).shape == (3, 5)
+
+
+def test_objectives_refuse_or_promote_odd_inputs():
+    # integer particles are promoted to float: a fractional shift is not truncated to 0
+    np.testing.assert_allclose(np.asarray(objectives.Sphere(shift=0.5)(jnp.asarray([[1, 2]]))), [2.5])
+    # a shift of the wrong length is named, not a broadcasting error
+    with pytest.raises(ValueError, match="shift has 3 coordinates, but the particles have dimension 2"):
+        objectives.Sphere(shift=[1.0, 2.0, 3.0])(jnp.ones((4, 2)))
+    with pytest.raises(ValueError, match="shift has 3 coordinates"):
+        objectives.Sphere(shift=[1.0, 2.0, 3.0]).minimiser(2)
+    assert objectives.Sphere(shift=[0.5])(jnp.ones((4, 2))).shape == (4,)  # a (1,) shift still broadcasts
+    # a shift that is not numbers is refused, not read as one ("1" was 1.0, True was 1)
+    for bad in ("1", True, 1j, [1.0, "a"], None):
+        with pytest.raises(ValueError, match="shift must be a number or a vector of numbers"):
+            objectives.Rastrigin(shift=bad)
+    assert objectives.Rastrigin(shift=np.int64(2)).minimiser(2).tolist() == [2.0, 2.0]
+    # a product of no factors is the constant 1, not one energy per particle
+    with pytest.raises(ValueError, match="alpha must be a non-empty sequence"):
+        objectives.RastriginMultimodal(alpha=())
+
+
+@pytest.mark.parametrize("cls", [objectives.RastriginMultimodal, objectives.AckleyMultimodal])
+def test_multimodal_centres_are_checked_against_alpha_and_the_dimension(cls):
+    """The centres ``z`` are named when they do not fit: one row per factor of ``alpha``, and
+    coordinates matching the particles (was NumPy's opaque broadcasting error)."""
+    x = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match=r"z has 3 centres \(rows\), but alpha has 2 factors"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1], [2, 2]])
+    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
+        cls(alpha=(1.0,), z=[[0.0, np.nan]])
+    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
+        cls(alpha=(1.0,), z="origin")
+    with pytest.raises(ValueError, match=r"z must have shape \(K, d\)"):
+        cls(alpha=(1.0,), z=np.zeros((1, 1, 2)))
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]])(x)
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
+        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]]).minimisers(2)
+    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates"):
+        cls(alpha=(1.0, 2.0), z=[0.0, 1.0, 2.0])(x)  # one (d,) centre for every factor, of the wrong d
+    # what fits still broadcasts: (K, d), one (d,) centre for all factors, (K, 1) and (1, d) rows, a scalar
+    for z in ([[0, 0], [1, 1]], [1.0, 1.0], [[0.0], [1.0]], [[1.0, 1.0]], 1.0):
+        assert cls(alpha=(1.0, 2.0), z=z)(x).shape == (4,)
+    np.testing.assert_array_equal(cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1]]).minimisers(2), [[0, 0], [1, 1]])
+
+
+def test_rastrigin_forms_are_named_apart():
+    x = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(x)), [5.0, 25.0, 61.0], atol=1e-4)
+    np.testing.assert_allclose(np.asarray(objectives.RastriginNormalized()(x)), [2.5, 12.5, 30.5], atol=1e-4)
+    with pytest.raises(ValueError, match="unknown objective"):
+        objectives.get_objective("rastrigon")
+
+
+def test_cos_2pi_matches_float64_cos():
+    z = np.concatenate([np.linspace(-3, 3, 20001), np.random.default_rng(0).uniform(-1e4, 1e4, 20000),
+                        np.arange(-50, 51) * 0.25])
+    z32 = z.astype(np.float32)
+    got = np.asarray(objectives.cos_2pi(jnp.asarray(z32)), np.float64)
+    ref = np.cos(2 * np.pi * z32.astype(np.float64))
+    assert np.max(np.abs(got - ref)) < 5e-7
+    with enable_x64(True):
+        got64 = np.asarray(objectives.cos_2pi(jnp.asarray(z)))
+    assert got64.dtype == np.float64
+    assert np.max(np.abs(got64 - np.cos(2 * np.pi * (z - np.round(z))))) < 1e-14
+    special = np.asarray(objectives.cos_2pi(jnp.asarray([0.0, 1.0, -7.0, 0.5, 0.25, 1e9])))
+    np.testing.assert_allclose(special, [1, 1, 1, -1, 0, 1], atol=2e-7)
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+def _x(d, n=16, seed=0, scale=3.0):
+    return np.random.default_rng(seed).uniform(-scale, scale, (n, d))
+
+
+@pytest.mark.reference
+def test_ackley_rastrigin_rosenbrock_values_match_cbxpy_away_from_the_minimiser():
+    """Guards the classic objectives' formulas at generic points (the suite checked them only
+    at and next to their minimiser, where e.g. Ackley's ``-0.2 r`` or Rosenbrock's ``100``
+    can change without moving the minimum)."""
+    import cbx.objectives as co
+
+    with enable_x64(True):
+        for d in (2, 5):
+            x = _x(d)
+            np.testing.assert_allclose(np.asarray(objectives.Ackley()(jnp.asarray(x))), co.Ackley()(x),
+                                       rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(jnp.asarray(x))), co.Rastrigin()(x),
+                                       rtol=1e-12, atol=1e-12)
+        x = _x(2)
+        np.testing.assert_allclose(np.asarray(objectives.Rosenbrock()(jnp.asarray(x))), co.Rosenbrock()(x),
+                                   rtol=1e-12)
+
+
+@pytest.mark.reference
+def test_griewank_and_styblinski_tang_match_their_textbook_formulas():
+    """Guards Griewank's ``|z|²/4000`` and Styblinski–Tang's ``+5 z`` against float64 NumPy."""
+    with enable_x64(True):
+        x = _x(4, scale=5.0)
+        i = np.arange(1, 5)
+        grie = 1 + np.sum(x * x, -1) / 4000 - np.prod(np.cos(x / np.sqrt(i)), -1)
+        np.testing.assert_allclose(np.asarray(objectives.Griewank()(jnp.asarray(x))), grie, rtol=1e-12)
+        st = 0.5 * np.sum(x ** 4 - 16 * x * x + 5 * x, -1)
+        np.testing.assert_allclose(np.asarray(objectives.StyblinskiTang()(jnp.asarray(x))), st, rtol=1e-12)

@@ -245,3 +245,61 @@ def test_a_sweep_of_a_constrained_dynamic_that_switches_on_a_term_left_out_is_re
     with pytest.raises(ValueError, match=r"params.extra.eps = 0.01, but the dynamics were built with eps=1e\+15"):
         cj.simulate(off, x0[0], 0, 3, params=point)
     P.validate(P.defaults(off)._replace(extra=point.extra._replace(eps=2e15)), off)
+
+
+def _dyn():
+    return cj.cbo(objectives.Sphere(), sigma1=1.0)
+
+
+@pytest.mark.parametrize("leaf,match", [
+    (np.array([]), r"sweep grid \(0,\) has no points"),  # was a bare IndexError inside simulate
+    (np.ones((0, 3)), r"sweep grid \(0, 3\) has no points"),
+    (np.array([1 + 2j, 1.0]), "must hold real numbers"),  # the imaginary part was dropped with a warning
+    (True, "must hold real numbers"),
+    ("0.5", "must hold real numbers"),
+    (None, "must hold real numbers"),  # was "= nan: must be finite"
+])
+def test_validate_refuses_empty_grids_and_non_real_leaves(leaf, match):
+    dyn = _dyn()
+    with pytest.raises(ValueError, match=match):
+        P.validate(P.defaults(dyn)._replace(sigma1=leaf), dyn)
+
+
+def test_validate_still_accepts_integer_and_low_precision_leaves():
+    dyn = _dyn()
+    p = P.defaults(dyn)._replace(lambda1=np.array([1, 2], np.int32), sigma1=jnp.array([0.5, 1.0], jnp.bfloat16))
+    assert P.validate(p, dyn) == (2,)
+
+
+@pytest.mark.parametrize("values", [[0.1, "a"], [True, False], [0.5 + 1j]])
+def test_grid_refuses_values_that_are_not_real_numbers(values):
+    """grid() read bools as 1/0 and dropped imaginary parts (a ComplexWarning); a string was NumPy's
+    "could not convert", without the parameter's name."""
+    with pytest.raises(ValueError, match=r"grid: sigma1 must hold real numbers"):
+        P.grid(_dyn(), sigma1=values)
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+@pytest.mark.reference
+def test_alpha0_equal_to_alpha_max_is_a_valid_grid_point():
+    """Guards ``alpha0 > alpha_max`` (strict) in :func:`params.validate`: ``alpha0 = alpha_max``
+    is a schedule that starts at its cap, which ``Multiplicative`` itself accepts."""
+
+    dyn = cj.cbo(objectives.Sphere(), alpha=schedules.Multiplicative(alpha0=10.0, factor=1.1, alpha_max=100.0))
+    g = P.grid(dyn, alpha0=[50.0, 100.0])
+    assert P.validate(g, dyn) == (2,)
+    with pytest.raises(ValueError, match="above alpha_max"):
+        P.validate(P.grid(dyn, alpha0=[50.0, 100.5]), dyn)
+
+
+@pytest.mark.reference
+def test_point_accepts_the_most_negative_index_of_each_axis():
+    """Guards ``-s <= i < s`` in :func:`params.point` (``-shape[k]`` is the first point)."""
+
+    g = P.grid(cj.cbo(objectives.Sphere()), sigma1=[0.1, 0.2, 0.3], dt=[0.01, 0.02])
+    pt = P.point(g, (-3, -2))
+    assert (pt.sigma1, pt.dt) == (0.1, 0.01)

@@ -1,6 +1,7 @@
 """Plots for particle runs (cbo_jax.plot): Figure objects, strided histories, GIF animation."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -79,3 +80,12 @@ def test_plot_history_draws_a_metric_named_oracle_without_its_base(tmp_path):
     assert plot_history(rows, tmp_path / "a.png") == tmp_path / "a.png" and (tmp_path / "a.png").is_file()
     rows = [{"round": r, "sr": 0.5, "sr_oracle": 0.9, "loss": 1.0 / r} for r in range(1, 4)]
     assert plot_history(rows, tmp_path / "b.png") == tmp_path / "b.png"
+
+
+def test_contour_names_an_objective_of_the_wrong_output_shape():
+    """The shape check ran after the reshape, so NumPy's "cannot reshape" came first."""
+    # the grid evaluation behind contour() (no matplotlib needed to reach the check)
+    with pytest.raises(ValueError, match=r"must map an \(n, 2\) array of points to \(n,\) values"):
+        plot._grid_values(lambda x: jnp.sum(x), ((-1.0, 1.0), (-1.0, 1.0)), 8)
+    gx, gy, z = plot._grid_values(lambda x: jnp.sum(x * x, axis=-1, keepdims=True), ((-1.0, 1.0), (-1.0, 1.0)), 8)
+    np.testing.assert_allclose(z, gx ** 2 + gy ** 2, rtol=1e-6)  # an (n, 1) output still reshapes

@@ -206,3 +206,11 @@ def test_noise_kind_is_checked_also_without_noise_and_none_is_no_diffusion():
     np.testing.assert_array_equal(sde.diffusion("none", x, jnp.full((3, 2), 5.0)), jnp.zeros((3, 2)))
     with pytest.raises(ValueError, match="unknown noise kind"):
         sde.diffusion("sideways", x, x)
+
+
+def test_euler_maruyama_negative_dt_is_refused_not_nan():
+    x = jnp.ones((4, 2))
+    with pytest.raises(ValueError, match="dt must be a finite number >= 0"):
+        sde.euler_maruyama(jax.random.key(0), x, jnp.zeros(2), dt=-0.1, lambda1=1.0, sigma1=1.0)
+    out = sde.euler_maruyama(jax.random.key(0), x, jnp.zeros(2), dt=0.1, lambda1=1.0, sigma1=0.0)
+    np.testing.assert_allclose(np.asarray(out), 0.9, rtol=1e-6)  # the noiseless step (1 - λ dt) x

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -99,8 +101,6 @@ def test_pad_rows_and_sizes():
 
 
 def test_padding_helpers():
-    import jax
-    import jax.numpy as jnp
 
     from cbo_jax.federated.local import agent_keys
     from cbo_jax.population import resize_rows
@@ -121,8 +121,6 @@ def test_a_padding_row_with_a_finite_energy_is_never_the_best_point():
     # (jnp.nansum here: the padding's energy is 0, below every real one) made a padding row the
     # run's best point and its least energy. The padded run, stepped as the mesh would step it,
     # must report the unpadded run's best point and min_energy.
-    import jax
-    import jax.numpy as jnp
 
     import cbo_jax as cj
     from cbo_jax.dynamics import core
@@ -141,3 +139,27 @@ def test_a_padding_row_with_a_finite_energy_is_never_the_best_point():
                                rtol=1e-5)
     init_only = dyn.init(padded, key)
     assert float(init_only.best_energy) > 0.0 and np.isfinite(np.asarray(init_only.best_x)).all()
+
+
+def test_pad_rows_makes_bfloat16_padding_agents_inactive():
+    """NumPy does not count bfloat16 as floating, so its padding rows were 0, not NaN: on a
+    mesh the padding agents of a bfloat16 population were real agents at the origin (the
+    consensus of a run on 8 devices went to 0 where the unsharded run's was about 2)."""
+    out = sharding.pad_rows({"x": np.ones((5, 2), jnp.bfloat16), "f16": np.ones((5,), np.float16)}, 8)
+    assert out["x"].dtype == jnp.bfloat16
+    assert np.all(np.isnan(np.asarray(out["x"][5:], np.float32)))
+    assert np.all(np.isnan(out["f16"][5:]))
+    ints = sharding.pad_rows(np.ones((5,), np.int32), 8)
+    np.testing.assert_array_equal(ints[5:], 0)  # integer leaves keep their 0 padding
+
+
+def test_prepare_population_refuses_a_population_without_an_agent_axis():
+    """A 0-d population failed with "IndexError: tuple index out of range"; leaves with
+    different agent counts were padded one by one, out of step with each other."""
+    mesh = sharding.agent_mesh(jax.devices()[:1])
+    with pytest.raises(ValueError, match="agent axis 0"):
+        sharding.prepare_population(np.float32(1.0), mesh)
+    with pytest.raises(ValueError, match="agent axis 0"):
+        sharding.prepare_population({}, mesh)
+    with pytest.raises(ValueError, match="same number of agents"):
+        sharding.prepare_population({"a": np.ones((5, 2), np.float32), "b": np.ones(6, np.float32)}, mesh)

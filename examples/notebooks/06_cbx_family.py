@@ -3,7 +3,7 @@
 #
 # CBXpy ships a family of consensus-based particle dynamics. cbo_jax has each of them as a
 # pure `(init, step)` pair that `cj.simulate` runs (vmapped runs, parameter sweeps,
-# sharding), checked step by step against CBXpy (`tests/test_cbx_family.py`):
+# sharding), checked step by step against CBXpy (`tests/dynamics/test_family.py`):
 #
 # | CBXpy | cbo_jax | what it adds to CBO |
 # | --- | --- | --- |

@@ -7,7 +7,7 @@ other. Two first lines change that (docs/development.md, "The documentation's co
 
 - ``# not run`` (and why, after a colon): a fragment whose names are the reader's own;
 - ``# examples/NAME.py: OBJECT``: a copy of that top-level function or class of the example
-  script, which ``tests/test_examples.py`` runs; the rest of the block must equal its source.
+  script, which ``tests/examples/test_scripts.py`` runs; the rest of the block must equal its source.
 
 An error's traceback names the page and its line. The pages' code runs about 2 minutes in all
 on 2 CPU cores, so it runs in CI's slow step; the other checks here are quick.

@@ -236,88 +236,6 @@ def test_bad_initial_particles_raise_before_compilation():
         cj.simulate(cj.cbo(lambda x: jnp.sum(x), RASTRIGIN_CFG), _x0((10, 3)), jax.random.key(0), 10)
 
 
-@pytest.mark.parametrize("name", [n for n, c in sorted(objectives.OBJECTIVES.items()) if c.dim is None and
-                                  c.domain is None and c.isolated and n != "gaussian-mixture"])
-def test_objectives_minimisers(name):
-    d = 7
-    obj = objectives.get_objective(name, shift=0.25)
-    xstar = obj.minimiser(d)
-    with enable_x64(True):
-        f_star = float(obj(jnp.asarray(xstar[None], jnp.float64))[0])
-        assert f_star == pytest.approx(obj.minimum(d), abs=1e-9)
-        pert = xstar[None] + 0.05 * np.random.default_rng(0).normal(size=(64, d))
-        assert np.all(np.asarray(obj(jnp.asarray(pert))) > f_star)
-    # batched over runs too
-    assert obj(jnp.zeros((3, 5, d))).shape == (3, 5)
-
-
-def test_objectives_refuse_or_promote_odd_inputs():
-    # integer particles are promoted to float: a fractional shift is not truncated to 0
-    np.testing.assert_allclose(np.asarray(objectives.Sphere(shift=0.5)(jnp.asarray([[1, 2]]))), [2.5])
-    # a shift of the wrong length is named, not a broadcasting error
-    with pytest.raises(ValueError, match="shift has 3 coordinates, but the particles have dimension 2"):
-        objectives.Sphere(shift=[1.0, 2.0, 3.0])(jnp.ones((4, 2)))
-    with pytest.raises(ValueError, match="shift has 3 coordinates"):
-        objectives.Sphere(shift=[1.0, 2.0, 3.0]).minimiser(2)
-    assert objectives.Sphere(shift=[0.5])(jnp.ones((4, 2))).shape == (4,)  # a (1,) shift still broadcasts
-    # a shift that is not numbers is refused, not read as one ("1" was 1.0, True was 1)
-    for bad in ("1", True, 1j, [1.0, "a"], None):
-        with pytest.raises(ValueError, match="shift must be a number or a vector of numbers"):
-            objectives.Rastrigin(shift=bad)
-    assert objectives.Rastrigin(shift=np.int64(2)).minimiser(2).tolist() == [2.0, 2.0]
-    # a product of no factors is the constant 1, not one energy per particle
-    with pytest.raises(ValueError, match="alpha must be a non-empty sequence"):
-        objectives.RastriginMultimodal(alpha=())
-
-
-@pytest.mark.parametrize("cls", [objectives.RastriginMultimodal, objectives.AckleyMultimodal])
-def test_multimodal_centres_are_checked_against_alpha_and_the_dimension(cls):
-    """The centres ``z`` are named when they do not fit: one row per factor of ``alpha``, and
-    coordinates matching the particles (was NumPy's opaque broadcasting error)."""
-    x = jnp.ones((4, 2))
-    with pytest.raises(ValueError, match=r"z has 3 centres \(rows\), but alpha has 2 factors"):
-        cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1], [2, 2]])
-    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
-        cls(alpha=(1.0,), z=[[0.0, np.nan]])
-    with pytest.raises(ValueError, match=r"z must be None or finite numbers"):
-        cls(alpha=(1.0,), z="origin")
-    with pytest.raises(ValueError, match=r"z must have shape \(K, d\)"):
-        cls(alpha=(1.0,), z=np.zeros((1, 1, 2)))
-    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
-        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]])(x)
-    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates, but the particles have dimension 2"):
-        cls(alpha=(1.0, 2.0), z=[[0, 0, 0], [1, 1, 1]]).minimisers(2)
-    with pytest.raises(ValueError, match=r"z's centres have 3 coordinates"):
-        cls(alpha=(1.0, 2.0), z=[0.0, 1.0, 2.0])(x)  # one (d,) centre for every factor, of the wrong d
-    # what fits still broadcasts: (K, d), one (d,) centre for all factors, (K, 1) and (1, d) rows, a scalar
-    for z in ([[0, 0], [1, 1]], [1.0, 1.0], [[0.0], [1.0]], [[1.0, 1.0]], 1.0):
-        assert cls(alpha=(1.0, 2.0), z=z)(x).shape == (4,)
-    np.testing.assert_array_equal(cls(alpha=(1.0, 2.0), z=[[0, 0], [1, 1]]).minimisers(2), [[0, 0], [1, 1]])
-
-
-def test_rastrigin_forms_are_named_apart():
-    x = jnp.asarray([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
-    np.testing.assert_allclose(np.asarray(objectives.Rastrigin()(x)), [5.0, 25.0, 61.0], atol=1e-4)
-    np.testing.assert_allclose(np.asarray(objectives.RastriginNormalized()(x)), [2.5, 12.5, 30.5], atol=1e-4)
-    with pytest.raises(ValueError, match="unknown objective"):
-        objectives.get_objective("rastrigon")
-
-
-def test_cos_2pi_matches_float64_cos():
-    z = np.concatenate([np.linspace(-3, 3, 20001), np.random.default_rng(0).uniform(-1e4, 1e4, 20000),
-                        np.arange(-50, 51) * 0.25])
-    z32 = z.astype(np.float32)
-    got = np.asarray(objectives.cos_2pi(jnp.asarray(z32)), np.float64)
-    ref = np.cos(2 * np.pi * z32.astype(np.float64))
-    assert np.max(np.abs(got - ref)) < 5e-7
-    with enable_x64(True):
-        got64 = np.asarray(objectives.cos_2pi(jnp.asarray(z)))
-    assert got64.dtype == np.float64
-    assert np.max(np.abs(got64 - np.cos(2 * np.pi * (z - np.round(z))))) < 1e-14
-    special = np.asarray(objectives.cos_2pi(jnp.asarray([0.0, 1.0, -7.0, 0.5, 0.25, 1e9])))
-    np.testing.assert_allclose(special, [1, 1, 1, -1, 0, 1], atol=2e-7)
-
-
 def test_checkpoint_and_resume_equals_whole_run(tmp_path):
     from cbo_jax import checkpoint
 
@@ -458,3 +376,60 @@ def test_counts_are_int32_under_x64():
             res = cj.simulate(dyn, np.zeros((4, 2), dtype), 0, 3)
             assert res.history["evals"].dtype == np.int32
             assert res.state.evals.dtype == jnp.int32
+
+
+def test_chunked_step_equals_unchunked_with_per_particle_noise():
+    """particle_chunk changes the memory of a step, not the dynamics: with per-particle
+    noise streams the chunked run equals the unchunked one up to summation order
+    (gradient terms, random batches and clipping included)."""
+    x0 = np.random.default_rng(1).uniform(-2, 2, (24, 3))
+    with enable_x64(True):
+        cfg = cj.CBOConfig(lambda1=0.9, sigma1=0.7, dt=0.03, alpha=schedules.Multiplicative(3.0, 1.1, 100.0),
+                           lambda2=0.3, sigma2=0.1, batch_size=16, max_abs=1.8, rng="per-particle", dtype="float64")
+        a = cj.simulate(cj.cbo(objectives.Quadratic(shift=0.5), cfg), x0, 1, 30)
+        b = cj.simulate(cj.cbo(objectives.Quadratic(shift=0.5), dataclasses.replace(cfg, particle_chunk=8)), x0, 1, 30)
+    np.testing.assert_allclose(np.asarray(b.state.x), np.asarray(a.state.x), rtol=1e-11, atol=1e-12)
+    np.testing.assert_allclose(b.history["best_energy"], a.history["best_energy"], rtol=1e-11, atol=1e-12)
+    with pytest.raises(ValueError, match="particle_chunk=5 must divide the number of particles N=24"):
+        cj.simulate(cj.cbo(objectives.Ackley(), particle_chunk=5), x0.astype(np.float32), 0, 2)
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+@pytest.mark.reference
+def test_cbo_chunks_draw_independent_noise():
+    """``particle_chunk`` with the fast layout: chunk ``c`` draws from ``fold_in(key, c)``. Two
+    identical halves of a population, one chunk each, must not move identically (without the
+    fold every chunk would repeat chunk 0's normals: correlated particles, a biased swarm)."""
+    half = np.random.default_rng(0).uniform(-2, 2, (8, 3))
+    x0 = np.concatenate([half, half])
+    with enable_x64(True):
+        dyn = cj.cbo(objectives.Quadratic(shift=0.3), lambda1=1.0, sigma1=1.0, dt=0.1, alpha=1.0,
+                     noise="anisotropic", particle_chunk=8, rng="fast", dtype="float64")
+        s = jax.jit(dyn.step)(dyn.init(x0, jax.random.key(0)))
+    x = np.asarray(s.x)
+    assert np.min(np.abs(x[:8] - x[8:])) > 0
+
+
+@pytest.mark.reference
+def test_diff_tol_compares_the_consensus_move_itself_not_its_square():
+    """``diff_tol``: stop once the consensus moves by less than ``diff_tol`` (Euclidean norm)
+    in one step, from the second step on. Gradient descent alone (α = 0, no consensus drift,
+    no noise) on ``|x - c|²/2`` moves the consensus (the mean) by ``λ2 dt r^{k-2} |x̄_0 - c|``
+    at step ``k``, ``r = 1 - λ2 dt``: the stopping step is known in closed form."""
+    c, lam2, dt, tol = 0.3, 1.0, 0.1, 1e-2
+    x0 = np.random.default_rng(1).uniform(0.8, 1.6, (6, 2))
+    dist = np.linalg.norm(x0.mean(0) - c)
+    r = 1 - lam2 * dt
+    k = 2
+    while lam2 * dt * r ** (k - 2) * dist >= tol:
+        k += 1
+    with enable_x64(True):
+        cfg = cj.CBOConfig(lambda1=0.0, sigma1=0.0, lambda2=lam2, dt=dt, alpha=0.0, noise="none", diff_tol=tol,
+                           dtype="float64")
+        res = cj.simulate(cj.cbo(objectives.Quadratic(shift=c), cfg), x0, jax.random.key(0), 200)
+    assert k > 10  # the squared move would have stopped it at step 3
+    assert int(res.state.step) == k and not bool(res.state.active)

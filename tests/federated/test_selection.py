@@ -105,8 +105,6 @@ def test_m_out_of_range():
 def test_the_m_bound_has_one_message_wherever_it_is_checked():
     """FedCBO's experiment config, the selection draws, FedCB²O's attackers and DFedAvgM's
     neighbours state ``1 <= M <= N - 1`` with one function (``_checks.downloads``): one wording."""
-    import numpy as np
-
     from cbo_jax.experiments.federated import RotatedMNISTConfig, default_config
     from cbo_jax.federated import FedCBOConfig
     from cbo_jax.federated.attacks import attacker_selection
@@ -171,3 +169,37 @@ def test_an_epsilon_floor_above_its_start_is_refused():
     FedCBOConfig(eps0=0.3, eps_min=0.3, eps_decay=0.0)
     FedCBOConfig(selection="prob_sampling", eps0=0.0)
     FedCBOConfig(selection="uniform", eps0=0.0)
+
+
+@pytest.mark.parametrize("eps,m,random_picks", [(0.5, 3, 1), (0.3, 3, 0), (0.7, 10, 7), (0.49, 20, 9), (1.0, 4, 4)])
+def test_epsilon_greedy_random_share_is_the_floor_of_eps_m(eps, m, random_picks):
+    """⌊εM⌋ random picks, the reference code's int(ε·M) (εM need not be an integer; ε = 0.7 is
+    0.69999999 in float32 and still gives 7 of 10)."""
+    P = selection.init_likelihood(24)
+    _, is_random = selection.draw_epsilon_greedy(jax.random.key(0), P, m, jnp.float32(eps))
+    assert np.asarray(is_random).sum(axis=1).tolist() == [random_picks] * 24
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+@pytest.mark.reference
+def test_prob_likelihood_update_leaves_the_rows_of_non_participants():
+    """FedCB²O eq. (3.12) ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)`` is applied only by the
+    agents that took part in the round (FedCBO with ProbSampling and participation < 1,
+    Algorithm 2's ``G_n``): a row with ``active`` False keeps every entry, NaN included."""
+    P = np.array([[-np.inf, 0.4, np.nan, 0.2], [0.3, -np.inf, 0.6, np.nan], [0.5, 0.1, -np.inf, 0.7]], np.float32)
+    idx = np.array([[1, 2], [0, 3], [3, 1]])
+    loss = np.array([[0.5, 1.0], [0.2, 0.3], [0.9, 0.4]], np.float32)
+    active = np.array([True, False, True])
+    kappa, zeta = 2.0, 0.3
+    got = np.asarray(selection.update_prob_likelihood(jnp.asarray(P), jnp.asarray(idx), jnp.asarray(loss), kappa, zeta,
+                                                      active=jnp.asarray(active)))
+    want = P.astype(np.float64)
+    for j in np.nonzero(active)[0]:
+        for t, i in enumerate(idx[j]):
+            r = np.exp(-kappa * loss[j, t])
+            want[j, i] = r if np.isnan(want[j, i]) else (1 - zeta) * want[j, i] + zeta * r
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)

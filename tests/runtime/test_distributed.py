@@ -84,3 +84,16 @@ def test_exchange_capacity_must_be_a_positive_integer(capacity):
         exchange_downloads(mesh, capacity=capacity)
     with pytest.raises(ValueError, match="capacity"):
         fetch_rows(jnp.zeros((2, 3)), jnp.zeros((2,), jnp.int32), axis_name="agents", num_devices=1, capacity=capacity)
+
+
+@pytest.mark.parametrize("address, num_processes, process_id", [
+    ("127.0.0.1:abc", 1, 0), ("127.0.0.1:", 1, 0), (":1234", 1, 0), ("127.0.0.1:70000", 1, 0),
+    ("127.0.0.1:1234", 2.0, 0), ("127.0.0.1:1234", 2, True)])
+def test_distributed_initialize_refuses_a_malformed_address_or_count(address, num_processes, process_id):
+    """A port that is not a number failed in gRPC ("Failed to start RPC server"), a missing
+    host waited out the whole start-up timeout for a coordinator that could not exist, and
+    2.0 processes reached JAX's runtime. All are refused before JAX is touched."""
+    from cbo_jax import distributed
+
+    with pytest.raises(ValueError, match="HOST:PORT|num_processes"):
+        distributed.initialize(address, num_processes, process_id, timeout=1)

@@ -2,7 +2,7 @@
 
 A user's long job is stopped (Ctrl-C, a kill, a full disk) and resumed, or its results
 directory is damaged; what comes back is either the run it was or an error naming what
-differs. The kill-and-resume equality of the rows is tests/test_federated_engine.py's.
+differs. The kill-and-resume equality of the rows is tests/federated/test_runner.py's.
 """
 
 import dataclasses

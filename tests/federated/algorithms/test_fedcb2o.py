@@ -1,6 +1,7 @@
 """FedCB²O, label-flipping attacks, ProbSampling, DFedAvgM oracles, attack metrics."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +18,8 @@ from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm, grou
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o, g_energy
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.mnist import MNIST, DataError
+
+from _reference import f64, logreg_loss
 
 C = 4
 TINY = models.mlp_mnist(hidden=(3,), num_classes=C, input_shape=(2, 2))
@@ -533,8 +536,6 @@ def test_label_flip_config_changes_one_field_at_a_time():
     to the default two clusters, so changing ``num_clusters`` alone (CLI overrides,
     ``dataclasses.replace``) failed on ``benign_per_cluster``; and a smaller ``num_classes``
     was refused naming only ``source``."""
-    import dataclasses
-
     cfg = attacks.LabelFlipConfig()
     one = dataclasses.replace(cfg, num_clusters=1)
     assert one.benign_counts == (35,) and one.malicious_counts == (15,)
@@ -605,3 +606,213 @@ def test_clusters_rotate_one_shared_subset_of_the_images():
             assert len(keys) == len(back) == 4 * 10 + 2 * 12  # disjoint within the cluster
             per_cluster.append(keys)
         assert (per_cluster[0] == per_cluster[1]) is shared
+
+
+# ------------------------------------------------------------------------------ references (mutation testing)
+# Each pins a formula that a single-point change of the library went through the other tests
+# without breaking; references are closed forms, float64 NumPy or CBXpy (marker ``reference``,
+# docs/development.md).
+
+def _np_logreg_class_losses(theta, x, y, count, num_classes):
+    """(L_c with NaN for absent classes, L): float64 class-wise and mean cross-entropies."""
+    per = np.array([logreg_loss(theta, x[i:i + 1], y[i:i + 1], 1) for i in range(count)])
+    l_c = np.array([per[y[:count] == c].mean() if np.any(y[:count] == c) else np.nan for c in range(num_classes)])
+    return l_c, per.mean()
+
+
+@functools.lru_cache(maxsize=None)
+def _fedcb2o_round_at_T_G():
+    from cbo_jax.federated.attacks import AttackData, grouped_local_train
+    from cbo_jax.federated.selection import init_prob_likelihood
+
+    n, C = 5, 3
+    model = models.logistic_regression(3, C)
+    rng = np.random.default_rng(2)
+    tx = [rng.normal(size=(6, 3)).astype(np.float32) for _ in range(n)]
+    ty = [rng.integers(0, C, 6).astype(np.int32) for _ in range(n)]
+    vx = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(n)]
+    vy = [np.array([0, 1, 2, 0, 1], np.int32), np.array([0, 0, 1, 1, 0], np.int32),
+          np.array([2, 1, 2, 0, 0], np.int32), np.array([1, 2, 1, 2, 2], np.int32), np.array([0, 2, 2, 0, 1], np.int32)]
+    data = AttackData.from_lists(tx, ty, vx, vy)
+    cfg = FedCB2OConfig(M=3, T_G=1, alpha=3.0, kappa=1.5, zeta=0.3, lambda1=5.0, gamma=0.1,
+                        local=LocalSGDConfig(epochs=1, batch_size=3, lr=0.5, momentum=0.0))
+    alg = fedcb2o(model, cfg, np.zeros(n, np.int32), np.zeros(n, bool))
+    state = alg.init(jax.random.key(4))
+    # Round T_G, with each agent's row of P observed but for two other agents: ProbSampling
+    # downloads only those two (Algorithm 2), so slot 3 is empty (FedCB2OInfo.valid).
+    P = np.asarray(init_prob_likelihood(n, n)).copy()
+    for j in range(n):
+        for i in range(n):
+            if i != j and i not in ((j + 1) % n, (j + 2) % n):
+                P[j, i] = 0.2 + 0.1 * i
+    state = state._replace(round=jnp.asarray(cfg.T_G, jnp.int32), P=jnp.asarray(P))
+    new, info = jax.jit(alg.round)(state, data)
+    _, k_local, _, _ = jax.random.split(state.key, 4)
+    trained = jax.jit(lambda p, o: grouped_local_train(model, cfg.local, p, o, data.groups, k_local).params)(
+        state.params, state.opt_state)
+    return cfg, data, P, trained, new, info
+
+
+@pytest.mark.reference
+def test_fedcb2o_uses_G_from_round_T_G_and_updates_P_on_filled_slots_only():
+    """FedCB²O Algorithm 1 at round ``n = T_G`` (the first round with the robustness
+    criterion, step f): the weights are ``μ_i ∝ exp(-α G^i)``, eq. (3.13), with ``G^i`` of
+    eq. (3.15) over the classes present in agent j's validation split; and ProbSampling's
+    eq. (3.12) ``P^{j,i} ← (1-ζ) P^{j,i} + ζ exp(-κ L_j^i)`` changes only the downloaded
+    entries: the one never-observed agent (first observation: ``exp(-κ L)``), not the agent
+    in an empty slot (Algorithm 2 downloads only the unobserved one). Float64 NumPy reference
+    from the round's trained models. Mutants starting G one round late, or updating P on the
+    empty slots, were caught only by the pinned runs."""
+    cfg, data, P, trained, new, info = _fedcb2o_round_at_T_G()
+    t64 = f64(trained)
+    row = lambda i: jax.tree_util.tree_map(lambda a: a[i], t64)  # noqa: E731
+    vx, vy, vc = np.asarray(data.val.x, np.float64), np.asarray(data.val.y), np.asarray(data.val.counts)
+    idx, valid = np.asarray(info.idx), np.asarray(info.valid)
+    want_P = P.astype(np.float64)
+    n = idx.shape[0]
+    for j in range(n):
+        assert sorted(idx[j, :2].tolist()) == sorted([(j + 1) % n, (j + 2) % n]) and valid[j].tolist() == [1, 1, 0]
+        own_c, _ = _np_logreg_class_losses(row(j), vx[j], vy[j], vc[j], 3)
+        present = ~np.isnan(own_c)
+        g, loss = [], []
+        for i in idx[j, :2]:
+            l_c, l_mean = _np_logreg_class_losses(row(i), vx[j], vy[j], vc[j], 3)
+            g.append(np.max((l_c - own_c)[present]))
+            loss.append(l_mean)
+            want_P[j, i] = np.exp(-cfg.kappa * l_mean)  # first observation (P_start="first")
+        g, loss = np.array(g), np.array(loss)
+        np.testing.assert_allclose(np.asarray(info.loss[j, :2]), loss, rtol=1e-5)
+        mu = np.exp(-cfg.alpha * (g - g.min()))
+        mu /= mu.sum()
+        mu_loss = np.exp(-cfg.alpha * (loss - loss.min()))
+        assert np.max(np.abs(mu - mu_loss / mu_loss.sum())) > 1e-3  # G and L give different weights here
+        np.testing.assert_allclose(np.asarray(info.weights[j]), np.append(mu, 0.0), rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(new.P), want_P, rtol=1e-5, atol=1e-7)
+
+
+# Mutation-testing gaps in FedCB²O and its attackers (cbo_jax.federated.algorithms.fedcb2o,
+# cbo_jax.federated.attacks). Tiny sizes, float64 NumPy references or closed forms.
+
+FLIP_REF = attacks.LabelFlipConfig(source=2, target=1, num_classes=C, benign_per_cluster=3, malicious_per_cluster=2,
+                               benign_samples=8, val_samples=4, malicious_samples=6)
+LOCAL_REF = LocalSGDConfig(epochs=1, batch_size=4, lr=0.1, momentum=0.0)
+# The reference code's form (include_self, self_largest, shared_init, α = 2) with a step λ1γ = 0.35, not 1.
+CFG_REF = FedCB2OConfig.reference_code(M=3, T_G=1, lambda1=3.5, gamma=0.1, local=LOCAL_REF)
+
+
+def _dataset():
+    rng = np.random.default_rng(0)
+    images = MNIST(rng.integers(0, 256, (120, 2, 2)).astype(np.uint8), rng.integers(0, C, 120).astype(np.int32),
+                   rng.integers(0, 256, (20, 2, 2)).astype(np.uint8), rng.integers(0, C, 20).astype(np.int32), "fake")
+    return attacks.label_flip_rotated(images, FLIP_REF, seed=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _round_zero():
+    """One round (round 0 < T_G) of CFG, and the models after its local training, recomputed
+    from the round's key split (as the FedCBO round tests do): one compilation for both tests."""
+    ds = _dataset()
+    data = ds.attack_data()
+    nb = ds.num_benign
+    alg = fedcb2o(TINY, CFG_REF, ds.cluster, ds.malicious)
+    state = alg.init(jax.random.key(7))
+    _, k_local, _, _ = jax.random.split(state.key, 4)
+    val = data.val
+
+    @jax.jit
+    def trained_and_val_losses(state, data):
+        trained = attacks.grouped_local_train(TINY, LOCAL_REF, state.params, state.opt_state, data.groups, k_local).params
+        benign = jax.tree_util.tree_map(lambda a: a[:nb], trained)
+        return trained, jax.vmap(lambda p, x, y: TINY.loss(TINY.apply(p, x), y))(benign, val.x, val.y)
+
+    trained, per = trained_and_val_losses(state, data)
+    new, info = jax.jit(alg.round)(state, data)
+    f64 = lambda t: jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), t)  # noqa: E731
+    return nb, np.asarray(val.counts), f64(trained), np.asarray(per, np.float64), info, f64(new.params)
+
+
+@pytest.mark.reference
+def test_attacker_average_ignores_the_slots_its_cluster_cannot_fill():
+    """The attackers' strategy (FedCB²O §3.5, attacks.attacker_average): the average of the own
+    model and the *valid* downloads, weighted by training-set size. A slot marked invalid
+    (attacker_selection: the cluster has fewer than M others) holds some other agent and must
+    weigh nothing; a mutant that ignored ``valid`` survived the default suite."""
+    rng = np.random.default_rng(3)
+    w = rng.normal(size=(6, 3))
+    sizes = np.array([2.0, 5.0, 1.0, 7.0, 3.0, 4.0])
+    attackers = np.array([4, 5])
+    idx = np.array([[5, 0, 2], [4, 1, 3]])
+    valid = np.array([[True, True, False], [True, False, False]])
+    new = attacks.attacker_average({"w": jnp.asarray(w, jnp.float32)}, jnp.asarray(attackers), jnp.asarray(idx),
+                                   jnp.asarray(valid), jnp.asarray(sizes, jnp.float32))
+    for r, a in enumerate(attackers):
+        rows = [a] + [i for i, v in zip(idx[r], valid[r]) if v]
+        ref = np.sum(sizes[rows, None] * w[rows], axis=0) / np.sum(sizes[rows])
+        np.testing.assert_allclose(np.asarray(new["w"][r]), ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.reference
+def test_reference_form_weighs_the_own_model_by_its_loss_before_T_G():
+    """FedCB2OConfig.reference_code (include_self, self_largest): the own model gets the largest
+    weight only from round T_G on, together with G; before T_G the energy of every model,
+    the own one included, is its mean validation loss (FedCB²O Algorithm 1, step f), so
+    μ_self ∝ exp(-α L_j(θ_j)). Checked at round 0 < T_G against the losses of the trained
+    models. A mutant applying self_largest before T_G survived the default suite."""
+    nb, counts, _, per, info, _ = _round_zero()
+    capped = 0
+    for j in range(nb):
+        own = per[j, :counts[j]].mean()
+        ok = np.asarray(info.valid[j]) if info.valid is not None else np.ones(CFG_REF.M, bool)
+        down = np.asarray(info.loss[j], np.float64)[ok]
+        capped += own > down.min()
+        e = np.append(down, own)
+        mu = np.exp(-CFG_REF.alpha * (e - e.min()))
+        mu /= mu.sum()
+        np.testing.assert_allclose(np.asarray(info.weights[j])[ok], mu[:-1], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(float(info.self_weight[j]), mu[-1], rtol=1e-4, atol=1e-6)
+    assert capped > 0  # some agent's own loss is above its best download's: self_largest would change it
+
+
+@pytest.mark.reference
+def test_loss_criterion_keeps_the_mean_loss_from_round_T_G_on():
+    """``criterion="loss"`` (FedCBO with ProbSampling, the attacked baseline) never switches to G
+    nor to self_largest: from round T_G on, as before it, every model's energy, the own one
+    included, is its mean validation loss. With T_G = 0 its round 0 is past T_G; it trains and
+    selects as CFG's round 0 (same key), so the weights are exp(-α L) over the same trained
+    models. A mutant that switched the baseline to G at T_G was caught only by a slow pinned run."""
+    nb, counts, _, per, _, _ = _round_zero()
+    ds = _dataset()
+    alg = fedcb2o(TINY, dataclasses.replace(CFG_REF, criterion="loss", T_G=0), ds.cluster, ds.malicious)
+    state = alg.init(jax.random.key(7))
+    _, info = jax.jit(alg.round)(state, ds.attack_data())
+    assert int(state.round) >= alg.config.T_G
+    capped = 0
+    for j in range(nb):
+        own = per[j, :counts[j]].mean()
+        ok = np.asarray(info.valid[j]) if info.valid is not None else np.ones(CFG_REF.M, bool)
+        down = np.asarray(info.loss[j], np.float64)[ok]
+        capped += own > down.min()
+        e = np.append(down, own)
+        mu = np.exp(-CFG_REF.alpha * (e - e.min()))
+        mu /= mu.sum()
+        np.testing.assert_allclose(np.asarray(info.weights[j])[ok], mu[:-1], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(float(info.self_weight[j]), mu[-1], rtol=1e-4, atol=1e-6)
+    assert capped > 0  # some agent's own loss is above its best download's: self_largest (with G) would change it
+
+
+@pytest.mark.reference
+def test_benign_update_moves_the_fraction_lambda1_gamma_towards_the_consensus_point():
+    """FedCB²O eq. (3.14): θ_j ← θ_j - λ1γ (θ_j - m_j), with m_j = Σ_i μ_i θ_i + μ_self θ_j
+    (eq. (3.13), the own model included in the reference form) over the trained models and
+    the round's weights. λ1γ = 0.35 here; at the default λ1γ = 1 (θ_j ← m_j) a mutant that
+    ignored the step survived the default suite."""
+    nb, _, trained, _, info, new = _round_zero()
+    step = CFG_REF.lambda1 * CFG_REF.gamma
+    idx = np.asarray(info.idx)
+    w = np.asarray(info.weights, np.float64)
+    w_self = np.asarray(info.self_weight, np.float64)
+    for t, got in zip(jax.tree_util.tree_leaves(trained), jax.tree_util.tree_leaves(new)):
+        for j in range(nb):
+            m_j = np.tensordot(w[j], t[idx[j]], axes=1) + w_self[j] * t[j]
+            assert np.max(np.abs(t[j] - m_j)) > 1e-4  # the trained model is not its consensus point
+            np.testing.assert_allclose(got[j], t[j] - step * (t[j] - m_j), rtol=1e-5, atol=1e-6)

@@ -1,4 +1,4 @@
-"""α schedules and number rules in closed form (found by mutation testing).
+"""α schedules and number rules in closed form (found by mutation testing: marker ``reference``).
 
 The default suite runs the effective-sample-size schedule only on full, finite populations
 with the schedule's own numbers, and never checks ``Multiply``'s lower bound or that a
@@ -32,6 +32,7 @@ def _x64():
 ENERGY = np.random.default_rng(0).exponential(size=12)
 
 
+@pytest.mark.reference
 def test_ess_schedule_targets_eta_times_the_valid_agents():
     """With a mask (a random batch) and a non-finite energy, α solves J_eff(α) = η n_valid over the
     valid agents only, not η N."""
@@ -45,6 +46,7 @@ def test_ess_schedule_targets_eta_times_the_valid_agents():
     np.testing.assert_allclose(_np_ess(e[keep], a), 0.5 * keep.sum(), rtol=1e-8)
 
 
+@pytest.mark.reference
 def test_ess_schedule_reads_swept_numbers_from_params():
     """``update(..., params=...)`` (a parameter sweep's point) uses the given η, not the schedule's own."""
     sched = schedules.EffectiveSampleSize(eta=0.5, iterations=60)
@@ -53,6 +55,7 @@ def test_ess_schedule_reads_swept_numbers_from_params():
     np.testing.assert_allclose(_np_ess(ENERGY, a), 0.25 * 12, rtol=1e-8)
 
 
+@pytest.mark.reference
 def test_multiply_is_clipped_to_its_bounds():
     """``Multiply``: ``v ← clip(factor · v, minimum, maximum)``."""
     down = schedules.Multiply(0.5, minimum=0.3)
@@ -66,6 +69,7 @@ def test_multiply_is_clipped_to_its_bounds():
     assert [float(up.update(3.0)), float(up.update(4.0))] == [9.0, 10.0]
 
 
+@pytest.mark.reference
 def test_chain_applies_every_rule_in_order():
     """``Chain(r1, r2, r3).update(v) = r3(r2(r1(v)))`` (CBXpy's ``scheduler([...])``)."""
     chain = schedules.Chain(schedules.Constant(1.0), schedules.Multiply(2.0), schedules.Multiply(3.0, maximum=5.0))
