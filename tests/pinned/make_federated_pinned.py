@@ -7,7 +7,7 @@ Run once with the pre-redesign API (commit 395e0bb):
 It runs tiny fixed-seed runs of every algorithm and variant, on one device and on 8
 simulated CPU devices with padding agents, and writes ``federated_v1.npz``: the final
 state (every array leaf, PRNG keys excluded) and every per-round metric. The
-regression test (tests/test_federated_regression.py) rebuilds the same runs with the
+regression test (tests/federated/test_runner.py) rebuilds the same runs with the
 current API and compares them to this file. This script is kept as the record of how
 the numbers were made; it imports the old API and is not run by the tests.
 """

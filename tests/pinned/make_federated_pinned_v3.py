@@ -9,7 +9,7 @@ rows) instead of padding it to B rows with masked slots. The batches hold the sa
 and the padded rows had zero weight, so every run is the same computation; the matrix
 products of another shape round differently in float32, and every run that trains
 locally moves by float rounding (the script prints by how much, and
-tests/test_federated_engine.py bounds it).
+tests/federated/test_runner.py bounds it).
 
 Issue 18's other kernel changes (the two-pass consensus step, the grouped test
 evaluation) left every pinned number bitwise equal and are not part of this file's
