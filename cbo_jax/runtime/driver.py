@@ -55,13 +55,6 @@ class Output:
                 _checks.positive_int(name, getattr(self, name))
         if self.directory is not None:
             object.__setattr__(self, "directory", Path(self.directory))  # a str given
-
-    @property
-    def files(self) -> Path:
-        """The results directory (an error when there is none: the caller checked ``directory``)."""
-        if self.directory is None:
-            raise ValueError("this run writes no files (out=None)")
-        return self.directory
         if self.extend and not self.resume:  # was ignored: a new run of the extended length
             raise ValueError("extend continues a run: it needs resume=True")
         if self.resume and self.overwrite:  # overwrite was ignored: the run resumed
@@ -71,6 +64,13 @@ class Output:
                       if f.name not in ("directory", "progress", "plots") and getattr(self, f.name) != f.default]
             if unused:
                 raise ValueError(f"{', '.join(unused)} concern the files of out=DIRECTORY, and out is not given")
+
+    @property
+    def files(self) -> Path:
+        """The results directory (an error when there is none: the caller checked ``directory``)."""
+        if self.directory is None:
+            raise ValueError("this run writes no files (out=None)")
+        return self.directory
 
 
 class RunFiles(contextlib.ExitStack):
