@@ -1,14 +1,11 @@
-"""The pinned federated runs (tests/pinned/make_federated_pinned.py) rebuilt with the current API.
+"""The pinned federated runs (tests/pinned/federated.npz, whose README says how it was made)
+rebuilt with the current API.
 
 Shared by tests/federated/test_runner.py (one device) and tests/_sharded_runs.py
 (8 simulated devices). ``run_variant(name, mesh)`` returns ``(state_arrays, metric_arrays)``
-in the layout of ``tests/pinned/federated_v4.npz``.
-
-The pins are federated_v4.npz: v3's runs, bitwise, except the ones FedCBO's draw of the
-downloads from the participating agents moved (tests/pinned/make_federated_pinned_v4.py),
-which were recorded on another kind of CPU. The file says, per run, the host kind it was
-recorded on (``meta/<run>/recorded_on``, :func:`recorded_on`); a comparison is exact on that
-kind with the pinned JAX, and within 1e-5 elsewhere (``pinned_atol(recorded_on(name))``).
+in the layout of the pins. The file says, per run, the host kind it was recorded on
+(``meta/<run>/recorded_on``, :func:`recorded_on`); a comparison is exact on that kind with the
+pinned JAX, and within 1e-5 elsewhere (``pinned_atol(recorded_on(name))``).
 """
 
 from __future__ import annotations
@@ -32,10 +29,7 @@ from cbo_jax.federated.synthetic import synthetic
 
 from _stack import PINNED_HOST_KIND, on_pinned_stack
 
-PINNED = Path(__file__).parent / "pinned" / "federated_v4.npz"
-PINNED_V3 = Path(__file__).parent / "pinned" / "federated_v3.npz"
-PINNED_V2 = Path(__file__).parent / "pinned" / "federated_v2.npz"
-PINNED_V1 = Path(__file__).parent / "pinned" / "federated_v1.npz"
+PINNED = Path(__file__).parent / "pinned" / "federated.npz"
 ROUNDS = 3
 
 

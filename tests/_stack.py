@@ -20,7 +20,7 @@ CPU with AVX2 and FMA and without AVX-512, taken to round like the recording hos
 Xeon the other exact checks (a batched float64 run against single runs, one CBXpy comparison
 over 100 steps) still held, so they depend on the JAX version alone (:func:`on_pinned_jax`).
 
-Recording host per pin: a pin recorded later on another kind of CPU (federated_v4.npz's runs
+Recording host per pin: a pin recorded later on another kind of CPU (the pinned federated run
 that FedCBO's draw from the participating agents moved, recorded on that Intel Xeon) is exact
 only on its own kind. :func:`host_kind` names a kind (``"amd-avx2"``: :data:`PINNED_HOST_KIND`,
 the kind above; ``"intel-avx512"``: that Xeon), a pin file stores the kind each run was

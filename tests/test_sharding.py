@@ -58,7 +58,7 @@ VARIANTS = ("fedcbo_egreedy_iso", "fedcbo_uniform_aniso", "fedcbo_probsampling",
 @pytest.mark.parametrize("name", VARIANTS)
 def test_federated_runs_sharded_equal_the_pinned_runs(sharded_results, name, optimized_xla):
     """Every algorithm, N = 13 (attacks: 12) padded to 16 on 8 devices, 3 rounds: the final
-    state and every metric of every round equal the pinned runs (tests/pinned/federated_v4.npz)
+    state and every metric of every round equal the pinned runs (tests/pinned/federated.npz)
     on 8 devices bitwise, and the unsharded ones up to float rounding."""
     r = sharded_results
     assert r[f"fed_{name}_vs_pinned_mesh8"] <= fv.pinned_atol(fv.recorded_on(name)), r  # bitwise on the recording host

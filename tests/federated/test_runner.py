@@ -2,9 +2,9 @@
 
 * the registry test runs every algorithm through the same checks: finite rounds, padded
   equals unpadded, same seed same result, resume equals uninterrupted;
-* the regression test compares every pinned run (tests/pinned/federated_v4.npz: the
-  pre-redesign runs of federated_v1.npz with the deliberate changes v2-v4 record) with the
-  same run through today's API, exactly on the host kind each pin was recorded on;
+* the regression test compares every pinned run (tests/pinned/federated.npz, whose README
+  records how it was made) with the same run through today's API, exactly on the host kind
+  each pin was recorded on;
 * the import rule: no algorithm knows about padding, sharding or devices;
 * a Flax model and a dataset of one's own, built from public names only; bad input.
 """
@@ -102,77 +102,17 @@ def test_pinned_runs_equal_the_pinned_code(name, optimized_xla):
     _check_pinned(name)
 
 
-# Runs that issue 16 changed on purpose (see tests/pinned/make_federated_pinned_v2.py):
-# ProbSampling explores only the never-observed agents (FedCB²O), and float32 rounding of
-# the metrics that now honour empty download slots (FedCBO ProbSampling's SR, IFCA's purity).
-CHANGED_IN_V2 = {"fedcb2o_G": 1.0, "fedcb2o_self": 1.0, "fedcb2o_loss": 1.0,
-                 "fedcbo_probsampling": 1e-7, "ifca": 1e-7}
+# Where each pinned run was recorded (tests/pinned/README.md): FedCBO's one run with partial
+# participation on an Intel Xeon with AVX-512, the others on the pins' AMD kind.
+RECORDED_ELSEWHERE = {"fedcbo_egreedy_iso": "intel-avx512"}
 
 
-def test_v2_pins_equal_the_pre_redesign_pins_but_the_changed_runs():
-    """The record: v2 equals v1 (the code before the engine redesign) bitwise except the
-    runs issue 16 changed, and those only where said."""
-    v1, v2 = np.load(fv.PINNED_V1), np.load(fv.PINNED_V2)
-    changed = set()
-    for k in v2.files:
-        if k in v1.files and not np.array_equal(v1[k], v2[k], equal_nan=True):
-            changed.add(k.split("/")[0])
-            tol = CHANGED_IN_V2.get(k.split("/")[0], 0.0)
-            if tol < 1.0:
-                assert np.nanmax(np.abs(v1[k].astype(float) - v2[k].astype(float))) <= tol, k
-    assert changed == set(CHANGED_IN_V2), changed
-
-
-# Runs that issue 18's local-training change moved (tests/pinned/make_federated_pinned_v3.py):
-# the last mini-batch at its true size instead of padded with masked rows. The same
-# computation; float32 products of another shape round differently (measured <= 3.9e-7).
-CHANGED_IN_V3 = {"fedavg", "fedcb2o_G", "fedcb2o_loss", "fedcb2o_self", "fedcbo_egreedy_iso", "fedcbo_probsampling",
-                 "fedcbo_uniform_aniso", "ifca", "local", "oracle_max", "oracle_min"}
-
-
-def test_v3_pins_equal_v2_up_to_float_rounding():
-    """The record: v3 equals v2 bitwise except the runs that train locally, and those within
-    1e-6 (every state array and every metric of every round, on one device and on 8)."""
-    v2, v3 = np.load(fv.PINNED_V2), np.load(fv.PINNED_V3)
-    assert set(v2.files) == set(v3.files)
-    changed = set()
-    for k in v3.files:
-        if not np.array_equal(v2[k], v3[k], equal_nan=True):
-            changed.add(k.split("/")[0])
-            a, b = v2[k].astype(float), v3[k].astype(float)
-            fin = np.isfinite(a)
-            np.testing.assert_array_equal(a[~fin], b[~fin], err_msg=k)  # the same NaN / inf entries
-            assert np.isfinite(b[fin]).all() and np.max(np.abs(a[fin] - b[fin]), initial=0.0) <= 1e-6, k
-    assert changed == CHANGED_IN_V3, changed
-
-
-# Runs that FedCBO's draw of the downloads from the participating agents G_n moved
-# (tests/pinned/make_federated_pinned_v4.py): the one FedCBO run with participation < 1.
-# Recorded on an Intel Xeon with AVX-512: exact there, within 1e-5 on other host kinds (the pins' AMD one too).
-CHANGED_IN_V4 = {"fedcbo_egreedy_iso": "intel-avx512"}
-
-
-def test_v4_pins_equal_v3_but_the_runs_drawn_from_the_participants():
-    """The record: v4 holds v3's arrays bitwise except the runs FedCBO's participant-only
-    downloads moved, which moved by more than float rounding, and says where each run was
-    recorded (v3's runs: the pins' host kind)."""
-    v3, v4 = np.load(fv.PINNED_V3), np.load(fv.PINNED)
-    meta = {k for k in v4.files if k.startswith("meta/")}
-    assert set(v4.files) - meta == set(v3.files)
-    runs = {k.split("/")[0] for k in v3.files}
-    assert meta == {f"meta/{r}/recorded_on" for r in runs}
-    changed, moved = set(), {}
-    for k in v3.files:
-        if not np.array_equal(v3[k], v4[k], equal_nan=True):
-            run = k.split("/")[0]
-            changed.add(run)
-            a, b = v3[k].astype(float), v4[k].astype(float)
-            fin = np.isfinite(a) & np.isfinite(b)
-            moved[run] = max(moved.get(run, 0.0), float(np.max(np.abs(a[fin] - b[fin]), initial=0.0)))
-    assert changed == set(CHANGED_IN_V4), changed
-    assert all(d > 1e-3 for d in moved.values()), moved  # a different run, not float rounding
+def test_the_pins_say_where_each_run_was_recorded():
+    pins = np.load(fv.PINNED)
+    runs = {k.split("/")[0] for k in pins.files if not k.startswith("meta/")}
+    assert {k for k in pins.files if k.startswith("meta/")} == {f"meta/{r}/recorded_on" for r in runs}
     for r in runs:
-        assert fv.recorded_on(r) == CHANGED_IN_V4.get(r, "amd-avx2"), r
+        assert fv.recorded_on(r) == RECORDED_ELSEWHERE.get(r, "amd-avx2"), r
 
 
 def test_host_kinds():
