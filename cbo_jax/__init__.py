@@ -18,7 +18,7 @@ from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constraine
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
 from cbo_jax.minimize import minimize
 from cbo_jax.simulate import SimulationResult, simulate
-from cbo_jax.runtime import checkpoint, writer  # cj.checkpoint, cj.writer: the modules, now in cbo_jax.runtime
+from cbo_jax.runtime import checkpoint, writer  # cj.checkpoint, cj.writer: the modules of cbo_jax.runtime
 from cbo_jax.runtime._moved import install as _install_moved
 from cbo_jax.runtime.provenance import installed_version as _installed_version
 

@@ -141,7 +141,7 @@ def normal_vector(where: str, a: Any) -> tuple[np.ndarray, float]:
 
 
 def flags(**values: Any) -> None:
-    """Refuse a switch that is not a bool (``progress="no"`` was true)."""
+    """Refuse a switch that is not a bool (``progress="no"`` would be true)."""
     for name, value in values.items():
         if not isinstance(value, (bool, np.bool_)) and not (is_integer(value) and value in (0, 1)):
             raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -264,7 +264,7 @@ def as_key(name: str, key: Any) -> jax.Array:
         if np.dtype(dtype) == np.uint32 and np.ndim(key) >= 1 and np.shape(key)[-1] in words:
             return key
         # a seed as a scalar integer array: under jit or vmap (an integer argument is traced), or a
-        # NumPy/JAX scalar array; refused before as "a PRNG key or an integer seed, got a tracer of int32"
+        # NumPy/JAX scalar array; without this, "a PRNG key or an integer seed, got a tracer of int32"
         if np.ndim(key) == 0 and jax.dtypes.issubdtype(dtype, np.integer) and not jax.dtypes.issubdtype(dtype, np.bool_):
             return jax.random.key(key)
     raise ValueError(f"{name} must be a PRNG key (jax.random.key(seed)) or an integer seed, got {key!r}"

@@ -287,7 +287,7 @@ def get_surface(spec) -> Surface:
         if name not in takes:
             raise ValueError(f"unknown surface {name!r}; choose from ['sphere', 'plane', 'Stiefel'] or pass a function")
         extra = sorted(set(kw) - set(takes[name]))
-        if extra:  # {"name": "sphere", "r": 2} was the unit sphere, the radius silently dropped
+        if extra:  # {"name": "sphere", "r": 2} would be the unit sphere, the radius silently dropped
             hint = " (it is the unit sphere; pass a signed distance function for another one)" if name == "sphere" else ""
             raise ValueError(f"surface {name!r} takes {list(takes[name]) or 'no parameters'}, got {extra}{hint}")
         if name == "sphere":

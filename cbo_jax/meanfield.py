@@ -94,7 +94,7 @@ def class_variance(x: PyTree, label: jax.Array, centers: PyTree, include: jax.Ar
 
 
 def _check_class_shapes(x, label, centers, include) -> None:
-    """Shapes only (static, so also under ``jit``): mismatches were TypeErrors from jnp's broadcasting."""
+    """Shapes only (static, so also under ``jit``): mismatches would be TypeErrors from jnp's broadcasting."""
     leaves = jax.tree_util.tree_leaves(x)
     c_leaves = jax.tree_util.tree_leaves(centers)
     if not leaves or not c_leaves or any(np.ndim(v) < 1 for v in leaves + c_leaves):
@@ -216,7 +216,7 @@ def fit_decay_rate(t, v, *, t_min: float | None = None, floor_factor: float = 10
     v = np.asarray(v, np.float64)
     if t.shape != v.shape or t.ndim != 1:
         raise ValueError(f"t and v must be 1-D of the same length, got {t.shape} and {v.shape}")
-    if t.size < 3:  # an empty t was an IndexError
+    if t.size < 3:  # an empty t would be an IndexError
         raise ValueError(f"fitting a decay rate needs at least 3 points, got {t.size}")
     t_min = t[0] + 0.05 * (t[-1] - t[0]) if t_min is None else t_min
     ok = np.isfinite(v) & (v > 0) & (t >= t_min)

@@ -126,8 +126,8 @@ def _minimize_dynamics(objective, lift: bool, config, cfg_kw: dict) -> tuple[Dyn
 def _refuse_ambiguous_objective(objective, single) -> None:
     """``objective`` maps ``single`` to ``(N,)`` *and* one particle to a scalar (an ``(N, d)``
     population with ``N = d``, say): compare the two readings on random particles and refuse
-    when they differ. ``jnp.sum((x - 1) ** 2, axis=0)``, written for one particle, gave ``(N,)``
-    on an ``(N, N)`` population, and the run quietly minimised the sums of the columns."""
+    when they differ. ``jnp.sum((x - 1) ** 2, axis=0)``, written for one particle, gives ``(N,)``
+    on an ``(N, N)`` population, and the run would quietly minimise the sums of the columns."""
     from cbo_jax import population as pop
 
     leaves, tree = jax.tree_util.tree_flatten(single)
@@ -138,7 +138,7 @@ def _refuse_ambiguous_objective(objective, single) -> None:
         with jax.ensure_compile_time_eval():
             as_population = np.asarray(objective(probe), np.float64)
             row_by_row = np.asarray(jax.vmap(objective)(probe), np.float64)
-    except Exception:  # noqa: BLE001 - not evaluable eagerly: the population reading, as before
+    except Exception:  # noqa: BLE001 - not evaluable eagerly: nothing to compare, the population reading stands
         return
     if np.allclose(as_population, row_by_row, rtol=1e-4, atol=1e-5, equal_nan=True):
         return  # a row-wise function: both readings are the same function

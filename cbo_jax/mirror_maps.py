@@ -143,7 +143,7 @@ def ProjectionStiefel(nk=None) -> MirrorMap:
         raise ValueError(f"ProjectionStiefel: nk must be two integers (n, k) >= 1, got {nk!r}")
 
     def conj(y):
-        if y.shape[-1] != nk[0] * nk[1]:  # was a reshape TypeError from deep inside jnp
+        if y.shape[-1] != nk[0] * nk[1]:  # else a reshape TypeError from deep inside jnp
             raise ValueError(f"ProjectionStiefel with nk = {nk} needs particles of dimension n k = {nk[0] * nk[1]}, "
                              f"got {y.shape[-1]}")
         u, _, vh = jnp.linalg.svd(y.reshape(y.shape[:-1] + nk), full_matrices=False)

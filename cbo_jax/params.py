@@ -172,8 +172,8 @@ def as_params(params, dynamics_or_config) -> Params:
 
 
 def _real_array(what: str, values) -> np.ndarray:
-    """``values`` as float64, refused unless real numbers: a complex value lost its imaginary part
-    (a warning, not an error), a bool or a numeric string was read as a number, None as NaN."""
+    """``values`` as float64, refused unless real numbers: a complex value would lose its imaginary
+    part (a warning, not an error), a bool or a numeric string would be read as a number, None as NaN."""
     try:
         raw = np.asarray(values)
         if raw.dtype.kind in "bcSUMm" or (raw.dtype.kind == "O" and not all(

@@ -174,7 +174,7 @@ def _grid_values(objective: Callable, bounds: Bounds, resolution: int):
     gx, gy = np.meshgrid(np.linspace(x0, x1, resolution), np.linspace(y0, y1, resolution))
     pts = jnp.asarray(np.stack([gx.ravel(), gy.ravel()], axis=1), jnp.float32)
     z = np.asarray(objective(pts), np.float64)
-    if z.size != gx.size:  # checked before the reshape, which raised NumPy's "cannot reshape" first
+    if z.size != gx.size:  # checked before the reshape, which would raise NumPy's "cannot reshape"
         raise ValueError(f"objective must map an (n, 2) array of points to (n,) values; it mapped {pts.shape} "
                          f"points to shape {z.shape}")
     return gx, gy, z.reshape(gx.shape)
@@ -238,7 +238,7 @@ def snapshots(objective: Callable, history: History, frames: Sequence[int] | Non
     if frames is None:
         frames = sorted(set(np.linspace(0, len(x) - 1, min(4, len(x))).round().astype(int).tolist()))
     frames = list(frames)
-    # no frames (or ncols=0) was a ZeroDivisionError, a frame past the end NumPy's IndexError
+    # no frames (or ncols=0) would be a ZeroDivisionError, a frame past the end NumPy's IndexError
     if not frames:
         raise ValueError("frames must name at least one frame of the history")
     for f in frames:
@@ -263,7 +263,7 @@ def _frames_x(history: History, run: int):
     x = _check_2d(history.x)
     if not _checks.is_integer(run):
         raise ValueError(f"run must be an integer, got {run!r}")
-    if x.ndim == 3 and run not in (0, -1):  # one run: another index was ignored
+    if x.ndim == 3 and run not in (0, -1):  # one run: another index would be ignored
         raise ValueError(f"run {run} is out of range: the history has one run (no run axis)")
     while x.ndim > 3:  # runs (and sweep points): pick one
         if not -x.shape[1] <= run < x.shape[1]:
@@ -291,7 +291,7 @@ def animate(objective: Callable, history: History, path: str | Path, *, fps: int
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    _checks.positive("fps", fps)  # 0 was a ZeroDivisionError inside matplotlib's writer
+    _checks.positive("fps", fps)  # 0 would be a ZeroDivisionError inside matplotlib's writer
     path = Path(path)
     suffix = path.suffix.lower()
     writer: animation.AbstractMovieWriter

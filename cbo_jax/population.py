@@ -69,7 +69,7 @@ def _accumulation_dtype(dtype) -> Any:
     """The dtype a weighted sum over agents of ``dtype`` rows is formed in: ``float32`` for a
     low-precision float (bfloat16, float16: their weights, rounded to 8 or 11 bits, would
     not sum to one), else ``dtype`` itself. Integer (and boolean) rows are refused: their
-    weighted mean, cast back to the rows' dtype, was truncated (the weights to 0) without a word."""
+    weighted mean, cast back to the rows' dtype, would be truncated (the weights to 0) without a word."""
     dtype = jnp.dtype(dtype)
     if not jnp.issubdtype(dtype, jnp.inexact):
         raise ValueError(f"a weighted mean over agents needs floating rows, got a population leaf of dtype {dtype}: "
@@ -81,19 +81,19 @@ def _accumulation_dtype(dtype) -> Any:
 
 # Above this many agents, one combination of the rows (weights ``(N,)``) is summed in blocks.
 # XLA:CPU's matrix-vector kernel accumulates along the agent axis with an error that grows
-# with N (as a running float32 sum's does): at N = 1e7, d = 20 a consensus point near
-# (1, ..., 1) was off by 1.1e-2, six times the Monte Carlo spread of the consensus itself at
+# with N (as a running float32 sum's does): at N = 1e7, d = 20, one dot puts a consensus point
+# near (1, ..., 1) off by 1.1e-2, six times the Monte Carlo spread of the consensus itself at
 # that N (1.7e-3). Summed in blocks of at most 8192 rows, the blocks' sums then added, it is
-# off by 7e-7, and the sum took 0.6-0.8 of the dot's time (benchmarks/RESULTS_particles.md,
+# off by 7e-7, and the sum takes 0.6-0.8 of the dot's time (benchmarks/RESULTS_particles.md,
 # "The consensus sum over 1e7 agents in float32"). A multiply and a reduction, as accurate,
-# took 6-10x the dot's time at d = 10 (exp(-αE) was fused into it and evaluated d times per
+# take 6-10x the dot's time at d = 10 (XLA fuses exp(-αE) into it and evaluates it d times per
 # agent). Several combinations at once (``(K, N)`` weights, K >= 2) are a matrix product,
 # whose kernel already sums in blocks: they stay one dot.
 _ROWS_SUMMED_IN_BLOCKS = 1 << 16
 _BLOCK_ROWS = (256, 8192)  # a block's rows: the largest divisor in this range, else a loop over blocks of 8192
 # The agent axis is first split into gcd(N, _GROUPS) groups, so that an axis sharded over D
 # devices (D divides N and this number: every D <= 16, and many more) splits along its shards
-# and each device sums its own rows; blocks that straddled two devices made XLA gather the rows.
+# and each device sums its own rows; blocks that straddle two devices make XLA gather the rows.
 _GROUPS = 720720  # lcm(1, ..., 16)
 
 

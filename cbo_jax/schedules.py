@@ -159,7 +159,7 @@ class EffectiveSampleSize:
         n_valid = jnp.sum(jnp.isfinite(energy) if mask is None else (jnp.isfinite(energy) & mask))
         dtype = energy.dtype
         if params is None:
-            target = self.eta * n_valid.astype(jnp.result_type(float))  # as the promotion was (strict mode too)
+            target = self.eta * n_valid.astype(jnp.result_type(float))  # promotion's float, spelled out (strict mode)
             lo = jnp.asarray(math.log(self.alpha_min), dtype)
             hi = jnp.asarray(math.log(self.alpha_max), dtype)
         else:

@@ -237,7 +237,7 @@ def euler_maruyama(
     if noise not in NOISE_KINDS:
         raise ValueError(f"unknown noise kind {noise!r}; choose from {NOISE_KINDS}")
     if isinstance(dt, (int, float, np.integer, np.floating)) and not (math.isfinite(dt) and dt >= 0):
-        # √dt of a negative step was NaN in every particle (traced steps are checked by the configs)
+        # √dt of a negative step would be NaN in every particle (traced steps are checked by the configs)
         raise ValueError(f"dt must be a finite number >= 0, got {dt!r}")
 
     def increment(k, u):

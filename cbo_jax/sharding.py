@@ -154,11 +154,11 @@ def prepare_population(x0: PyTree, mesh: Mesh, *, axis: int = 0, forbid_padding:
 
     positions = x0.x if isinstance(x0, Particles) else x0
     leaves = jax.tree_util.tree_leaves(positions)
-    if not leaves or any(np.ndim(leaf) <= axis for leaf in leaves):  # was IndexError: tuple index out of range
+    if not leaves or any(np.ndim(leaf) <= axis for leaf in leaves):  # else IndexError: tuple index out of range
         raise ValueError(f"a population needs an agent axis {axis}: every leaf must have at least {axis + 1} "
                          f"dimension(s), got shapes {[np.shape(leaf) for leaf in leaves]}")
     n = int(np.shape(leaves[0])[axis])
-    if any(np.shape(leaf)[axis] != n for leaf in leaves):  # was padded leaf by leaf, rows out of step
+    if any(np.shape(leaf)[axis] != n for leaf in leaves):  # else padded leaf by leaf, rows out of step
         raise ValueError(f"every leaf of a population must hold the same number of agents along axis {axis}, got "
                          f"shapes {[np.shape(leaf) for leaf in leaves]}")
     n_total = padded_size(n, mesh)

@@ -305,7 +305,7 @@ def _plan(dynamics, x0, key, *, num_runs, params, mesh, initial_state) -> _Plan:
     grid, point, flat = None, None, None
     config = dynamics.config
     dtype = jnp.dtype(getattr(config, "dtype", "float32"))
-    if initial_state is not None and (x0 is not None or key is not None):  # they were ignored
+    if initial_state is not None and (x0 is not None or key is not None):  # they would be ignored
         raise ValueError("initial_state carries the population and its PRNG key: pass x0=None and key=None with it "
                          "(simulate(dynamics, None, None, num_steps, initial_state=state))")
     if params is not None:

@@ -107,9 +107,9 @@ def _cmd_run(args) -> int:
     from cbo_jax.cli.flags import config_from_args
     from cbo_jax.experiments.federated import run_experiment
 
-    if args.extend and not args.resume:  # was ignored: a new run of the extended length over the old one
+    if args.extend and not args.resume:  # --extend alone would start a new run of the extended length over the old one
         raise ValueError("--extend continues a run: it needs --resume")
-    if args.resume and args.overwrite:  # --overwrite was ignored: the run resumed
+    if args.resume and args.overwrite:  # the run would resume and silently ignore --overwrite
         raise ValueError("--resume continues the results in OUTPUT and --overwrite replaces them: give one of them")
     cfg = config_from_args(args.algorithm, args, args.run_flags)
     out = args.output or Path("results") / f"run-{args.algorithm}"
@@ -249,7 +249,7 @@ def _cmd_reproduce(args) -> int:
             if exp.resumable and not resume and not rest:
                 (out_dir / "options.json").unlink(missing_ok=True)
             raise
-        if options is not None:  # after the runs: a resume of a directory without the record wrote none before
+        if options is not None:  # after the runs: the record of a resumed directory that had none
             options()
         elif not exp.resumable:  # the record of what ran (reproduce --list names the options that differ)
             _check_options(out_dir, args, False)
@@ -368,7 +368,7 @@ def _main(argv: list[str] | None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     args = None
     try:
-        # Ctrl-C while the parser imports JAX and the experiments was a traceback through the imports
+        # inside the try: Ctrl-C while the parser imports JAX and the experiments is one line, not a traceback
         args = build_parser().parse_args(argv)
         from cbo_jax.runtime import provenance
 
@@ -400,7 +400,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"cbo-jax: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt as err:  # Ctrl-C or SIGTERM: one line, not a traceback through JAX's internals
-        # `cbo-jax run` and the reproductions made of federated runs resume; the hint was printed after any command
+        # `cbo-jax run` and the reproductions made of federated runs resume: only they get the hint
         command = getattr(args, "command", None)
         resumable = command == "run" or (command == "reproduce" and hasattr(args, "resume"))
         hint = " (a run with --checkpoint-every resumes with --resume)" if resumable else ""

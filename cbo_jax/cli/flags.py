@@ -104,7 +104,7 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
 
 def _read_config_file(path: Path) -> Any:
     """The JSON of ``--config FILE``; a ``ValueError`` naming the file when it cannot be read."""
-    if path.is_dir():  # was "no such file"
+    if path.is_dir():  # not "no such file" (is_file() is False for it)
         raise ValueError(f"--config {path} is a directory, not a file: give its config.json (or another JSON "
                          f"file of options)")
     if not path.is_file():

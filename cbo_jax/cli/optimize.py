@@ -112,15 +112,15 @@ class OptimizeOptions:
     dtype: dataclasses.InitVar[str] = "float32"
 
     def __post_init__(self, dtype: str) -> None:
-        # non-finite or float32-overflowing bounds were reported as "x0 has N non-finite entries", a shift
+        # non-finite or float32-overflowing bounds would be reported as "x0 has N non-finite entries", a shift
         # as "the objective is NaN or infinite at every particle"
         f32 = dtype == "float32"
         for flag, value in (("--init-low", self.init_low), ("--init-high", self.init_high), ("--shift", self.shift)):
             _checks.finite_number(flag, value, f32=f32)
-        _checks.non_negative("--alpha", self.alpha, f32=f32)  # was named alpha0, the schedule's field
+        _checks.non_negative("--alpha", self.alpha, f32=f32)  # names the flag, not the schedule's field alpha0
         if not self.init_low < self.init_high:
             raise ValueError(f"--init-low ({self.init_low}) must be below --init-high ({self.init_high})")
-        # Flags of a schedule other than the one chosen were accepted and had no effect; so were
+        # Flags of a schedule other than the one chosen would have no effect; so would
         # --tensorboard, --log-every and --overwrite without --output (nothing is written).
         uses = {"alpha_factor": ("multiplicative",), "alpha_max": ("multiplicative", "ess"), "ess_eta": ("ess",)}
         for name, schedules_using in uses.items():

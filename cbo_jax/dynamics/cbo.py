@@ -34,7 +34,7 @@ from cbo_jax.dynamics.checks import check_objective, check_population, looks_sin
 
 PyTree = Any
 
-# CBOState, Dynamics and the host checks live in base and checks; named here as before
+# CBOState, Dynamics and the host checks live in base and checks; importable from here too (cbo_jax/__init__.py)
 __all__ = ["CBOConfig", "CBOState", "Dynamics", "cbo", "cbo_kernel", "check_population", "check_objective",
            "looks_single_particle"]
 

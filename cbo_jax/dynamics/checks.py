@@ -212,7 +212,7 @@ def _check_state_fits(dynamics, state: Any, levels: int) -> None:
     shapes only: :func:`jax.eval_shape`, nothing is compiled or run) must have the same
     type, fields and tree structure as ``state`` (less its ``levels`` leading run and grid
     axes). A CBOMemory or PSO state given to plain CBO, or a plain CBO state given to PSO,
-    used to fail deep inside the step (an ``AttributeError``) or, worse, to run.
+    would fail deep inside the step (an ``AttributeError``) or, worse, run.
     """
     x, key = getattr(state, "x", None), getattr(state, "key", None)
     if x is None or key is None or not hasattr(key, "shape"):

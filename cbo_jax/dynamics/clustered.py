@@ -188,10 +188,10 @@ def particles(x: PyTree, label: ArrayLike | None = None, malicious: ArrayLike | 
             hint = (f" (x has {n} rows: for runs stacked (M, N, ...), pass num_runs=M)"
                     if arr.ndim in (1, 2) and len(jax.tree_util.tree_leaves(x)[0].shape) > 2 else "")
             raise ValueError(f"{name} must have shape ({n},) (one per particle), got {arr.shape}{hint}")
-    for name, arr in (("label", label), ("pid", pid)):  # 1.9 was truncated to 1
+    for name, arr in (("label", label), ("pid", pid)):  # 1.9 would be truncated to 1
         if not np.issubdtype(arr.dtype, np.integer):
             raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if malicious.dtype != np.bool_:  # 0.5 and 2 became True
+    if malicious.dtype != np.bool_:  # 0.5 and 2 would become True
         raise ValueError(f"malicious must be a boolean mask, got dtype {malicious.dtype}"
                          + (" (a 0/1 array: malicious.astype(bool))" if np.isin(malicious, (0, 1)).all() else ""))
     return Particles(x=x, label=jnp.asarray(label, jnp.int32), malicious=jnp.asarray(malicious, bool),
@@ -344,7 +344,7 @@ class _System:
 
     def init(self, p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
         config, dtype = self.config, self.dtype
-        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX was float32 throughout
+        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX would be float32 throughout
         key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), p.x)
         prm = params_lib.in_dtype(self.default_params if params is None else params_lib.as_params(params, config),
@@ -363,9 +363,9 @@ class _System:
     def normal(self, pid):
         """The draw function of the particles ``pid``."""
         # The draw is computed in a kernel of its own on XLA:CPU (normal_like does so itself):
-        # fused into the gather-and-update, the per-particle draw ran 1.7x slower. Written out
-        # here, not in sde.per_particle_normal: there it gained the CBX family little (1.03x) and
-        # moved the pinned FedCBO runs by float32 rounding (benchmarks/RESULTS_cbx.md, the A/B of the
+        # fused into the gather-and-update, the per-particle draw runs 1.7x slower. Written out
+        # here, not in sde.per_particle_normal: there it gains the CBX family little (1.03x) and
+        # moves the pinned FedCBO runs by float32 rounding (benchmarks/RESULTS_cbx.md, the A/B of the
         # written-out draw).
         if self.config.rng == "per-particle":
             return lambda key, tree: jax.tree_util.tree_map(lambda z: written_out(z, key),

@@ -174,9 +174,9 @@ def record(state) -> dict:
 
 def _best_row(energy, agents=None):
     # Finite energies only, as the consensus weights: a -inf (an objective unbounded below, or an
-    # overflow) got weight zero in the consensus but was taken as the best point. Rows from
+    # overflow) gets weight zero in the consensus and would otherwise be the best point. Rows from
     # ``agents`` on are a sharded run's NaN padding: an objective that maps NaN to a number
-    # (jnp.nansum, nan_to_num) gave them a finite energy, and a padding row became the best point.
+    # (jnp.nansum, nan_to_num) gives them a finite energy, and a padding row could be the best point.
     ok = jnp.isfinite(energy)
     if agents is not None:
         ok = ok & (jnp.arange(energy.shape[0]) < agents)
@@ -254,7 +254,7 @@ class Engine:
 
     def init(self, x0: PyTree, key: jax.Array, params: params_lib.Params | None = None) -> CBOState:
         config, kernel, dtype = self.config, self.kernel, self.dtype
-        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX was float32 throughout
+        _checks.x64_for(config)  # at trace time: a float64 run in 32-bit JAX would be float32 throughout
         key = _checks.as_key("key", key)  # an integer seed (64 bits); anything but a key or a seed is refused
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
         prm = params_lib.in_dtype(self.default_params if params is None else params_lib.as_params(params, config),

@@ -54,7 +54,7 @@ def positive_int(text: str) -> int:
 
 def nonnegative_int(text: str) -> int:
     """argparse ``type`` for a count that may be 0 (``--steps``, ``--T-G``): an integer from 0 to
-    ``2**31 - 1`` (JAX counts in int32; a larger count was accepted and ran until killed)."""
+    ``2**31 - 1`` (JAX counts in int32; a larger count would run until killed)."""
     return _int_option(text, 0, 2**31 - 1, "2**31 - 1 (JAX counts in int32)")
 
 
@@ -69,5 +69,5 @@ def jax_seed(text: str) -> int:
     """argparse ``type`` for a seed that only keys JAX (``cbo-jax optimize``): an integer from 0 to
     ``2**64 - 1``, each its own key (:func:`cbo_jax._checks.as_key`; below ``2**32`` the key
     ``jax.random.key(seed)``). Negative seeds are refused: 64 bits of key data cannot tell
-    ``-2**63 .. 2**64 - 1`` apart, and ``-1`` was the key of ``2**32 - 1``."""
+    ``-2**63 .. 2**64 - 1`` apart, and ``-1`` would be the key of ``2**32 - 1``."""
     return _int_option(text, 0, 2**64 - 1, "2**64 - 1")

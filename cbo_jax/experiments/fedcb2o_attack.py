@@ -206,7 +206,7 @@ def _run_variants(experiment: str, variants: dict, scale: Scale, seeds: int, arg
             resume = bool(getattr(args, "resume", False)) and out is not None
             record = _record(experiment, name, seed, scale, args, algorithm)
             res = None
-            if resume:  # a finished run is read back (its config.json as now written, or the scale alone as before)
+            if resume:  # a finished run is read back (its config.json, or the scale alone of older versions)
                 res = finished(out, algorithm, data, scale.rounds, key, every=every, config=record,
                                earlier=[dataclasses.asdict(scale)])
                 if res is not None:

@@ -217,7 +217,7 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
         print(f"memory budget {cfg.run.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
               + ", ".join(f"{c}: {b / 2**30:.2f}" for c, b in plan.items()) + ")", flush=True)
         cfg = dataclasses.replace(cfg, config=dataclasses.replace(cfg.config, eval_chunk=chunk))
-    elif cfg.run.memory_budget_gb is not None:  # was accepted without a word
+    elif cfg.run.memory_budget_gb is not None:  # say so rather than accept it without a word
         print(f"memory budget {cfg.run.memory_budget_gb} GiB: not used by {cfg.algorithm} (it sizes FedCBO's "
               f"eval_chunk only)", flush=True)
     model, algorithm = build(cfg, data.num_agents, mesh=mesh)
@@ -226,8 +226,8 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     key = _checks.as_key("seed", cfg.run.seed)
     if resume and out_dir is not None:
         # A finished run: its results are read back, not computed again (with a checkpoint it
-        # was restored and its summary rewritten with the seconds of the resume). Records
-        # written before config.json named the model lack "model".
+        # would be restored and its summary rewritten with the seconds of the resume). Records
+        # of older versions, whose config.json did not name the model, lack "model".
         recorded = _as_recorded(cfg, Path(out_dir))
         done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
                         config=_record(recorded, model), earlier=[recorded])
@@ -286,9 +286,9 @@ def _check_resume(cfg, out: Path, extend: bool) -> None:
 
     The run's fingerprint (checked by :func:`cbo_jax.federated.run`) holds the algorithm's
     config, the seed's key and a hash of the training data, but not the evaluation's
-    ``test_size``: a resume with another ``--test-size`` went on, its later rows measured on
-    another test set than the earlier ones. The other differences were reported under the
-    fingerprint's names (``key``, ``data_sha256``); here they name the flag.
+    ``test_size``: a resume with another ``--test-size`` would go on, its later rows measured on
+    another test set than the earlier ones. The other differences the fingerprint reports under
+    its own names (``key``, ``data_sha256``); here they name the flag.
     """
     path = out / "config.json"
     try:

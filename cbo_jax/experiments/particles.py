@@ -48,7 +48,7 @@ from cbo_jax.simulate import simulate
 
 def _whole(flag: str, value) -> int:
     """A particle count written as an integer or a float (``1e6``): whole and finite, else an error naming
-    ``flag`` (``inf`` was an OverflowError traceback, ``abc`` an error naming no option, ``20.5`` became 20)."""
+    ``flag`` (else ``inf`` is an OverflowError traceback, ``abc`` an error naming no option, ``20.5`` 20)."""
     try:
         v = float(value)
     except (TypeError, ValueError):

@@ -165,7 +165,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     _checks.one_of("agents", agents, ("all", "first"))
     if data.test_x is None:
         raise ValueError("test_accuracy needs test sets (FederatedData.test_x/test_y)")
-    if hasattr(data, "check_test_shapes"):  # now, not at the first evaluation after the first rounds
+    if hasattr(data, "check_test_shapes"):  # here, not at the first evaluation after the first rounds
         data.check_test_shapes()
     _checks.positive_int("chunk", chunk)
     if test_size is not None:  # a slice bound: -1 would silently drop each set's last sample
@@ -204,7 +204,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
             params = ev.params
             if agents == "first" and len(rows) == 1 and min(rows) >= n:
                 params = jax.tree_util.tree_map(lambda a: a[:n], ev.params)
-            elif rows != {n}:  # another data's metric: its agents' test sets were used (indices clamped)
+            elif rows != {n}:  # another data's metric: its agents' test sets would be used (indices clamped)
                 first = (" (to measure the first of more agents, the benign ones of FedCB²O, pass agents='first')"
                          if agents == "all" and len(rows) == 1 and min(rows) > n else "")
                 raise ValueError(f"test_accuracy was built for the {n} agents of its data, but the run's models are "
@@ -301,7 +301,7 @@ def attack_accuracy(model: Model, dataset, cluster=None, *, chunk: int = 8, test
         _checks.positive_int("test_size", test_size)
     nb = dataset.num_benign
     c_benign = _checks.cluster_ids("cluster", dataset.cluster if cluster is None else cluster)[:nb]
-    # checked now, not at the first evaluation after the first rounds
+    # checked here, not at the first evaluation after the first rounds
     k = np.shape(dataset.test_x)[0]
     if c_benign.shape != (nb,) or c_benign.max(initial=0) >= k:
         raise ValueError(f"attack_accuracy needs a cluster id in [0, {k}) (one test set each) for each of the {nb} "
@@ -331,7 +331,7 @@ def _pooled(model, params, x, y, counts):
     out = jax.vmap(lambda xi: model.apply(params, xi))(zero_padding(x, mask))  # (N, n, C)
     real = mask.astype(jnp.float32)
     per = jnp.where(mask, jax.vmap(model.loss)(out, y), 0.0)
-    # a regression model has no accuracy (argmax over its outputs against float targets was 0, or
+    # a regression model has no accuracy (argmax over its outputs against float targets would be 0, or
     # a broadcasting error for targets of more than one dimension)
     hit = (jnp.argmax(out, -1) == y).astype(jnp.float32) if model.is_classifier else jnp.zeros(real.shape)
     total = jnp.maximum(jnp.sum(real), 1.0)
@@ -350,7 +350,7 @@ def pooled(model: Model, train, test_x, test_y, test_counts) -> Callable:
     For algorithms with one server model (FedSGLD, FedPD, FedAvg); per-agent models or
     several server models (FedCBO, IFCA) are refused at the first evaluation rather than
     reported as agent 0's or server model 0's."""
-    # checked now, not at the first evaluation after the first rounds
+    # checked here, not at the first evaluation after the first rounds
     check_test_sets(test_x, test_y, test_counts, np.shape(train.x)[2:])
     _check_test_values(model, test_x, test_y, test_counts)
     train = jax.tree_util.tree_map(jnp.asarray, train)

@@ -130,9 +130,9 @@ def _apply_hash(model, params, one) -> str:
 
 def _comparable(saved: dict, now: dict, out, stacklevel: int) -> dict:
     """``now`` as it compares with a recorded fingerprint ``saved``: without the model keys a
-    run recorded before the model was fingerprinted lacks, and, when ``saved`` hashed the
-    model's ``apply`` under another JAX version (whose jaxprs may print otherwise), without
-    that hash (a warning says the computation was not compared)."""
+    run recorded by an older version (which did not fingerprint the model) lacks, and, when
+    ``saved`` hashed the model's ``apply`` under another JAX version (whose jaxprs may print
+    otherwise), without that hash (a warning says the computation was not compared)."""
     now = {k: v for k, v in now.items() if not (k.startswith("model") and k not in saved)}
     then = saved.get("model.apply_jax")
     if then is not None and now.get("model.apply_jax") not in (None, then):

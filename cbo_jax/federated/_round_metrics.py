@@ -61,7 +61,7 @@ def selection_rate(idx: jax.Array, cluster: jax.Array, valid: jax.Array | None =
     per_agent = jnp.sum(same & valid, axis=1) / jnp.maximum(jnp.sum(valid, axis=1), 1)
     some = jnp.any(valid, axis=1)
     over_some = jnp.sum(jnp.where(some, per_agent, 0.0)) / jnp.maximum(jnp.sum(some), 1)
-    return jnp.where(jnp.all(some), jnp.mean(per_agent), over_some)  # every agent downloaded: as before, bitwise
+    return jnp.where(jnp.all(some), jnp.mean(per_agent), over_some)  # everyone downloaded: bitwise the pinned SR
 
 
 def oracle_selection_rate(eps, cluster: jax.Array, m: int | None = None) -> jax.Array:
@@ -75,7 +75,7 @@ def oracle_selection_rate(eps, cluster: jax.Array, m: int | None = None) -> jax.
 
     With ``m``, an agent ``j`` with fewer same-cluster peers than downloads (``|C(j)| - 1 < M``:
     small runs, not the paper's) cannot reach more than ``(|C(j)| - 1) / M``; its term is
-    capped there (the formula gave 1 at ``ε = 0``). Full participation is assumed.
+    capped there (the formula alone gives 1 at ``ε = 0``). Full participation is assumed.
     """
     n = cluster.shape[0]
     sizes = jnp.sum(cluster[:, None] == cluster[None, :], axis=1)
@@ -85,7 +85,7 @@ def oracle_selection_rate(eps, cluster: jax.Array, m: int | None = None) -> jax.
     eps = jnp.floor(jnp.asarray(eps, jnp.float32) * m + 1e-6) / m
     formula = (1.0 - eps) + eps * share
     per_agent = jnp.minimum((1.0 - eps) + eps * (sizes - 1) / max(n - 1, 1), (sizes - 1) / m)
-    # where no cap binds, the formula as it was (the same rounding as before)
+    # where no cap binds, the formula itself (the mean of per_agent would round otherwise)
     return jnp.where(jnp.any(sizes - 1 < m), jnp.mean(per_agent), formula)
 
 

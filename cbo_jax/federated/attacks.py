@@ -342,7 +342,7 @@ def check_split(data: AttackData, benign: int, attackers: int, who: str) -> None
     ``attackers``, with a ``ValueError`` when a round is traced (the shapes are static).
     Padding agents of a sharded run come after the last group: the attackers, or the
     benign agents when there are none."""
-    if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'benign')
+    if not isinstance(data, AttackData):  # else an AttributeError ('AgentData' object has no attribute 'benign')
         raise ValueError(f"{who} takes an AttackData (benign training splits, their validation splits, the "
                          f"attackers' data), got {type(data).__name__}: build one from your per-agent arrays with "
                          f"fl.AttackData.from_lists(train_x, train_y, val_x, val_y[, malicious_x, malicious_y]), "

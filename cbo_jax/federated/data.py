@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-# The host-side checks (defined here before they had a module of their own, importable from here as before)
+# The host-side checks (their own module, _data_checks; importable from here too, as runner does)
 from cbo_jax.federated._data_checks import (_BOOL_HINT, _field, check_labels, check_model, check_numeric,  # noqa: F401
                                             check_test_sets, check_training)
 from cbo_jax.federated.mnist import MNIST, DataError

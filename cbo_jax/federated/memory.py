@@ -32,8 +32,8 @@ def planned_round_bytes(algorithm: Algorithm, data: AgentData, key: jax.Array | 
     ``padded_size(N, mesh)``).
     """
     n = data.num_agents
-    # size=0 was taken as "no padding" and a size below N cut the state and data to that many
-    # agents: a plan for fewer agents than the run has (an underestimate)
+    # size=0 would be taken as "no padding" and a size below N would cut the state and data to that
+    # many agents: a plan for fewer agents than the run has (an underestimate)
     if size is not None and (not _checks.is_integer(size) or size < n):
         raise ValueError(f"size must be an integer >= N={n} (the padded number of agents), got {size!r}")
     key = jax.random.key(0) if key is None else key

@@ -35,7 +35,7 @@ from cbo_jax.federated._round_metrics import (CATEGORIES, attack_selection, cate
                                              selection_rate)
 from cbo_jax.models import Model
 
-# Defined in this module before the split: still importable from here.
+# Private names of the modules above, importable from here too (tests and benchmarks reach in through this module).
 from cbo_jax.federated._eval_metrics import (_MAX_GROUPS, PyTree, _acc_loss, _agent_eval,  # noqa: F401
                                             _agent_eval_impl, _attack_eval, _attack_eval_impl, _check_test_values,
                                             _grouped_eval, _grouped_eval_impl, _pooled, _pooled_jit, _server_eval,

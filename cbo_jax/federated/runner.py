@@ -83,7 +83,7 @@ _ROW_KEYS = ("round", "elapsed_s", "diverged_agents")
 def _merge(fns: Sequence[Callable], arg, what: str, taken: dict | None = None) -> dict:
     """The metrics' dicts as one row part. A name given twice, by two metrics or by a round
     metric and an evaluation metric (``taken``), or one of the runner's own row keys, is an
-    error naming both: the later value silently replaced the earlier one."""
+    error naming both: the later value would silently replace the earlier one."""
     out: dict = {}
     source: dict = dict(taken or {})
     for fn in fns:
@@ -109,7 +109,7 @@ def _claim(source: dict, key: str, name: str, what: str) -> None:
 def _declared(metrics: Sequence[Callable]) -> tuple[tuple[str, str], ...]:
     """``(name, metric)`` pairs of the names the evaluation metrics declare (their ``returns``,
     :func:`~cbo_jax.federated.metrics.returning`), checked as :func:`_merge` checks the rows, but
-    before the first round: a clash found at the first evaluation lost the rounds before it."""
+    before the first round: a clash found at the first evaluation would lose the rounds before it."""
     source: dict[str, str] = {}
     for fn in metrics:
         names = getattr(fn, "returns", None)
@@ -124,7 +124,7 @@ def _declared(metrics: Sequence[Callable]) -> tuple[tuple[str, str], ...]:
 @functools.partial(jax.jit, static_argnums=1)
 def _pad_state(state, layout):
     """``layout.pad_state`` compiled once per layout (a bound method of each run's new Layout
-    was a new function to ``jax.jit``, compiled again every run)."""
+    is a new function to ``jax.jit``, compiled again every run)."""
     return layout.pad_state(state)
 
 
@@ -219,7 +219,7 @@ def _check_data(algorithm: Algorithm, data) -> None:
         parts = (("benign", data.benign, 0), ("val", data.val, 0), ("malicious", data.malicious, nb))
     elif isinstance(data, (AgentData, FederatedData)):
         parts = (("", data, 0),)
-    elif not hasattr(data, "num_agents"):  # was an AttributeError ('tuple' object has no attribute 'num_agents')
+    elif not hasattr(data, "num_agents"):  # else an AttributeError ('tuple' object has no attribute 'num_agents')
         raise ValueError(f"data must be a FederatedData, an AgentData or an AttackData (what the algorithm's round "
                          f"takes), got {type(data).__name__}; FederatedData.from_arrays / from_lists build one")
     else:  # another container of the caller's own algorithm
@@ -234,7 +234,7 @@ def _check_data(algorithm: Algorithm, data) -> None:
 
 
 def _metric_fns(name: str, fns: Any) -> tuple:
-    """``fns`` as a tuple of metric functions, refused up front otherwise: a non-function was
+    """``fns`` as a tuple of metric functions, refused up front otherwise: a non-function would be
     called only at the first evaluation, after the rounds up to it had trained ("'list' object
     is not callable" for the pair that :func:`~cbo_jax.federated.metrics.default_metrics`
     returns), and round metrics are static arguments of the compiled scan (hashable)."""
@@ -330,17 +330,17 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     _checks.one_of("on_diverged", on_diverged, ON_DIVERGED)
     clusters = getattr(data, "num_clusters", None)
     takes = getattr(algorithm, "takes", None)
-    if takes is not None and not isinstance(data, takes):  # was "built for 5 agents but the data holds 4"
+    if takes is not None and not isinstance(data, takes):  # else: "built for 5 agents but the data holds 4"
         raise ValueError(f"{algorithm.name} takes an {takes.__name__}, got {type(data).__name__}"
                          + (": build one from your per-agent arrays with fl.AttackData.from_lists(train_x, train_y, "
                             "val_x, val_y[, malicious_x, malicious_y])" if takes.__name__ == "AttackData" else ""))
     from cbo_jax.federated.attacks import AttackData
 
-    if takes is None and isinstance(data, AttackData):  # was an AttributeError from inside the traced round
+    if takes is None and isinstance(data, AttackData):  # else an AttributeError from inside the traced round
         raise ValueError(f"{algorithm.name} takes a FederatedData or an AgentData, got an AttackData (FedCB²O's "
                          f"benign, validation and malicious agents); pass data.benign for the benign agents alone, "
                          f"or build the algorithm with takes=AttackData if its round reads one")
-    declared = _declared(metrics)  # a clash of declared names: refused now, not after `every` rounds
+    declared = _declared(metrics)  # a clash of declared names: refused here, not after `every` rounds
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents
@@ -394,7 +394,7 @@ def finished(out: str | Path, algorithm: Algorithm, data: Any, rounds: int, key:
         return None
     record = _config_record(algorithm, config, rounds, every, key)
     forms = [record, *(_config_record(algorithm, e, rounds, every, key) for e in earlier)]
-    if config is None:  # records written before they held the key, and before they held the model
+    if config is None:  # records of older versions: without the key, and without the key and the model
         forms += [{k: v for k, v in record.items() if k != "key"},
                   {k: v for k, v in record.items() if k not in ("key", "model")}]
     if recorded not in forms:
@@ -454,7 +454,7 @@ def _run(algorithm, data, rounds, key, fp, output: Output, files: RunFiles, *, m
     files.finish()  # the rows written and the bar closed before the files that mark the run finished
     if out is not None:
         # The plot before the summary, which marks the run finished (`finished`, a resume): an
-        # interrupt while the plot was drawn left a finished run without its metrics.png.
+        # interrupt while the plot is drawn would leave a finished run without its metrics.png.
         if output.plots:
             plot_history(history, out / "metrics.png", title=algorithm.name)
         write_summary(out / "summary.json", summary)

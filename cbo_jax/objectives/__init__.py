@@ -40,7 +40,7 @@ from cbo_jax.objectives._nd import (AcceleratedSinus, AckleyMultimodal, Gaussian
 from cbo_jax.objectives._planar import (Banana, Bimodal, Bukin6, CrossInTray, DropWave, Easom, Eggholder, Himmelblau,
                                         HolderTable, McCormick, Snowflake, ThreeHumpCamel, Unimodal)
 
-# Defined in this module before it became a package: still importable from here.
+# Private names of the submodules, importable from the package too (for code that reaches in).
 from cbo_jax.objectives._base import _COS_TAYLOR, _norm  # noqa: F401
 from cbo_jax.objectives._nd import jax_logsumexp  # noqa: F401
 from cbo_jax.objectives._planar import _Planar  # noqa: F401

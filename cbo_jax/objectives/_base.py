@@ -79,7 +79,7 @@ class Objective:
         if shift.ndim > 1 or not np.all(np.isfinite(shift)):
             raise ValueError(f"shift must be a finite number or (d,) vector, got {self.shift!r}")
         if isinstance(self.shift, np.ndarray):
-            # a read-only copy: a caller's array changed later moved eager calls (minimiser(), f(x))
+            # a read-only copy: a caller's array changed later would move eager calls (minimiser(), f(x))
             # but not runs compiled with the old value
             own = np.array(self.shift, copy=True)
             own.flags.writeable = False
@@ -98,7 +98,7 @@ class Objective:
         x = jnp.asarray(x)
         if not jnp.issubdtype(x.dtype, jnp.inexact):  # integer particles: a fractional shift must not truncate
             x = x.astype(jnp.result_type(float))
-        if x.ndim == 0 or x.shape[-1] == 0:  # a scalar was numpy's "axis -1 is out of bounds", d = 0 a silent 0
+        if x.ndim == 0 or x.shape[-1] == 0:  # scalar: numpy's "axis -1 is out of bounds"; d = 0: a silent 0
             raise ValueError(f"{type(self).__name__} takes particles of shape (..., d) with d >= 1, got shape "
                              f"{x.shape}")
         if self.dim is not None and x.shape[-1] != self.dim:

@@ -17,8 +17,8 @@ Internal (no stable surface): ``results`` (a results directory that one run owns
 symbolic-link refusals), ``progress`` (progress bars, the run's stopwatch), ``display`` (short
 text forms of results) and ``plotting`` (figures written to files without pyplot).
 
-These modules were ``cbo_jax.writer``, ``cbo_jax.checkpoint``, ... before; those names still
-import, with a :class:`DeprecationWarning` (``cbo_jax.runtime._moved``). ``cbo_jax.checkpoint``
+Their deprecated names ``cbo_jax.writer``, ``cbo_jax.checkpoint``, ... import them too, with a
+:class:`DeprecationWarning` (``cbo_jax.runtime._moved``). ``cbo_jax.checkpoint``
 and ``cbo_jax.writer`` stay attributes of the package (``cj.checkpoint.save``).
 
 This package's ``__init__`` imports nothing: importing one of its modules costs that module.

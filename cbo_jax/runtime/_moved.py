@@ -6,7 +6,7 @@ naming the new place; ``python -m cbo_jax.notebook`` still runs. The old name is
 module object as the new one (``sys.modules`` holds it under both names once the old one is
 imported), so whatever is set on it through either name is seen through the other. No file
 is left at the old place: a finder at the end of ``sys.meta_path`` answers the old names
-that no file answers any more. ``cbo_jax.checkpoint`` and ``cbo_jax.writer`` are also
+that no file answers. ``cbo_jax.checkpoint`` and ``cbo_jax.writer`` are also
 attributes of the package (``cj.checkpoint.save``), set by ``cbo_jax/__init__.py``.
 """
 
@@ -29,7 +29,7 @@ MOVED = {
     "cbo_jax.provenance": "cbo_jax.runtime.provenance",
     "cbo_jax.report": "cbo_jax.runtime.report",
     "cbo_jax.writer": "cbo_jax.runtime.writer",
-    # private before, internal now: no stable surface, resolvable for code that reached in
+    # private modules, internal in cbo_jax.runtime: no stable surface, resolvable for code that reaches in
     "cbo_jax._plotting": "cbo_jax.runtime.plotting",
     "cbo_jax._progress": "cbo_jax.runtime.progress",
     "cbo_jax._repr": "cbo_jax.runtime.display",

@@ -174,13 +174,13 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         raise CheckpointError(f"{path} holds later steps {later} than step {step}: a checkpoint directory holds one "
                               f"run's steps in order. Pass overwrite=True to continue the run from step {step} (the "
                               f"later steps are deleted), or save to another directory")
-    if step in held and not overwrite:  # orbax raised its own StepAlreadyExistsError
+    if step in held and not overwrite:  # orbax would raise its own StepAlreadyExistsError
         raise CheckpointError(f"{path} already holds step {step}: pass overwrite=True to replace it, or "
                               f"save another step (steps there: {held})")
     replaced = [s for s in held if s >= step]
     nbytes = sum(a.nbytes for a in jax.tree_util.tree_leaves(arrays))
-    # A full disk inside orbax was ~100 lines of its threads' tracebacks (and a ValueError of
-    # tensorstore's): one DiskFullError naming the step now. The steps before it stay whole.
+    # Left to orbax, a full disk is ~100 lines of its threads' tracebacks (and a ValueError of
+    # tensorstore's): here it is one DiskFullError naming the step. The steps before it stay whole.
     with _quiet_threads(), _results.full_disk(path / str(step), nbytes):
         try:
             if replaced:
@@ -249,10 +249,10 @@ def _closed_loop_callback(kind, value, tb) -> bool:
 
 def _ignore_closed_loop_callbacks() -> None:
     """When a save fails, tensorstore's writes still under way finish after the failure ended
-    orbax's event loop, and each one's callback into the closed loop was printed as a
+    orbax's event loop, and each one's callback into the closed loop would print a
     traceback ("RuntimeError: Event loop is closed", through ``sys.unraisablehook``, from
-    tensorstore's threads, while the command printed its error). Those alone are not
-    printed; every other exception goes to the hook there was. Installed once, at the first save."""
+    tensorstore's threads, while the command prints its error). Those alone are not
+    printed; every other exception goes to the hook installed before. Installed once, at the first save."""
     previous = sys.unraisablehook
     if getattr(previous, "_cbo_jax_closed_loop", False):
         return
@@ -269,8 +269,8 @@ def steps(path: str | Path) -> list[int]:
     """The complete steps in checkpoint directory ``path`` (none when it does not exist).
 
     A path that exists but is not a directory, or a link whose target is missing, is a
-    :class:`CheckpointError`: it was "no checkpoint", and a resume started the run again
-    from round 0 over its rows. A step directory without the metadata every saved step
+    :class:`CheckpointError`: read as "no checkpoint", it would make a resume start the run
+    again from round 0 over its rows. A step directory without the metadata every saved step
     has (an empty ``7/``, or one an interrupted copy left) is not a step: it is left out,
     with a :class:`UserWarning` naming it, so the latest whole step is the one restored.
     """
@@ -373,9 +373,9 @@ def read_meta(path: str | Path, *, step: int | None = None) -> dict:
     if not available:
         raise CheckpointError(f"{path}: no checkpoint there")
     step = available[-1] if step is None else _step(step)
-    if step not in available:  # was reported as "corrupt: unreadable metadata"
+    if step not in available:  # else the metadata read below calls it "corrupt: unreadable metadata"
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
-    # A resume reads the metadata first: a corrupt step named no way back to the intact ones
+    # A resume reads the metadata first, so its corrupt-step message names the intact steps to fall back to
     others = _earlier(path, step, available)
     _verify_digest(path, step, others)
     with _manager(path) as mgr:
@@ -404,7 +404,7 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
     available = steps(path)
     if not available:
         raise CheckpointError(f"{path}: no checkpoint there")
-    step = available[-1] if step is None else _step(step)  # int(1.5) restored step 1
+    step = available[-1] if step is None else _step(step)  # int(1.5) would restore step 1
     if step not in available:
         raise CheckpointError(f"{path}: no step {step} (steps: {available})")
     others = _earlier(path, step, available)
@@ -428,13 +428,14 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
         try:
             items = mgr.item_metadata(step)
             saved = items["state"] if "state" in items.keys() else None  # a step of zero-size leaves only has none
-            # orbax wraps the tree in a TreeMetadata; a bare-array state's leaf was then named "tree"
+            # orbax wraps the tree in a TreeMetadata; a bare-array state's leaf is named "tree" in it
             saved = saved if isinstance(saved, (dict, list, tuple)) else getattr(saved, "tree", saved)
         except Exception as err:  # noqa: BLE001
             raise CheckpointError(f"{path} step {step} is corrupt: its array metadata is unreadable "
                                   f"({type(err).__name__}){others}") from None
         one, bare = bool(meta.get("one_array")), _one_array(template)
-        if one != bare and (one or isinstance(saved, (dict, list, tuple))):  # (earlier, one array was written bare)
+        # (checkpoints of older versions hold one array bare, without "one_array" in their meta: accepted)
+        if one != bare and (one or isinstance(saved, (dict, list, tuple))):
             raise CheckpointError(f"{path} step {step} holds another state structure (in the checkpoint: "
                                   f"{'one array' if one else 'a tree'}; in this run: {'one array' if bare else 'a tree'})")
         if one and stored is not None:

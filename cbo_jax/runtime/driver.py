@@ -55,9 +55,9 @@ class Output:
                 _checks.positive_int(name, getattr(self, name))
         if self.directory is not None:
             object.__setattr__(self, "directory", Path(self.directory))  # a str given
-        if self.extend and not self.resume:  # was ignored: a new run of the extended length
+        if self.extend and not self.resume:  # extend alone would silently start a new run of the extended length
             raise ValueError("extend continues a run: it needs resume=True")
-        if self.resume and self.overwrite:  # overwrite was ignored: the run resumed
+        if self.resume and self.overwrite:  # the run would resume and silently ignore overwrite
             raise ValueError("resume continues the results in out and overwrite replaces them: give one of them")
         if self.directory is None:
             unused = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)

@@ -54,7 +54,7 @@ from cbo_jax.runtime._report_data import (_LINK, _SKIP_DIRS, _categorical, _mean
                                           _run_series, _try_read_json, _walk)
 from cbo_jax.runtime._report_format import _Code, _to_html, _to_markdown
 
-# Defined in this module before the split: still importable from here.
+# Private names of the modules above, importable from here too (tests and callers that reach in use this module).
 from cbo_jax.runtime._report_curves import _MAX_CURVES, _entry, _numeric_columns  # noqa: F401
 from cbo_jax.runtime._report_data import (_CATEGORICAL_WORDS, _MAX_LINES, _count, _drawable, _mean,  # noqa: F401
                                           _report_images)
@@ -293,16 +293,16 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
         out_path = out_path / f"report.{fmt}"
     suffix = out_path.suffix.lower()
     if suffix not in _REPORT_SUFFIXES and (out_path.exists() or suffix in _RESULT_SUFFIXES):
-        # `-o run/metrics.jsonl` replaced the run's own rows with the report's HTML
+        # `-o run/metrics.jsonl` would replace the run's own rows with the report's HTML
         what = "an existing file" if out_path.exists() else f"a {suffix} file, which later reports read as results"
         raise ValueError(f"will not write the report to {out_path}: it is {what}; give a path ending in .html or .md "
                          f"(or a directory)")
-    if out_path.is_symlink():  # a results directory's report.html -> ~/.bashrc: writing replaced the target
+    if out_path.is_symlink():  # a results directory's report.html -> ~/.bashrc: writing would replace the target
         raise ValueError(f"will not write the report to {out_path}: it is a symbolic link; give the path it points "
                          f"to, or remove the link")
-    try:  # before the report is built: an unwritable path was an OSError traceback
+    try:  # before the report is built: an unwritable path is one line naming it, not an OSError traceback
         out_path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # was "File exists": a file stands where a directory of the path should be
+    except FileExistsError:  # a file stands where a directory of the path should be (OSError says "File exists")
         from cbo_jax.runtime.results import _not_a_directory
 
         raise ValueError(f"cannot write the report to {out_path}: {_not_a_directory(out_path.parent)} is a file, "

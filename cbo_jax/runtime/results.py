@@ -59,7 +59,7 @@ _LINK_REFUSED = "is a symbolic link; cbo_jax does not write through links in a r
 def refuse_link(path: str | Path) -> None:
     """Raise ``ValueError`` naming ``path`` when it is a symbolic link (to anything, or to nothing yet).
 
-    A link planted in place of a file a run writes made the run write, truncate or delete
+    A link planted in place of a file a run writes would make the run write, truncate or delete
     the link's target, outside the results directory."""
     if os.path.islink(path):
         raise ValueError(f"{path} {_LINK_REFUSED}")
@@ -74,7 +74,7 @@ def open_nofollow(path: str | Path, flags: int, mode: int = 0o666) -> int:
     try:
         return os.open(path, flags | nofollow | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError:
-        refuse_link(path)  # ELOOP (Linux), EMLINK (FreeBSD): a link; anything else as it was
+        refuse_link(path)  # ELOOP (Linux), EMLINK (FreeBSD): a link; anything else re-raised unchanged
         raise
 
 
@@ -227,9 +227,9 @@ class ResultsDir:
     def __enter__(self) -> "ResultsDir":
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            # never through a link: `ln -s ~/f out/.lock` had ~/f truncated and overwritten with a pid
+            # never through a link: `ln -s ~/f out/.lock` would have ~/f truncated and overwritten with a pid
             self._fh = os.fdopen(open_nofollow(self.path / _LOCK, os.O_RDWR | os.O_CREAT), "r+")
-        except FileExistsError:  # was "File exists": a file (or one above it) is in the directory's place
+        except FileExistsError:  # "File exists" names no path: a file (or one above it) is in the directory's place
             raise ValueError(f"cannot write results to {self.path}: {_not_a_directory(self.path)} is a file, not a "
                              f"directory") from None
         except OSError as err:

@@ -104,8 +104,8 @@ def replace_text(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all: a kill (or an error) while writing leaves the old file.
 
     The text goes to a temporary file beside ``path`` that replaces it when complete; a
-    ``summary.json`` or a resumed run's ``metrics.jsonl`` rewritten in place was left cut
-    short or empty by a kill while it was written. See :func:`replace_bytes`.
+    ``summary.json`` or a resumed run's ``metrics.jsonl`` rewritten in place would be left
+    cut short or empty by a kill while it is written. See :func:`replace_bytes`.
     """
     replace_bytes(path, text.encode("utf-8"))
 
@@ -114,7 +114,7 @@ def replace_bytes(path: str | Path, data: bytes) -> None:
     """Write ``data`` to ``path`` whole or not at all (as :func:`replace_text`), never through a link.
 
     A symbolic link at ``path`` or at the temporary file's name is refused with a
-    ``ValueError`` naming it (the text was written into the link's target: a colleague's
+    ``ValueError`` naming it (the text would be written into the link's target: a colleague's
     file, outside the results directory); the temporary file is created anew
     (``O_EXCL | O_NOFOLLOW``), and the rename replaces ``path`` itself. A full disk or quota
     is a :class:`~cbo_jax.runtime.results.DiskFullError` naming ``path`` and the space.

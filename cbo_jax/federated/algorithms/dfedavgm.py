@@ -104,7 +104,7 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         return DFedAvgMState(params, jax.vmap(make_optimizer(cfg.local).init)(params), jnp.zeros((), jnp.int32), k_state)
 
     def round_fn(state: DFedAvgMState, data: AttackData):
-        if not isinstance(data, AttackData):  # was an AttributeError ('AgentData' object has no attribute 'groups')
+        if not isinstance(data, AttackData):  # else an AttributeError ('AgentData' object has no attribute 'groups')
             raise ValueError(f"{name} takes an AttackData (the agents' groups), got {type(data).__name__}: "
                              f"fl.AttackData.from_lists(...) builds one from per-agent arrays, "
                              f"AttackDataset.attack_data() from the benchmark")

@@ -75,8 +75,8 @@ class FedSGLDConfig:
       warm_start: ``False`` (default, Algorithm 2: ``x_i^{r+1,0} = x_{0,i}``): each
         round's oracle chain starts at the broadcast point ``x0_i``. ``True``: it
         continues from the node's last oracle iterate of the previous round (the
-        default before issue 16; the same privacy accounting, since the last iterate
-        is counted as released).
+        ``warm_start_*`` variants of ``fedsgld-synthetic``; the same privacy accounting,
+        since the last iterate is counted as released).
       delta: the ``δ`` of the reported ``(ε, δ)`` privacy guarantee, in ``(0, 1)``.
     """
 
