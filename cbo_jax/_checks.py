@@ -18,7 +18,7 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
     """A finite real number (not a string, not a bool); with ``f32``, also within float32's range."""
-    if isinstance(value, jax.core.Tracer):  # float() failed with a bare ConcretizationTypeError
+    if isinstance(value, jax.core.Tracer):  # float() would fail with a bare ConcretizationTypeError
         raise ValueError(
             f"{name} is a traced value (a config built inside jax.vmap, jax.jit or jax.grad): configs hold Python "
             f"numbers, fixed when the dynamics are built. To sweep or differentiate {name} in one program, build the "
@@ -273,7 +273,7 @@ def as_key(name: str, key: Any) -> jax.Array:
 
 def single_key(key: Any, why: str) -> None:
     """Refuse a batch of keys where one key is split by the callee (``why`` says how); a batch
-    failed inside ``jax.random.split`` ("split accepts a single key")."""
+    would fail inside ``jax.random.split`` ("split accepts a single key")."""
     typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
     if np.ndim(key) != (0 if typed else 1):
         raise ValueError(f"key must be a single PRNG key, got a key array of shape {tuple(np.shape(key))}"

@@ -6,7 +6,7 @@ runs faster (measured in benchmarks/RESULTS.md and RESULTS_cbx.md). On other bac
 
 * :func:`normal_agent_axis_last` draws an ``(N, ...)`` block of normals with the agent axis
   last and moves it to the front: the same distribution; XLA:CPU otherwise fuses the normal
-  transform into the row-broadcast update, where it ran 1.9x slower (a full CBO step).
+  transform into the row-broadcast update, where it runs 1.9x slower (a full CBO step).
 * :func:`written_out` computes an array in a kernel of its own (a conditional whose predicate
   is always true but not a compile-time constant: a boundary XLA keeps, where it drops
   ``optimization_barrier`` on the CPU).

@@ -45,8 +45,8 @@ def _real_energy(energy) -> jax.Array:
     """``energy`` as an array of a floating dtype of at least 32 bits: integer (or boolean)
     energies, from an objective that counts, are promoted (``float32`` for ``int32``), since α
     is cast to the energies' dtype; so are bfloat16 and float16 energies, whose weights and
-    normaliser would otherwise be rounded to 8 or 11 bits (at N = 65536 the weights summed to
-    0.97, and a streaming denominator stopped growing at 256)."""
+    normaliser would otherwise be rounded to 8 or 11 bits (at N = 65536 the weights would sum
+    to 0.97, and a streaming denominator would stop growing at 256)."""
     energy = jnp.asarray(energy)
     if not jnp.issubdtype(energy.dtype, jnp.inexact) or jnp.finfo(energy.dtype).bits < 32:
         energy = energy.astype(jnp.promote_types(energy.dtype, jnp.float32))
@@ -283,7 +283,7 @@ def quantile_mask(energy: jax.Array, beta: ArrayLike, mask: jax.Array | None = N
     """
     if jnp.ndim(beta) == 0 and not isinstance(beta, jax.core.Tracer):  # a concrete number (Python, NumPy, JAX)
         b = float(np.asarray(beta).real)
-        if not 0.0 < b <= 1.0:  # a NumPy 1.5 kept every agent, a 0.0 only the best one
+        if not 0.0 < b <= 1.0:  # a NumPy 1.5 would keep every agent, a 0.0 only the best one
             raise ValueError(f"quantile_mask: beta must lie in (0, 1], got {beta}")
     if jnp.ndim(beta) != 0:
         raise ValueError(f"quantile_mask: beta must be one number for every row, got shape {jnp.shape(beta)}")

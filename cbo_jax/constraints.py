@@ -59,7 +59,7 @@ class Constraint:
 
 def sphere(r: float = 1.0) -> Constraint:
     """``g(x) = |x|² - r²`` (CBXpy's ``sphereConstraint``); ``∇g = 2x``, Hessian ``2I``."""
-    r = _checks.finite_number("sphere r", r)  # a NaN radius made every constraint value NaN, a string failed traced
+    r = _checks.finite_number("sphere r", r)  # else a NaN radius makes each constraint value NaN, a string fails traced
     return Constraint(lambda x: jnp.sum(x * x) - r ** 2, grad=lambda x: 2 * x, hess_scale=2.0, name="sphere")
 
 

@@ -87,7 +87,7 @@ def class_variance(x: PyTree, label: jax.Array, centers: PyTree, include: jax.Ar
     onehot = jax.nn.one_hot(label, k, dtype=sq.dtype).T  # (K, N); no 1 for a label outside [0, K)
     if include is not None:
         onehot = onehot * jnp.asarray(include).astype(sq.dtype)[None, :]
-    # Rows counted in no class are zeroed: 0 * NaN in the product made every class NaN.
+    # Rows counted in no class are zeroed: 0 * NaN in the product would make every class NaN.
     sq = jnp.where(jnp.sum(onehot, axis=0) > 0, sq, 0)
     count = jnp.sum(onehot, axis=-1)
     return jnp.where(count > 0, (onehot @ sq) / jnp.maximum(count, 1), jnp.nan)
@@ -174,9 +174,9 @@ def predicted_decay_rate(lambda1, lambda2=None, sigma1=None, sigma2=None, d: int
     _checks.positive_int("d", d)
     lambda1, lambda2, sigma1, sigma2, noise = _rate_inputs("predicted_decay_rate", lambda1, lambda2, sigma1, sigma2,
                                                            noise)
-    # float() refused an array of constants ("works elementwise"); a scalar stays a float
+    # float() would refuse an array of constants ("works elementwise"); a scalar stays a float
     lip_arr = np.asarray(lipschitz, np.float64)
-    if not np.all(np.isfinite(lip_arr)) or np.any(lip_arr < 0):  # -1 turned a failed condition into a faster rate
+    if not np.all(np.isfinite(lip_arr)) or np.any(lip_arr < 0):  # -1 would turn a failed condition into a faster rate
         raise ValueError(f"predicted_decay_rate: lipschitz (M of Theorem 2.3) must be finite and >= 0, got {lipschitz!r}")
     lip: float | np.ndarray = float(lip_arr) if lip_arr.ndim == 0 else lip_arr
     c1 = d if noise == "isotropic" else 1
@@ -393,7 +393,7 @@ def _coupled(x0, key, path, params, *, init, step, drive, batched: bool):
 
 def _check_path_fits(dynamics, x0, key, path, num_runs) -> None:
     """Each step of ``path`` must have the shape of these dynamics' consensus point (shapes only,
-    nothing runs): a path of another dimension, or one with a run axis, failed inside the
+    nothing runs): a path of another dimension, or one with a run axis, would fail inside the
     ``lax.scan`` (a carry of another shape), and a ``(T, 1)`` path would broadcast silently."""
     one = (lambda v: v[0]) if num_runs is not None else (lambda v: v)  # noqa: E731
     single = jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(
@@ -434,7 +434,7 @@ def coupling(dynamics, x0, key, consensus_path, *, num_runs: int | None = None, 
 
     if dynamics.drive is None:
         raise ValueError("these dynamics have no drive(state, m); coupling needs cbo(), clustered() or cb2o()")
-    _checks.x64_for(dynamics.config)  # float64 dynamics ran in float32 here, without a word
+    _checks.x64_for(dynamics.config)  # float64 dynamics would run in float32 here, without a word
     point = None
     if params is not None:
         params = params_lib.as_params(params, dynamics)

@@ -125,7 +125,7 @@ def ProjectionSphere(r: float = 1.0) -> MirrorMap:
 def ProjectionSquare(r: float = 1.0) -> MirrorMap:
     """CBXpy's ``ProjectionSquare``: clip to ``[-r, r]``, then set the coordinate of largest
     modulus to its sign (``±1``, as CBXpy does, whatever ``r``). ``r > 0``."""
-    _checks.positive("ProjectionSquare r", r)  # r <= 0 clipped every coordinate to -r silently
+    _checks.positive("ProjectionSquare r", r)  # r <= 0 would clip every coordinate to -r silently
 
     def conj(y):
         c = jnp.clip(y, -r, r)
@@ -155,8 +155,8 @@ def ProjectionStiefel(nk=None) -> MirrorMap:
 def LogBarrierBox() -> MirrorMap:
     """``φ(x) = Σ -log(1 - x_k) - log(1 + x_k)``: particles stay in the open box ``(-1, 1)^d``.
 
-    ``∇φ*(y) = y / (1 + √(1 + y²))``, with ``√(1 + y²)`` as ``hypot(1, y)``: ``y²`` overflowed
-    float32 beyond ``|y| ≈ 1.8e19`` and the inverse gave 0 there instead of ``±1``."""
+    ``∇φ*(y) = y / (1 + √(1 + y²))``, with ``√(1 + y²)`` as ``hypot(1, y)``: ``y²`` would
+    overflow float32 beyond ``|y| ≈ 1.8e19`` and the inverse give 0 there instead of ``±1``."""
     return MirrorMap("LogBarrierBox", lambda x: 1 / (1 - x) - 1 / (1 + x),
                      lambda y: y / (1 + jnp.hypot(jnp.ones((), y.dtype), y)))
 

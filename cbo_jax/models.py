@@ -103,7 +103,7 @@ class Model(NamedTuple):
     loss: Callable[[jax.Array, jax.Array], jax.Array] = cross_entropy
     train_apply: Callable[[PyTree, jax.Array, jax.Array], Any] | None = None
 
-    def __repr__(self) -> str:  # by name: a Flax module's apply printed every attribute of the module
+    def __repr__(self) -> str:  # by name: a Flax module's apply would print every attribute of the module
         training = "" if self.train_apply is None else ", train_apply=set"
         return f"Model({self.name!r}, num_classes={self.num_classes}, loss={loss_name(self.loss)}{training})"
 

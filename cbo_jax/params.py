@@ -223,7 +223,7 @@ def validate(params, dynamics_or_config) -> tuple[int, ...]:
         swept = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if a.ndim)
         raise ValueError(f"params: the sweep axes do not match ({swept}); give every swept parameter the grid's "
                          "shape, or shapes that broadcast to it (cbo_jax.params.grid builds an outer product)") from None
-    if 0 in shape:  # a grid of no points ran into a bare IndexError inside simulate
+    if 0 in shape:  # a grid of no points would run into a bare IndexError inside simulate
         empty = ", ".join(f"{n} has shape {a.shape}" for n, a in zip(leaf_names, arrays) if 0 in a.shape)
         raise ValueError(f"params: the sweep grid {tuple(shape)} has no points ({empty}); every swept parameter "
                          "needs at least one value")

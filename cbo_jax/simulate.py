@@ -63,7 +63,7 @@ class SimulationResult(NamedTuple):
     steps: int
     seconds: float
 
-    def __repr__(self) -> str:  # shapes and names: the arrays printed in full filled a notebook cell
+    def __repr__(self) -> str:  # shapes and names: the arrays printed in full would fill a notebook cell
         from cbo_jax.runtime import display as _repr
 
         history = _repr.fields(self.history, sep=": ") if isinstance(self.history, dict) else ""
@@ -433,7 +433,7 @@ def _check_some_energy_finite(state, levels: int) -> None:
     if isinstance(loss, jax.Array) and loss.shape == energy.shape and energy.ndim >= levels + 2:
         # the clustered / CB²O system, (K, N): every class needs a particle with a finite lower-level
         # loss L_k and a finite energy (CB²O: the upper level G); a lower level NaN everywhere
-        # left Q_β empty, and the run went on as NaN with a warning that it "became" so
+        # leaves Q_β empty, and the run would go on as NaN with a warning that it "became" so
         ok = jnp.any(jnp.isfinite(energy) & jnp.isfinite(loss), axis=-1)  # (..., K)
         some = jnp.all(ok.reshape(energy.shape[:levels] + (-1,)), axis=-1)
         what = "the objective (for some class k, the lower level L_k or the upper level) is"
@@ -515,7 +515,7 @@ def _refuse_tracers(**args: Any) -> None:
 
     ``simulate`` is a host loop (early stopping and progress between compiled chunks, host checks of
     the population before compiling), so its inputs must be concrete; traced, the first host check
-    failed deep inside JAX (``TracerArrayConversionError``) without saying what to do instead.
+    would fail deep inside JAX (``TracerArrayConversionError``) without saying what to do instead.
     """
     for name, value in args.items():
         if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(value)):

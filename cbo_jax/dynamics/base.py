@@ -191,7 +191,7 @@ class FamilyConfig:
 class ScheduleMap(dict):
     """A config's ``schedule``: a read-only dict ``{number: rule}`` with a hash, so that a
     config with a schedule, and dynamics built from it, can be a static argument of
-    :func:`jax.jit` (a plain dict made the frozen config unhashable)."""
+    :func:`jax.jit` (a plain dict would make the frozen config unhashable)."""
 
     def __hash__(self):
         return hash(tuple(sorted(self.items(), key=lambda kv: kv[0])))

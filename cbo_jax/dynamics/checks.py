@@ -56,10 +56,10 @@ def check_population(name: str, x0: PyTree, objective, num_runs: int | None = No
     if n < 1:
         raise ValueError(f"{name} needs at least one particle (N >= 1), got N={n}")
     d = sum(math.prod(np.shape(leaf)[1:]) for leaf in jax.tree_util.tree_leaves(single))
-    if d < 1:  # every step ran, on nothing: an objective of no coordinates, a "consensus" of empty points
+    if d < 1:  # every step would run, on nothing: an objective of no coordinates, a "consensus" of empty points
         raise ValueError(f"{name} has no coordinates per particle (d = 0, shape "
                          f"{tuple(np.shape(leaves[0]))}); a particle needs at least one (d >= 1)")
-    for path, leaf in jax.tree_util.tree_leaves_with_path(x0):  # strings failed in isfinite, complex lost its part
+    for path, leaf in jax.tree_util.tree_leaves_with_path(x0):  # else strings fail in isfinite, complex loses its part
         dtype = leaf.dtype if hasattr(leaf, "dtype") else np.asarray(leaf).dtype
         if not (jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)):
             raise ValueError(f"{name}{jax.tree_util.keystr(path)} must hold real numbers (float or integer), got "

@@ -492,7 +492,7 @@ class _System:
         if empty.any():
             which = f" in run {int(np.argmax(empty))}" if per_run.shape[0] > 1 else ""
             raise ValueError(f"{name} has no benign particle{which}")
-        if self.malicious is None and not benign.all():  # the marks would change nothing: they moved as benign ones
+        if self.malicious is None and not benign.all():  # the marks would do nothing: they would move as benign ones
             raise ValueError(f"{name} marks {int((~benign).sum())} particles malicious, but these dynamics have no "
                              "attackers' SDE: build them with malicious=Malicious(drift, diffusion)")
 

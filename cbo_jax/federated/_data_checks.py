@@ -187,6 +187,6 @@ def check_model(model: Model, x: Any, y: Any, *, x_name: str = "x", y_name: str 
         raise ValueError(f"model {model.name} outputs {out.shape[1:]} per sample, which its loss cannot compare "
                          f"with targets of shape {y_shape} ({y_name}): {err}") from None
     if loss.shape != (b,):
-        # (n, 1) broadcast against the (n,) sample mask to (n, n); a scalar mean counted the padding rows
+        # (n, 1) would broadcast against the (n,) sample mask to (n, n); a scalar mean would count the padding rows
         raise ValueError(f"the loss of model {model.name} gives shape {loss.shape} for {b} samples, not one loss per "
                          f"sample ({b},)")

@@ -119,8 +119,8 @@ _server_eval = jax.jit(_server_eval_impl, static_argnums=(0, 1))
 def _check_test_values(model: Model, test_x, test_y, counts, test_size: int | None = None) -> None:
     """The evaluated test samples (the first ``test_size`` of each set, within ``counts``):
     finite inputs and targets, and a classifier's labels integers in ``[0, C)``. Checked when
-    a metric is built: at the first evaluation, after the first rounds, NaN inputs scored a
-    NaN loss and an accuracy of chance, and float labels failed inside the loss."""
+    a metric is built: left to the first evaluation, after the first rounds, NaN inputs would
+    score a NaN loss and an accuracy of chance, and float labels would fail inside the loss."""
     n_test = np.shape(test_x)[1] if test_size is None else min(test_size, np.shape(test_x)[1])
     evaluated = np.arange(n_test)[None, :] < (n_test if counts is None else np.asarray(counts)[:, None])
     for name, arr in (("test inputs test_x", test_x), ("test targets test_y", test_y)):
@@ -179,7 +179,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     if test_of.shape != (n,) or test_of.max(initial=0) >= test_x.shape[0]:
         raise ValueError(f"test_of must map each of the {n} agents to one of the {test_x.shape[0]} test sets, got "
                          f"{test_of.tolist()[:10]}{' ...' if test_of.size > 10 else ''}")
-    if counts is not None:  # an empty test set scored accuracy 0 and loss 0 into the agents' means
+    if counts is not None:  # an empty test set would score accuracy 0 and loss 0 into the agents' means
         empty = sorted(set(int(t) for t in test_of) & set(np.flatnonzero(np.asarray(counts) < 1).tolist()))
         if empty:
             raise ValueError(f"test sets {empty[:10]} have no samples (test_counts < 1) but agents "

@@ -39,8 +39,8 @@ def _config_dict(cfg) -> Any:
 def _config_record(algorithm: Algorithm, config: Any, rounds: int, every: int, key: jax.Array) -> Any:
     """What ``config.json`` records, as JSON reads it back. Without ``config``: the
     algorithm, ``rounds``, ``every``, the run's PRNG key (:func:`_key_data`), the
-    algorithm's config and the model it trains (:func:`model_record`; records written
-    before they held the key or the model lack them)."""
+    algorithm's config and the model it trains (:func:`model_record`; records of older
+    versions, which did not hold the key or the model, lack them)."""
     if config is not None:
         cfg = _config_dict(config)
     else:

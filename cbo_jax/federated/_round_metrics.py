@@ -122,8 +122,8 @@ class _ClusterMetric:
 
     def check_agents(self, name: str, n: int) -> None:
         """One id per agent of the run (``n`` rows of the info; named at trace time, before
-        compilation): a longer list gave a silently wrong SR_n and oracle, a shorter one
-        failed in JAX's broadcasting."""
+        compilation): a longer list would give a silently wrong SR_n and oracle, a shorter one
+        would fail in JAX's broadcasting."""
         if len(self.cluster) != n:
             raise ValueError(f"{name}(cluster): cluster holds {len(self.cluster)} ids but the run has {n} agents; "
                              f"give one cluster id per agent")
@@ -149,7 +149,7 @@ class _Purity(_ClusterMetric):
         c, k = self.ids, self.num_clusters
         # The estimates renumbered 0, 1, ... in increasing order (the same ties, the same purity):
         # IFCA's estimates run to its k - 1, which may exceed the agents, and the (k, N) table
-        # below dropped the votes for estimates >= N.
+        # below would otherwise drop the votes for estimates >= N.
         n = info.assignment.shape[0]
         _, a = jnp.unique(info.assignment, return_inverse=True, size=n, fill_value=0)
         a = a.reshape(n)

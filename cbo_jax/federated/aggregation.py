@@ -26,7 +26,7 @@ With the in-memory gather the step runs in two passes over the agents: the first
 evaluates the energies and weights, the second gathers the downloads again and contracts
 them with the weights. Re-reading ``M · P`` floats per agent is cheap next to the forward
 passes, and it lets XLA lay the first gather out for the energy's matrix products alone
-(one copy, no separate transpose), which made the whole step 1.19–1.21x faster at FedCBO's
+(one copy, no separate transpose), which makes the whole step 1.19–1.21x faster at FedCBO's
 benchmark setting (``benchmarks/RESULTS_fedcbo.md``, section 0a). Both passes compute every number
 exactly as the single fused pass does (a test checks bitwise equality). A download map
 that moves data between devices is called once (fused), so rows travel once.
@@ -197,7 +197,7 @@ def consensus_downloads(energy_fn: Callable[..., Energy], params: PyTree, idx: j
 def group_sizes(group: int) -> tuple[int, ...]:
     """The ladder of group sizes :func:`consensus_by_model` uses for ``group``: ``group``,
     then every fourth of it down to 1 (4 → (4, 1), 16 → (16, 4, 1), 8 → (8, 2, 1))."""
-    sizes = [_checks.positive_int("group", group)]  # group=0 failed later, in a message about sizes
+    sizes = [_checks.positive_int("group", group)]  # group=0 would fail later, in a message about sizes
     while sizes[-1] >= 4:
         sizes.append(sizes[-1] // 4)
     if sizes[-1] != 1:

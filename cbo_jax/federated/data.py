@@ -374,7 +374,7 @@ def rotated_mnist(
     source whose images and labels do not pair up.
     """
     n = _checks.positive_int("num_agents", num_agents)
-    # is_integer first: 4.0 and True are dictionary keys of ROTATIONS too (4.0 failed later, True became K = 1)
+    # is_integer first: 4.0 and True are dictionary keys of ROTATIONS too (4.0 would fail later, True become K = 1)
     if not _checks.is_integer(num_clusters) or num_clusters not in ROTATIONS:
         raise ValueError(f"num_clusters (rotation count) must be one of {sorted(ROTATIONS)}, got {num_clusters!r}")
     num_clusters = int(num_clusters)

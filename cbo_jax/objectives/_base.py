@@ -44,7 +44,7 @@ def cos_2pi(z):
 
 def _norm(sq):
     """``sqrt(sq)`` whose derivative at ``sq = 0`` is finite (``jnp.sqrt``'s is infinite, and the chain
-    rule's ``inf * 0`` made ``jax.grad`` NaN at the origin). Where ``sq = 0`` the first derivative taken
+    rule's ``inf * 0`` would make ``jax.grad`` NaN at the origin). Where ``sq = 0`` the first derivative taken
     through it is 0: the gradient of functions that are smooth there (drop wave), and the subgradient
     ``0`` of the cone-shaped minima (Ackley, accelerated sinus). Higher derivatives at that point
     are not those of the function."""
@@ -71,7 +71,7 @@ class Objective:
     def __post_init__(self):
         try:
             given = np.asarray(self.shift)
-            if given.dtype.kind not in "iuf":  # "1" read as 1.0, True as 1, complex dropping its part
+            if given.dtype.kind not in "iuf":  # "1" would be read as 1.0, True as 1, complex drop its part
                 raise TypeError
             shift = given.astype(np.float64)
         except (TypeError, ValueError):

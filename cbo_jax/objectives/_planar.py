@@ -99,7 +99,7 @@ class CrossInTray(_Planar):
     def _f(self, z):
         # (|s| e^a + 1)^{0.1} = exp(0.1 logaddexp(log|s| + a, 0)): e^a reaches e^100, past float32's range.
         # Where s = 0 (the axes, a ridge |s| of local maxima) the value is -1e-4 and the gradient is taken as 0,
-        # a subgradient of the ridge: log|s|'s infinite derivative made it NaN on both axes.
+        # a subgradient of the ridge: log|s|'s infinite derivative would make it NaN on both axes.
         x, y = z[..., 0], z[..., 1]
         r = _norm(x * x + y * y)
         a = jnp.abs(100 - r / jnp.pi)
@@ -215,7 +215,7 @@ class Bimodal(_Planar):
 
     def _f(self, z):
         # -log(e^{-a} + e^{-b}/2) as a logaddexp: both exponentials underflow a few units from the modes
-        # (|y| > 8 in float32), and -log(0) made the energy +inf where it is about (y + 0.7)²/0.5.
+        # (|y| > 8 in float32), and -log(0) would make the energy +inf where it is about (y + 0.7)²/0.5.
         x, y = z[..., 0], z[..., 1]
         return -jnp.logaddexp(-((x - 1.0) ** 2 + (y - 1.5) ** 2 / 0.2),
                               math.log(0.5) - (x + 1.2) ** 2 / 8 - (y + 0.7) ** 2 / 0.5)

@@ -41,7 +41,7 @@ def _curves_png(series: dict[str, list[dict]], title: str) -> bytes | None:
     column one line per entry (per cluster), steps for a categorical one (indices)."""
     from cbo_jax.runtime.plotting import subplots
 
-    # ranked over every run drawn: the first run's columns did not push out the others'
+    # ranked over every run drawn, so that the first run's columns do not push out the others'
     columns = _numeric_columns([r for rows in series.values() for r in rows])
     if not columns:
         return None

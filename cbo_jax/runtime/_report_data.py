@@ -59,7 +59,7 @@ def _try_read_json(path: Path) -> tuple[Any, str | None]:
 def _read_jsonl(path: Path) -> list[dict]:
     rows = []
     try:
-        # undecodable bytes (a damaged file) spoil their line only: a UnicodeDecodeError stopped the whole report
+        # undecodable bytes (a damaged file) spoil their line only: a UnicodeDecodeError would stop the whole report
         for line in _read_bytes(path).decode("utf-8", errors="replace").splitlines():
             line = line.strip()
             if line:

@@ -64,7 +64,7 @@ def _md_text(text: str) -> str:
 
 def _md_code(text: str) -> str:
     """``text`` as a Markdown code span, shown as it is: the fence is one backtick longer than the
-    longest run of backticks in it (a backtick in a name ended the span), padded with a space where
+    longest run of backticks in it (a backtick in a name would end the span), padded with a space where
     the text begins or ends with a backtick (CommonMark strips one space on each side)."""
     text = _LINE_BREAKS.sub(" ", text)
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)

@@ -142,7 +142,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     path = Path(path).absolute()
     state = jax.device_get(state)
     arrays = _to_arrays(state)
-    # a string or object leaf failed inside orbax's writer threads ("Unsupported data type: str128")
+    # a string or object leaf would fail inside orbax's writer threads ("Unsupported data type: str128")
     bad = [f"{jax.tree_util.keystr(p) or 'the state'} ({a.dtype})"
            for p, a in jax.tree_util.tree_leaves_with_path(arrays)
            if not (jnp.issubdtype(a.dtype, jnp.number) or jnp.issubdtype(a.dtype, jnp.bool_))]
@@ -162,7 +162,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
         json.dumps(record)  # fail early, before anything is written, if meta is not JSON
     except (TypeError, ValueError) as err:
         raise ValueError(f"meta must be JSON-serialisable: {err}") from None
-    try:  # a path that is a file, or lies under one, failed inside orbax naming its temporary directory
+    try:  # a path that is a file, or lies under one, would fail inside orbax naming its temporary directory
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise ValueError(f"cannot write a checkpoint to {path}: {err.strerror or err}") from None
@@ -170,7 +170,7 @@ def save(path: str | Path, state: PyTree, *, step: int, meta: dict | None = None
     if step in partial:  # not a step (steps() leaves it out), but orbax would refuse to write over it
         _remove_step(path / str(step))
     later = [s for s in held if s > step]
-    if later and not overwrite:  # orbax's keep policy then deleted the later steps, or kept them beside this one
+    if later and not overwrite:  # orbax's keep policy would delete the later steps, or keep them beside this one
         raise CheckpointError(f"{path} holds later steps {later} than step {step}: a checkpoint directory holds one "
                               f"run's steps in order. Pass overwrite=True to continue the run from step {step} (the "
                               f"later steps are deleted), or save to another directory")
@@ -466,7 +466,7 @@ def restore(path: str | Path, like: PyTree, *, step: int | None = None) -> tuple
             return key
         if isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic):
             return type(x)(r.item())  # a Python scalar leaf of the template's: the same type back
-        # without jax_enable_x64, jnp.asarray casts int64/float64 to 32 bits (2**40 came back as 0):
+        # without jax_enable_x64, jnp.asarray casts int64/float64 to 32 bits (2**40 would come back as 0):
         # a leaf JAX cannot hold as it was saved comes back as the NumPy array that was read
         return jnp.asarray(r) if jax.dtypes.canonicalize_dtype(r.dtype) == r.dtype else r
 

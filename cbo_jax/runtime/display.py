@@ -1,8 +1,8 @@
 """Short text forms of results: what a run returned, not every number in it.
 
-A result printed at a notebook's prompt showed each array of its state and history in full
-(NumPy's summary still prints about 2,000 numbers per array). These forms give the shapes,
-the scalars and the names instead; the arrays stay where they are (``result.state.x``).
+Without them, a result printed at a notebook's prompt would show each array of its state and
+history in full (NumPy's summary still prints about 2,000 numbers per array). These forms give
+the shapes, the scalars and the names instead; the arrays stay where they are (``result.state.x``).
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, ti
             or num_processes < 1 or not 0 <= process_id < num_processes):
         raise ValueError(f"need num_processes >= 1 and 0 <= process_id < num_processes, got "
                          f"{num_processes!r} and {process_id!r}")
-    # ":1234" waited out the whole timeout and "host:12o4" failed in gRPC ("Failed to start RPC server")
+    # ":1234" would wait out the whole timeout and "host:12o4" fail in gRPC ("Failed to start RPC server")
     host, _, port = coordinator_address.rpartition(":") if isinstance(coordinator_address, str) else ("", "", "")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ValueError(f"coordinator address must be HOST:PORT (a port in 1..65535), got {coordinator_address!r}")

@@ -247,8 +247,8 @@ def _blocks(root: Path, out_path: Path | None) -> list[tuple]:
             png = _curves_png(series, f"{title}: metrics.jsonl")
             if png is not None:
                 section.append(("img", png, f"{title}: curves from metrics.jsonl", f"{_slug(title)}_curves.png"))
-        # regular files only: a directory or a broken link named *.png failed with a traceback, and a
-        # link put its target's bytes in the page
+        # regular files only: a directory or a broken link named *.png would fail with a traceback, and a
+        # link would put its target's bytes in the page
         for img in sorted(p for p in d.glob("*.png") if _regular(p)):
             try:
                 section.append(("img", _read_bytes(img), f"{title}/{img.name}", f"{_slug(title)}_{img.name}"))
@@ -310,7 +310,7 @@ def render(results_dir: str | Path, out: str | Path | None = None, fmt: str | No
     except OSError as err:
         raise ValueError(f"cannot write the report to {out_path}: {err.strerror or err}") from None
     found, links = _walk(root, None)
-    if not found:  # an empty page and exit status 0 hid a wrong path
+    if not found:  # an empty page and exit status 0 would hide a wrong path
         n = sum(len(v) for v in links.values())
         skipped = f" ({n} symbolic link{'s' * (n != 1)} skipped: the report reads no file through a link)" if n else ""
         raise ValueError(f"no results found in {root}: no .json, .jsonl or .png files below it{skipped}")

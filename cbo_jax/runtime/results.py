@@ -169,8 +169,8 @@ def _remove(path: Path) -> None:
     removed, and the directory itself when nothing else is left in it; a checkpoint directory
     that is a link (checkpoints on a scratch disk) stays linked, and what else the scratch
     directory holds stays. Nothing follows a link: a step directory that is one is unlinked.
-    (``shutil.rmtree`` refused a linked checkpoint/ with an ``OSError`` traceback; its
-    replacement then emptied the link's target, unrelated files included.)"""
+    (``shutil.rmtree`` refuses a linked checkpoint/ with an ``OSError`` traceback; a
+    replacement that follows links would empty the link's target, unrelated files included.)"""
     if path.name == _CHECKPOINT and path.is_dir():
         for p in checkpoint_entries(path):
             p.unlink() if p.is_symlink() or not p.is_dir() else shutil.rmtree(p)

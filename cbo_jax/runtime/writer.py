@@ -68,8 +68,8 @@ def stable_text(value: Any) -> str:
     """A JSON stand-in for a value JSON cannot hold, the same in every process.
 
     A function or class is written as its module and qualified name, anything else as its
-    text less the memory address of a default ``repr`` (``at 0x7f3a...``), which differed
-    from process to process: a run with a function in its config could not be resumed."""
+    text less the memory address of a default ``repr`` (``at 0x7f3a...``), which differs
+    from process to process: with it, a run with a function in its config could never be resumed."""
     if callable(value) and hasattr(value, "__qualname__"):
         return f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
     return re.sub(r" at 0x[0-9a-fA-F]+", "", str(value))
@@ -164,7 +164,7 @@ def read_jsonl(path: str | Path) -> list[dict]:
         return []
     try:
         text = path.read_text()
-    except UnicodeDecodeError:  # rows are ASCII (json.dumps): this is damage, and the codec's message named no file
+    except UnicodeDecodeError:  # rows are ASCII (json.dumps): this is damage, and the codec's message names no file
         raise ValueError(f"{path} is damaged: it holds bytes that are not text") from None
     lines = [line for line in text.splitlines() if line.strip()]
     rows = []

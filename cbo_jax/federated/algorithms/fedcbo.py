@@ -146,7 +146,7 @@ class FedCBOConfig:
             return selection.epsilon_greedy(self.M, self.eps0, self.eps_decay, self.eps_min)
         if self.selection == "prob_sampling":
             return selection.prob_sampling(self.M, self.kappa, self.zeta, self.P_start)
-        if self.selection != "uniform":  # a name added to selection.RULES: the run drew uniformly
+        if self.selection != "uniform":  # a name added to selection.RULES: else the run would draw uniformly
             raise ValueError(f"selection={self.selection!r} is not a built-in rule; pass a rule of your own as "
                              "fedcbo(model, cfg, num_agents, rule=...)")
         return selection.uniform(self.M)
