@@ -7,8 +7,10 @@ From the class alone this module derives
 * the command-line flags (:func:`add_flags`): ``--M``, ``--local.lr``, ``--local.batch-size``
   (nested fields joined by ``.``, ``_`` written ``-``: :func:`flag_name`), each with its type,
   default and the field's description from the class docstring, plus aliases; or, for a
-  command whose options are plain values (:func:`add_options`), flags that argparse parses
-  at once, each with the field's default, type, choices and description;
+  command whose options are plain values (:func:`add_options`, the fields' details given
+  with :func:`option`), flags that argparse parses at once, each with the field's default,
+  type, choices and description, options that several commands share composed in as a
+  field of their own dataclass;
 * strict parsing: booleans are ``true/false/yes/no/on/off/1/0`` and nothing else, numbers
   must parse (without Python's ``_`` digit separators: ``1_0`` is refused, not 10), ``none``
   is accepted only where the field may be ``None``;
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Field", "fields", "check_types", "flag_name", "add_flags", "add_options", "values_from_args",
+__all__ = ["Field", "fields", "check_types", "flag_name", "add_flags", "add_options", "option", "values_from_args",
            "values_from_dict", "build", "parse_text", "check_value", "to_dict"]
 
 _TRUE = ("true", "yes", "1", "on")
@@ -264,40 +266,67 @@ def add_flags(parser: argparse.ArgumentParser, cls, *, prefix: tuple[str, ...] =
     return dests
 
 
+def option(default: Any = dataclasses.MISSING, **cli) -> Any:
+    """A field of an options dataclass with its flag's details in ``metadata`` (what
+    :func:`add_options` reads: ``flags``, ``type``, ``choices``, ``metavar``, ...); no
+    ``default``: a required positional argument (with ``positional=True``)."""
+    return dataclasses.field(default=default, metadata=cli)
+
+
 # What a dataclass field's ``metadata`` (or :func:`add_options`'s ``specs``) may say of its flag.
-_OPTION_KEYS = ("flags", "type", "choices", "default", "help")
+_OPTION_KEYS = ("flags", "type", "choices", "default", "help", "metavar", "positional")
 
 
 def add_options(parser, cls, *, names: tuple[str, ...] | None = None, specs: dict[str, dict] | None = None,
                 group: str | None = None) -> dict[str, Field]:
-    """Add one flag per top-level field of ``cls`` (or of those in ``names``, in that order) whose
-    value argparse parses at once: ``args.<field>`` holds it, or the default (``cbo-jax optimize``).
+    """Add one flag per field of ``cls`` (or of those in ``names``, in that order) whose value
+    argparse parses at once: ``args.<field>`` holds it, or the default (``cbo-jax optimize``,
+    ``cbo-jax reproduce NAME``).
 
     The flag is :func:`flag_name` of the field; its help the field's description in the class
-    docstring; its type the annotation's (``int``, ``float``, ``str``; ``T | None`` as ``T``,
-    default ``None``), a ``bool`` field that defaults to ``False`` a switch. The field's
-    ``metadata``, and over it ``specs[name]``, may give ``flags`` (more names: ``("-N",)``),
-    ``type`` (argparse's: a checker such as :func:`cbo_jax.experiments.base.positive_int`),
-    ``choices``, ``default`` (the command's own) and ``help``. Returns ``dest -> Field``.
+    docstring; its type the annotation's (``int``, ``float``, ``str``, ``Path``; ``T | None``
+    as ``T``, default ``None``), a ``bool`` field that defaults to ``False`` a switch. The
+    field's ``metadata`` (:func:`option`), and over it ``specs[name]``, may give ``flags``
+    (more names: ``("-N",)``), ``type`` (argparse's: a checker such as
+    :func:`cbo_jax.experiments.base.positive_int`), ``choices``, ``default`` (the command's
+    own), ``help``, ``metavar`` and ``positional`` (``True``: an argument named by the field,
+    not a flag). A field whose type is itself an options dataclass (options several commands
+    share: composition) adds that class's flags, under their own names (not prefixed) and with
+    its defaults; its ``metadata["specs"]`` adjusts them per command as ``specs`` does
+    (``{"source": {"help": ...}}``). Returns ``dest -> Field``.
     """
     target = parser.add_argument_group(group) if group else parser
-    by_name = {f.path[0]: f for f in fields(cls) if len(f.path) == 1}
-    meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+    hints, docs = _hints(cls), _descriptions(cls)
+    by_name = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    specs = specs or {}
     dests: dict[str, Field] = {}
     for name in names if names is not None else tuple(by_name):
         f = by_name[name]
-        spec = {k: v for k, v in {**meta[name], **(specs or {}).get(name, {})}.items() if k in _OPTION_KEYS}
+        if _is_config(hints[name]):  # shared options: the class's flags, adjusted by this field's and the caller's specs
+            inner = f.metadata.get("specs", {})
+            inner = {k: {**inner.get(k, {}), **specs.get(k, {})} for k in {*inner, *specs}}
+            dests.update(add_options(target, hints[name], specs=inner))
+            continue
+        spec = {k: v for k, v in {**f.metadata, **specs.get(name, {})}.items() if k in _OPTION_KEYS}
         default = spec.get("default", None if f.default is dataclasses.MISSING else f.default)
-        flag = flag_name(f.path)
-        kwargs: dict[str, Any] = {"dest": name, "default": default, "help": spec.get("help", f.help)}
-        base = _base_type(f.type)[0]
+        # argparse %-formats help: a description's "20 %" is text (a spec's help may use %(default)s)
+        kwargs: dict[str, Any] = {"help": spec["help"] if "help" in spec else docs.get(name, "").replace("%", "%%")}
+        base = _base_type(hints[name])[0]
         if base is bool and default is False:
             kwargs["action"] = "store_true"
         else:
             kwargs["type"] = spec.get("type", base if isinstance(base, type) and base not in (str, bool, Any) else None)
             kwargs["choices"] = spec.get("choices")
-        target.add_argument(flag, *spec.get("flags", ()), **kwargs)
-        dests[name] = f._replace(cli=flag, default=default)
+            if "metavar" in spec:
+                kwargs["metavar"] = spec["metavar"]
+        if spec.get("positional"):
+            flag = name
+            target.add_argument(name, **kwargs)
+        else:
+            flag = flag_name((name,))
+            target.add_argument(flag, *spec.get("flags", ()), dest=name, default=default, **kwargs)
+        dests[name] = Field((name,), hints[name], default, docs.get(name, ""), cli=flag,
+                            default_text=f.metadata.get("cli_default", ""))
     return dests
 
 

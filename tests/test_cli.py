@@ -1,5 +1,6 @@
 """The cbo-jax command: optimize, reproduce --list, reproduce NAME, errors."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from cbo_jax.cli import main
+from cbo_jax.config import option
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -502,6 +504,52 @@ def test_optimize_flags_are_generated_from_the_configs():
         k: getattr(CBOConfig(), k) for k in DYNAMICS_FLAGS if k != "noise"}
     assert args.noise is None
     assert OptimizeOptions(**{k: getattr(args, k) for k in options}) == OptimizeOptions()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shared:
+    """Options two commands share.
+
+    Attributes:
+      count: how many (a 50 % share)
+      where: the directory
+    """
+
+    count: int | None = option(None, metavar="N")
+    where: str = "here"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Command:
+    """A command's options: a positional argument, the shared ones, a switch.
+
+    Attributes:
+      target: what to read
+      shared: the shared options
+      loud: say more
+    """
+
+    target: Path = option(positional=True)
+    shared: _Shared = option(_Shared(), specs={"where": {"default": "there", "flags": ("-w",)}})
+    loud: bool = False
+
+
+def test_add_options_composes_shared_options_and_takes_positionals_and_metavars():
+    """A field whose type is an options dataclass adds that class's flags unprefixed (its
+    ``specs`` adjusting them); ``positional`` and ``metavar`` reach argparse; a description's
+    ``%`` is text."""
+    import argparse
+
+    from cbo_jax.config import add_options
+
+    p = argparse.ArgumentParser()
+    dests = add_options(p, _Command)
+    assert list(dests) == ["target", "count", "where", "loud"] and dests["where"].default == "there"
+    assert vars(p.parse_args(["x"])) == {"target": Path("x"), "count": None, "where": "there", "loud": False}
+    assert vars(p.parse_args(["x", "--count", "3", "-w", "y", "--loud"]))["count"] == 3
+    text = p.format_help()
+    assert "--count N" in text and "a 50 % share" in text and "--where WHERE, -w WHERE" in text
+    assert "what to read" in text and "say more" in text
 
 
 @pytest.mark.parametrize("argv", [

@@ -11,13 +11,17 @@
 ``reproduce`` prints, as its very last line, one JSON object with the measured
 numbers, and saves it under ``--output`` (default ``results/NAME/summary.json``).
 Progress bars go to standard error. ``optimize`` is :mod:`cbo_jax.cli.optimize`; the flags of
-``optimize`` and ``run`` are generated from their configs (:mod:`cbo_jax.cli.flags`).
+``optimize`` and ``run`` are generated from their configs (:mod:`cbo_jax.cli.flags`), those of
+``demo`` and ``report`` from :class:`DemoOptions` and :class:`ReportOptions`, and each
+reproduction's from its ``Experiment.options`` with the shared :class:`~cbo_jax.experiments.base.ReproduceOptions`
+and :class:`~cbo_jax.experiments.base.ResumeOptions` (:func:`cbo_jax.config.add_options`).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -26,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from cbo_jax.config import add_options, option
 from cbo_jax.experiments.base import positive_int as _positive_int  # one argparse type for counts
 from cbo_jax.experiments.base import seed as _run_seed  # a run's seed (NumPy and JAX): 0 .. 2**32 - 1
 
@@ -127,17 +132,30 @@ def _cmd_run(args) -> int:
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoOptions:
+    """The options of ``cbo-jax demo`` (its flags: :func:`cbo_jax.config.add_options`).
+
+    Attributes:
+      output: directory of the four runs, OUTPUT/fedcbo, ... (default results/demo); a later
+        demo replaces them, never another command's run
+      seed: seed of the algorithms' randomness (0 to 2**32 - 1)
+      rounds: communication rounds (default 15); e.g. --rounds 2 for a quick check that
+        everything runs
+      no_progress: no progress bar (the results are the same)
+    """
+
+    output: Path = Path("results") / "demo"
+    seed: int = option(0, type=_run_seed)
+    rounds: int | None = option(None, type=_positive_int)
+    no_progress: bool = False
+
+
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="FedCBO vs FedAvg, IFCA and local training on the bundled MNIST subset",
                        description="A small rotated-MNIST comparison on the real-MNIST subset shipped with the package "
                                    "(offline, about 2 minutes on 2 CPU cores).")
-    p.add_argument("--output", type=Path, default=Path("results") / "demo",
-                   help="directory of the four runs, OUTPUT/fedcbo, ... (default results/demo); a later demo replaces "
-                        "them, never another command's run")
-    p.add_argument("--seed", type=_run_seed, default=0, help="seed of the algorithms' randomness (0 to 2**32 - 1)")
-    p.add_argument("--rounds", type=_positive_int, default=None,
-                   help="communication rounds (default 15); e.g. --rounds 2 for a quick check that everything runs")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
+    add_options(p, DemoOptions)
     p.set_defaults(func=_cmd_demo)
 
 
@@ -151,6 +169,7 @@ def _cmd_demo(args) -> int:
 
 def _add_reproduce(sub) -> None:
     from cbo_jax.experiments import registry
+    from cbo_jax.experiments.base import ReproduceOptions, ResumeOptions
 
     p = sub.add_parser("reproduce", help="run a named reproduction of a published result",
                        description="Run a named, configured reproduction; the last line printed is one JSON object. "
@@ -164,18 +183,11 @@ def _add_reproduce(sub) -> None:
         # argparse %-formats help strings (not descriptions): a summary's "20%" must be escaped.
         q = names.add_parser(exp.name, help=exp.summary.replace("%", "%%"),
                              description=f"{exp.summary}. Published: {exp.published}")
-        q.add_argument("--output", type=Path, default=None, help="results directory (default results/NAME)")
-        q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
+        add_options(q, ReproduceOptions, names=("output", "overwrite"))
         if exp.resumable:
-            q.add_argument("--resume", action="store_true",
-                           help="continue a reproduction stopped part-way in OUTPUT, with the same options: its "
-                                "finished runs are read back, an unfinished one continues from its last checkpoint "
-                                "(--checkpoint-every) or starts again")
-            q.add_argument("--checkpoint-every", type=_positive_int, default=None, metavar="ROUNDS",
-                           help="checkpoint each run every ROUNDS rounds (OUTPUT/RUN/seedS/checkpoint), so that "
-                                "--resume continues it from there")
-        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
-        exp.add_arguments(q)
+            add_options(q, ResumeOptions)
+        add_options(q, ReproduceOptions, names=("no_progress",))
+        exp.add_arguments(q)  # its own options (Experiment.options)
     p.set_defaults(func=_cmd_reproduce)
 
 
@@ -264,17 +276,28 @@ def _cmd_reproduce(args) -> int:
     return 0
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """The arguments of ``cbo-jax report`` (generated: :func:`cbo_jax.config.add_options`).
+
+    Attributes:
+      results_dir: a directory written by demo, run or reproduce
+      format: report format (default: from --output's suffix, else html)
+      output: report file, or an existing directory to write report.html/.md in (default
+        RESULTS_DIR/report.html or .md)
+    """
+
+    results_dir: Path = option(positional=True)
+    format: str | None = option(None, choices=("html", "md"))
+    output: Path | None = option(None, flags=("-o",))
+
+
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="render a results directory to one HTML or Markdown file",
                        description="Render every summary.json, metrics.jsonl and plot under RESULTS_DIR into one "
                                    "report: tables, comparison tables across runs, curves. HTML is self-contained; "
                                    "Markdown writes its images to <report>_files/.")
-    p.add_argument("results_dir", type=Path, help="a directory written by demo, run or reproduce")
-    p.add_argument("--format", choices=("html", "md"), default=None,
-                   help="report format (default: from --output's suffix, else html)")
-    p.add_argument("-o", "--output", type=Path, default=None,
-                   help="report file, or an existing directory to write report.html/.md in "
-                        "(default RESULTS_DIR/report.html or .md)")
+    add_options(p, ReportOptions)
     p.set_defaults(func=_cmd_report)
 
 

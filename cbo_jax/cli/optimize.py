@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cbo_jax import _checks
 from cbo_jax.cli.flags import Defaults
-from cbo_jax.config import add_options, flag_name
+from cbo_jax.config import add_options, flag_name, option
 from cbo_jax.dynamics.cbo import CBOConfig
 from cbo_jax.dynamics.core import FAMILY_NOISE, RNG_MODES
 from cbo_jax.experiments.base import jax_seed, nonnegative_int, positive_int
@@ -41,12 +41,6 @@ DYNAMICS_FLAGS: dict[str, dict] = {
     "dtype": {"choices": ("float32", "float64"), "help": "floating-point precision"},
     "rng": {"choices": RNG_MODES},
 }
-
-
-def _option(default, **cli):
-    """A field of :class:`OptimizeOptions` with its flag's details (:func:`cbo_jax.config.add_options`;
-    ``sets``: the schedule's field the option is, named by its errors)."""
-    return dataclasses.field(default=default, metadata=cli)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,26 +81,28 @@ class OptimizeOptions:
         per-particle then gives the unsharded run's numbers
     """
 
-    objective: str = _option("rastrigin", choices=tuple(sorted(OBJECTIVES)))
-    dim: int = _option(20, type=positive_int)
+    # fields made with cbo_jax.config.option, their flags' details in metadata; "sets": the schedule's
+    # field the option is, named by its errors
+    objective: str = option("rastrigin", choices=tuple(sorted(OBJECTIVES)))
+    dim: int = option(20, type=positive_int)
     shift: float = 0.0
-    particles: int = _option(100, flags=("-N",), type=positive_int)
-    runs: int = _option(1, flags=("-M",), type=positive_int)
-    steps: int = _option(2000, type=nonnegative_int)
+    particles: int = option(100, flags=("-N",), type=positive_int)
+    runs: int = option(1, flags=("-M",), type=positive_int)
+    steps: int = option(2000, type=nonnegative_int)
     init_low: float = -3.0
     init_high: float = 3.0
-    seed: int = _option(0, type=jax_seed)
-    dynamic: str = _option("cbo", choices=_DYNAMICS)
-    mirror_map: str | None = _option(None, choices=tuple(sorted(set(MIRROR_MAPS) - {"None"})))
-    alpha: float = _option(30.0, sets="alpha0")
-    alpha_schedule: str = _option("multiplicative", choices=("constant", "multiplicative", "ess"))
-    alpha_factor: float | None = _option(None, sets="factor")
-    alpha_max: float | None = _option(None, sets="alpha_max")
-    ess_eta: float | None = _option(None, sets="eta")
+    seed: int = option(0, type=jax_seed)
+    dynamic: str = option("cbo", choices=_DYNAMICS)
+    mirror_map: str | None = option(None, choices=tuple(sorted(set(MIRROR_MAPS) - {"None"})))
+    alpha: float = option(30.0, sets="alpha0")
+    alpha_schedule: str = option("multiplicative", choices=("constant", "multiplicative", "ess"))
+    alpha_factor: float | None = option(None, sets="factor")
+    alpha_max: float | None = option(None, sets="alpha_max")
+    ess_eta: float | None = option(None, sets="eta")
     output: Path | None = None
     overwrite: bool = False
     tensorboard: bool = False
-    log_every: int | None = _option(None, type=positive_int)
+    log_every: int | None = option(None, type=positive_int)
     no_progress: bool = False
     shard: bool = False
     dtype: dataclasses.InitVar[str] = "float32"

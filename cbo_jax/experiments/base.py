@@ -1,5 +1,13 @@
-"""What every reproduction is made of: the :class:`Experiment` record and the argparse types of
-its options (counts and seeds, each a one-line usage error naming the flag when out of range).
+"""What every reproduction is made of: the :class:`Experiment` record, the options several
+reproductions share (:class:`ReproduceOptions`, :class:`ResumeOptions`, :class:`ScaleOptions`,
+:class:`MNISTOptions`, :class:`SeedOption`: dataclasses whose flags :func:`cbo_jax.config.add_options`
+generates) and the argparse types of the options (counts and seeds, each a one-line usage error
+naming the flag when out of range).
+
+A reproduction's options are one frozen dataclass (``Experiment.options``): each field a flag
+with its default, its type, choices and short names given with :func:`cbo_jax.config.option`,
+its help the field's description in the class docstring; a shared group is a field whose type is
+one of the classes here. ``run`` reads the parsed flags (``args.<field>``).
 
 The reproductions (:mod:`cbo_jax.experiments.rastrigin_success`, ...) import these from here;
 :func:`cbo_jax.experiments.registry` imports the reproductions, so the package's
@@ -10,27 +18,38 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 from typing import Callable
 
-__all__ = ["Experiment", "positive_int", "nonnegative_int", "seed", "jax_seed"]
+from cbo_jax.config import Field, add_options, option
+
+__all__ = ["Experiment", "ReproduceOptions", "ResumeOptions", "ScaleOptions", "MNISTOptions", "SeedOption",
+           "positive_int", "nonnegative_int", "seed", "jax_seed"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
     """A named reproduction.
 
-    ``resumable``: it is made of federated runs, each in its own directory under
-    ``--output``, and takes ``--resume`` (finished runs are read back, an unfinished one
-    continues from its last checkpoint) and ``--checkpoint-every`` (``args.resume`` and
-    ``args.checkpoint_every`` reach ``run``).
+    ``options``: the frozen dataclass of its own options (:meth:`add_arguments` adds their
+    flags; the command adds :class:`ReproduceOptions` and, when resumable,
+    :class:`ResumeOptions` before them). ``resumable``: it is made of federated runs, each in
+    its own directory under ``--output``, and takes ``--resume`` (finished runs are read
+    back, an unfinished one continues from its last checkpoint) and ``--checkpoint-every``
+    (``args.resume`` and ``args.checkpoint_every`` reach ``run``).
     """
 
     name: str
     summary: str
     published: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
+    options: type
     run: Callable[[argparse.Namespace], dict]
     resumable: bool = False
+
+    def add_arguments(self, parser) -> dict[str, Field]:
+        """Add the reproduction's own flags to ``parser`` (an ``argparse`` parser or group),
+        generated from :attr:`options`; returns ``dest -> Field``."""
+        return add_options(parser, self.options)
 
 
 def _int_option(text: str, low: int, high: int | None, high_text: str = "") -> int:
@@ -71,3 +90,75 @@ def jax_seed(text: str) -> int:
     ``jax.random.key(seed)``). Negative seeds are refused: 64 bits of key data cannot tell
     ``-2**63 .. 2**64 - 1`` apart, and ``-1`` would be the key of ``2**32 - 1``."""
     return _int_option(text, 0, 2**64 - 1, "2**64 - 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReproduceOptions:
+    """The options of every reproduction (``cbo-jax reproduce NAME``), before its own.
+
+    Attributes:
+      output: results directory (default results/NAME)
+      overwrite: replace the results already in OUTPUT
+      no_progress: no progress bar (the results are the same)
+    """
+
+    output: Path | None = None
+    overwrite: bool = False
+    no_progress: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ResumeOptions:
+    """The options of a reproduction made of federated runs (``Experiment.resumable``).
+
+    Attributes:
+      resume: continue a reproduction stopped part-way in OUTPUT, with the same options: its
+        finished runs are read back, an unfinished one continues from its last checkpoint
+        (--checkpoint-every) or starts again
+      checkpoint_every: checkpoint each run every ROUNDS rounds (OUTPUT/RUN/seedS/checkpoint),
+        so that --resume continues it from there
+    """
+
+    resume: bool = False
+    checkpoint_every: int | None = option(None, type=positive_int, metavar="ROUNDS")
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleOptions:
+    """The size of a reproduction made of federated runs (``fedcbo-*``, ``fedcb2o-*``): one of
+    its module's ``SCALES``, and the overrides of its seeds and rounds.
+
+    Attributes:
+      scale: the settings: small (a CPU-sized run) or paper (the paper's, GPU-sized)
+      seeds: number of seeds (default: 3 small, 1 paper)
+      rounds: override the scale's number of rounds T
+    """
+
+    scale: str = option("small", choices=("paper", "small"))
+    seeds: int | None = option(None, type=positive_int)
+    rounds: int | None = option(None, type=positive_int)
+
+
+@dataclasses.dataclass(frozen=True)
+class MNISTOptions:
+    """Where a reproduction on rotated MNIST reads the images from.
+
+    Attributes:
+      source: MNIST source: auto (CBO_JAX_DATA_DIR, else bundled), idx, tfds, bundled
+      data_dir: directory of the MNIST IDX files (default CBO_JAX_DATA_DIR), or the
+        tensorflow-datasets data directory (--source tfds)
+    """
+
+    source: str = "auto"
+    data_dir: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedOption:
+    """The seed of a reproduction's runs.
+
+    Attributes:
+      seed: seed of the runs' randomness (0 to 2**32 - 1)
+    """
+
+    seed: int = option(0, type=seed)  # the argparse type seed() above (the field is not bound yet)

@@ -51,7 +51,8 @@ import jax
 import numpy as np
 
 from cbo_jax import _checks, models, sharding
-from cbo_jax.experiments.base import Experiment, nonnegative_int, positive_int
+from cbo_jax.config import option
+from cbo_jax.experiments.base import Experiment, MNISTOptions, ScaleOptions, nonnegative_int, positive_int
 from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated import metrics as fm
@@ -97,34 +98,50 @@ SCALES = {
 }
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (default: 3 small, 1 paper)")
-    p.add_argument("--rounds", type=positive_int, default=None, help="override the scale's number of rounds T")
-    p.add_argument("--epochs", type=positive_int, default=None, help="override the local epochs τ")
-    p.add_argument("--lr", type=float, default=None, help="override the local learning rate")
-    p.add_argument("--alpha", type=float, default=None, help="override FedCB²O's α (default 2)")
-    p.add_argument("--alpha-fedcbo", type=float, default=None,
-                   help="override the FedCBO baseline's α (default 10; fedcb2o-attack only)")
-    p.add_argument("--T-G", dest="T_G", type=nonnegative_int, default=None,
-                   help="override FedCB²O's T_G (fedcb2o-attack only; fedcb2o-tg sweeps it)")
-    p.add_argument("--include-self", action="store_true", help="reference-code variant: own model in the average")
-    p.add_argument("--reference-form", action="store_true",
-                   help="the reference code's form: own model in the average with the largest weight after T_G, "
-                        "one shared initial model")
-    p.add_argument("--no-sensitivity", action="store_true",
-                   help="fedcb2o-attack: skip the sensitivity rows (both methods at α = 2, both at α = 10)")
-    p.add_argument("--dataset", choices=("mnist", "emnist"), default="mnist")
-    p.add_argument("--source", default="auto",
-                   help="MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled (EMNIST: tfds only, as auto)")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--model", choices=("mlp", "cnn"), default=None, help="override the scale's model")
-    p.add_argument("--shard", action="store_true",
-                   help="split the agents over all devices (any N: padded with inactive agents, dropped from the results)")
-    p.add_argument("--per-cluster-images", action="store_true",
-                   help="every cluster draws its own subset of the training images (the benchmark before 2026-11-27, "
-                        "which the recorded small-scale results used); default: one subset rotated for every cluster, "
-                        "as in the paper")
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of ``fedcb2o-attack`` and ``fedcb2o-tg``.
+
+    Attributes:
+      scale: the scale (:data:`SCALES`), seeds and rounds (:class:`~cbo_jax.experiments.base.ScaleOptions`)
+      epochs: override the local epochs τ
+      lr: override the local learning rate
+      alpha: override FedCB²O's α (default 2)
+      alpha_fedcbo: override the FedCBO baseline's α (default 10; fedcb2o-attack only)
+      T_G: override FedCB²O's T_G (fedcb2o-attack only; fedcb2o-tg sweeps it)
+      include_self: reference-code variant: own model in the average
+      reference_form: the reference code's form: own model in the average with the largest
+        weight after T_G, one shared initial model
+      no_sensitivity: fedcb2o-attack: skip the sensitivity rows (both methods at α = 2, both
+        at α = 10)
+      dataset: the images: MNIST (7 → 1) or EMNIST-balanced ('O' → '0'; tensorflow-datasets)
+      data: where the images are read (:class:`~cbo_jax.experiments.base.MNISTOptions`; EMNIST:
+        tensorflow-datasets, --data-dir its data directory, as the flags' help says)
+      model: override the scale's model
+      shard: split the agents over all devices (any N: padded with inactive agents, dropped
+        from the results)
+      per_cluster_images: every cluster draws its own subset of the training images (the
+        benchmark before 2026-11-27, which the recorded small-scale results used); default:
+        one subset rotated for every cluster, as in the paper
+    """
+
+    scale: ScaleOptions = ScaleOptions()
+    epochs: int | None = option(None, type=positive_int)
+    lr: float | None = None
+    alpha: float | None = None
+    alpha_fedcbo: float | None = None
+    T_G: int | None = option(None, type=nonnegative_int)
+    include_self: bool = False
+    reference_form: bool = False
+    no_sensitivity: bool = False
+    dataset: str = option("mnist", choices=("mnist", "emnist"))
+    data: MNISTOptions = option(MNISTOptions(), specs={
+        "source": {"help": "MNIST source: auto (CBO_JAX_DATA_DIR), idx, tfds, bundled (EMNIST: tfds only, as auto)"},
+        "data_dir": {"help": "directory of the MNIST IDX files (default CBO_JAX_DATA_DIR), or the tensorflow-datasets "
+                             "data directory (--source tfds; --dataset emnist)"}})
+    model: str | None = option(None, choices=("mlp", "cnn"))
+    shard: bool = False
+    per_cluster_images: bool = False
 
 
 def _refuse_ignored(args, sweep: bool) -> None:
@@ -368,7 +385,7 @@ ATTACK = Experiment(
     name="fedcb2o-attack",
     summary="FedCB2O vs FedCBO under label flipping, with DFedAvgM Oracle Min/Max (rotated MNIST 7->1); --scale small|paper",
     published="FedCBO: overall accuracy near the oracle, much lower source-class accuracy and much higher ASR than FedCB2O",
-    add_arguments=add_arguments,
+    options=Options,
     run=run_attack_table,
     resumable=True,
 )
@@ -377,7 +394,7 @@ TG = Experiment(
     name="fedcb2o-tg",
     summary="FedCB2O T_G sweep (0/20/30/40 of 150 rounds, scaled) under label flipping; --scale small|paper",
     published="overall 82.79/83.68/83.64/83.76, source 55.73/55.98/57.64/56.87, ASR 38.73/38.83/37.31/38.07 (EMNIST)",
-    add_arguments=add_arguments,
+    options=Options,
     run=run_tg_sweep,
     resumable=True,
 )

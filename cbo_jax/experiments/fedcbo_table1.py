@@ -32,7 +32,8 @@ import dataclasses
 
 import numpy as np
 
-from cbo_jax.experiments.base import Experiment, positive_int
+from cbo_jax.config import option
+from cbo_jax.experiments.base import Experiment, MNISTOptions, ScaleOptions
 from cbo_jax.experiments.federated import RotatedMNISTConfig, RunOptions, comparison, load_data, replace, run_experiment
 from cbo_jax.federated.algorithms import FedCBOConfig
 from cbo_jax.federated.local import LocalSGDConfig
@@ -58,15 +59,20 @@ SCALES = {
 }
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scale", choices=sorted(SCALES), default="small")
-    p.add_argument("--seeds", type=positive_int, default=None, help="number of seeds (default: 3 small, 1 paper)")
-    p.add_argument("--rounds", type=positive_int, default=None, help="override the scale's number of rounds")
-    p.add_argument("--source", default="auto", help="MNIST source: auto (CBO_JAX_DATA_DIR, else bundled), idx, tfds, bundled")
-    p.add_argument("--data-dir", default=None)
-    p.add_argument("--preset", choices=("paper", "reference-script"), default="paper",
-                   help="data protocol: the paper's partition, or the reference script's 6,000-image subset shared by "
-                        "the rotations, sampled with replacement")
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of ``fedcbo-table1`` and ``fedcbo-noise``.
+
+    Attributes:
+      scale: the scale (:data:`SCALES`), seeds and rounds (:class:`~cbo_jax.experiments.base.ScaleOptions`)
+      data: where MNIST is read (:class:`~cbo_jax.experiments.base.MNISTOptions`)
+      preset: data protocol: the paper's partition, or the reference script's 6,000-image
+        subset shared by the rotations, sampled with replacement
+    """
+
+    scale: ScaleOptions = ScaleOptions()
+    data: MNISTOptions = MNISTOptions()
+    preset: str = option("paper", choices=("paper", "reference-script"))
 
 
 def _configs(args) -> tuple[dict, int]:
@@ -162,7 +168,7 @@ TABLE1 = Experiment(
     name="fedcbo-table1",
     summary="FedCBO vs IFCA, FedAvg, Local on rotated MNIST (4 rotations); --scale small|paper",
     published="FedCBO 96.51, IFCA 94.44, FedAvg 85.50, Local 81.27 (N=1200, M=200, T=100)",
-    add_arguments=add_arguments,
+    options=Options,
     run=run_table1,
     resumable=True,
 )
@@ -172,7 +178,7 @@ NOISE = Experiment(
     summary="FedCBO with Appendix E aggregation noise (iso/aniso, sigma1 0.01/0.05), as written and with "
             "noise_gamma=0.01, and an isotropic sigma1 sweep at the stability threshold; --scale small|paper",
     published="none 96.51, iso 0.01 96.41, iso 0.05 10.49 (collapse), aniso 0.01 96.33, aniso 0.05 96.34",
-    add_arguments=add_arguments,
+    options=Options,
     run=run_noise,
     resumable=True,
 )

@@ -68,7 +68,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks
-from cbo_jax.experiments.base import Experiment, seed as seed_option
+from cbo_jax.config import option
+from cbo_jax.experiments.base import Experiment, SeedOption, seed as seed_option
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import privacy
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, SGLDConfig, fedpd, fedsgld
@@ -78,8 +79,8 @@ from cbo_jax.federated.synthetic import SyntheticData, synthetic
 from cbo_jax.models import logistic_regression
 from cbo_jax.runtime.writer import json_safe
 
-__all__ = ["SyntheticRunConfig", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "model_for", "train_curves",
-           "run_case", "matched_batch_clip_norm", "equal_variance_noise", "EXPERIMENT"]
+__all__ = ["SyntheticRunConfig", "Options", "VARIANTS", "DEFAULT_VARIANT", "build_algorithms", "model_for",
+           "train_curves", "run_case", "matched_batch_clip_norm", "equal_variance_noise", "EXPERIMENT"]
 
 LOW_NOISE = 1e-4
 HIGH_NOISE = 0.5
@@ -323,25 +324,41 @@ def plot_curves(curves: dict, out: Path, title: str) -> Path:
     return out
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    d = SyntheticRunConfig()
-    p.add_argument("--rounds", type=int, default=d.rounds)
-    p.add_argument("--steps", type=int, default=d.steps, help="oracle / local steps Q per round")
-    p.add_argument("--burn-in", type=int, default=d.burn_in, help="burn-in Q0 < Q")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--gamma", type=float, default=d.gamma)
-    p.add_argument("--clip-norm", type=float, default=d.clip_norm, help="C of batch clipping (Algorithm 2)")
-    p.add_argument("--per-sample-clip-norm", type=float, default=d.per_sample_clip_norm,
-                   help="C of the per-sample clipping variants")
-    p.add_argument("--sampling-rate", type=float, default=d.sampling_rate)
-    p.add_argument("--server-momentum", type=float, default=d.server_momentum)
-    p.add_argument("--delta", type=float, default=d.delta)
-    p.add_argument("--data-seed", type=seed_option, default=d.data_seed)
-    p.add_argument("--seed", type=seed_option, default=d.seed)
-    p.add_argument("--max-samples", type=int, default=None,
-                   help="cap on the samples per device (quick tests only; not the benchmark)")
-    p.add_argument("--no-matched-epsilon", action="store_true",
-                   help="skip the batch-clip runs at the per-sample variants' epsilon")
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of ``fedsgld-synthetic`` (defaults: :class:`SyntheticRunConfig`'s).
+
+    Attributes:
+      rounds: communication rounds R
+      steps: oracle / local steps Q per round
+      burn_in: burn-in Q0 < Q
+      lr: step size η (FedPD's local step too)
+      gamma: γ of the augmented Lagrangian
+      clip_norm: C of batch clipping (Algorithm 2)
+      per_sample_clip_norm: C of the per-sample clipping variants
+      sampling_rate: Poisson rate q of every method's batches
+      server_momentum: FedSGLD's broadcast momentum β
+      delta: δ of the reported privacy (ε, δ)
+      data_seed: seed of the synthetic(1, 1) data (0 to 2**32 - 1)
+      seed: the algorithms' seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+      max_samples: cap on the samples per device (quick tests only; not the benchmark)
+      no_matched_epsilon: skip the batch-clip runs at the per-sample variants' epsilon
+    """
+
+    rounds: int = SyntheticRunConfig.rounds
+    steps: int = SyntheticRunConfig.steps
+    burn_in: int = SyntheticRunConfig.burn_in
+    lr: float = SyntheticRunConfig.lr
+    gamma: float = SyntheticRunConfig.gamma
+    clip_norm: float = SyntheticRunConfig.clip_norm
+    per_sample_clip_norm: float = SyntheticRunConfig.per_sample_clip_norm
+    sampling_rate: float = SyntheticRunConfig.sampling_rate
+    server_momentum: float = SyntheticRunConfig.server_momentum
+    delta: float = SyntheticRunConfig.delta
+    data_seed: int = option(SyntheticRunConfig.data_seed, type=seed_option)
+    seed: SeedOption = option(SeedOption(), specs={"seed": {"default": SyntheticRunConfig.seed}})
+    max_samples: int | None = None
+    no_matched_epsilon: bool = False
 
 
 def config_from_args(args: argparse.Namespace) -> SyntheticRunConfig:
@@ -395,6 +412,6 @@ EXPERIMENT = Experiment(
     summary="FedSGLD (4 variants: chain start x clipping) vs FedPD (and noisy FedPD) on synthetic(1,1), low and high "
             "noise; training loss and per-device (epsilon, delta)",
     published="curves only: FedSGLD reaches a lower, smoother training loss than FedPD (no table)",
-    add_arguments=add_arguments,
+    options=Options,
     run=run,
 )

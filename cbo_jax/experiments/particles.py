@@ -29,6 +29,7 @@ directory, and returns the summary (printed as the CLI's last line).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -40,8 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from cbo_jax import _checks, meanfield, objectives, schedules
+from cbo_jax.config import option
 from cbo_jax.dynamics.clustered import ClusteredConfig, Malicious, SDEParams, cb2o, clustered, particles
-from cbo_jax.experiments.base import Experiment, positive_int, seed as seed_option
+from cbo_jax.experiments.base import Experiment, SeedOption, positive_int
 from cbo_jax.runtime import plotting as _plotting
 from cbo_jax.simulate import simulate
 
@@ -64,25 +66,29 @@ def _savefig(fig, path: Path) -> None:
     print(f"saved {path}", flush=True)
 
 
-def _pyplot():
-    """The figure factory (``.subplots``) for saved plots; never switches a notebook's backend."""
-    from cbo_jax.runtime import plotting as _plotting
-
-    return _plotting
-
-
 # --------------------------------------------------------------------------------------
 # clustered-consensus
 # --------------------------------------------------------------------------------------
 
-def _add_clustered(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--classes", "-K", type=positive_int, default=4, help="number of objectives K (default 4)")
-    p.add_argument("--dim", type=positive_int, default=10, help="dimension d (default 10)")
-    p.add_argument("--particles", "-N", type=positive_int, default=4000, help="particles, all classes together (default 4000)")
-    p.add_argument("--steps", type=positive_int, default=2000, help="Euler-Maruyama steps, dt=0.01 (default 2000)")
-    p.add_argument("--objective", default="rastrigin", choices=["rastrigin", "ackley", "quadratic"],
-                   help="shifted test function each class follows (default rastrigin)")
-    p.add_argument("--seed", type=seed_option, default=0)
+@dataclasses.dataclass(frozen=True)
+class ClusteredOptions:
+    """The options of ``clustered-consensus``.
+
+    Attributes:
+      classes: number of objectives K (default 4)
+      dim: dimension d (default 10)
+      particles: particles, all classes together (default 4000)
+      steps: Euler-Maruyama steps, dt=0.01 (default 2000)
+      objective: shifted test function each class follows (default rastrigin)
+      seed: the run's seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+    """
+
+    classes: int = option(4, flags=("-K",), type=positive_int)
+    dim: int = option(10, type=positive_int)
+    particles: int = option(4000, flags=("-N",), type=positive_int)
+    steps: int = option(2000, type=positive_int)
+    objective: str = option("rastrigin", choices=("rastrigin", "ackley", "quadratic"))
+    seed: SeedOption = SeedOption()
 
 
 def run_clustered(args: argparse.Namespace) -> dict:
@@ -103,7 +109,7 @@ def run_clustered(args: argparse.Namespace) -> dict:
     out_dir = Path(args.output)
     np.savez(out_dir / "clustered_consensus.npz", consensus=m, centers=centers, min_energy=res.history["min_energy"],
              final_x=np.asarray(res.state.x), label=label)
-    plt = _pyplot()
+    plt = _plotting  # the figure factory: never switches a notebook's backend
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for j in range(k):
         ax.semilogy(0.01 * np.arange(1, res.steps + 1), np.maximum(res.history["min_energy"][:, j], 1e-12),
@@ -127,7 +133,7 @@ CLUSTERED = Experiment(
     name="clustered-consensus",
     summary="FedCBO eq. (4): K=4 shifted Rastrigin, d=10, N=4000 unlabelled particles; max |m_k - θ*_k|",
     published="expected max_distance < 1e-2 (issue 4)",
-    add_arguments=_add_clustered,
+    options=ClusteredOptions,
     run=run_clustered,
 )
 
@@ -141,16 +147,27 @@ DECAY_PARAMS = ((1.0, 0.0, 0.5, 0.0), (1.0, 0.2, 0.4, 0.1), (2.0, 0.5, 0.6, 0.2)
 DECAY_RATE_TOLERANCE = 0.02  # relative: a fitted rate's scatter where Theorem 2.3's bound is tight (seeds 0-2: < 0.4 %)
 
 
-def _add_decay(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
-    p.add_argument("--particles", "-N", type=positive_int, default=20000, help="particles, both classes (default 20000)")
-    p.add_argument("--steps", type=positive_int, default=800, help="steps of dt=0.01 (default 800: t = 8)")
-    p.add_argument("--seeds", type=positive_int, default=3, help="independent runs per parameter set (default 3)")
-    p.add_argument("--alpha", type=float, default=1e4, help="α (default 1e4)")
-    p.add_argument("--seed", type=seed_option, default=0)
+@dataclasses.dataclass(frozen=True)
+class DecayOptions:
+    """The options of ``meanfield-decay``.
+
+    Attributes:
+      dim: dimension d (default 2)
+      particles: particles, both classes (default 20000)
+      steps: steps of dt=0.01 (default 800: t = 8)
+      seeds: independent runs per parameter set (default 3)
+      alpha: α (default 1e4)
+      seed: the runs' seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+    """
+
+    dim: int = option(2, type=positive_int)
+    particles: int = option(20000, flags=("-N",), type=positive_int)
+    steps: int = option(800, type=positive_int)
+    seeds: int = option(3, type=positive_int)
+    alpha: float = 1e4
+    seed: SeedOption = SeedOption()
 
 
-@functools.partial(jax.jit, static_argnames=("dyn", "steps"))
 def _decay_program(dyn, p, keys, params, centers, *, steps: int):
     """One jitted program: vmap over parameter sets, vmap over seeds, scan over steps."""
 
@@ -197,7 +214,7 @@ def run_decay(args: argparse.Namespace) -> dict:
     ideal = [float(meanfield.ideal_quadratic_rate(*prm, d=d)) for prm in DECAY_PARAMS]
     out_dir = Path(args.output)
     np.savez(out_dir / "meanfield_decay.npz", t=t, V=v, params=grid, measured=measured, predicted=predicted)
-    plt = _pyplot()
+    plt = _plotting  # the figure factory: never switches a notebook's backend
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, prm in enumerate(DECAY_PARAMS):
         line, = ax.semilogy(t, vsum[i].mean(0), label=f"λ1={prm[0]}, λ2={prm[1]}, σ1={prm[2]}, σ2={prm[3]}")
@@ -232,7 +249,7 @@ DECAY = Experiment(
     name="meanfield-decay",
     summary="FedCBO Thm 2.3: fitted decay exponent of V(ρ^k_t) vs 2λ1-2λ2M-dσ1²-dσ2²M², 4 parameter sets, one vmapped program",
     published="Theorem 2.3: measured rate >= predicted (lower bound)",
-    add_arguments=_add_decay,
+    options=DecayOptions,
     run=run_decay,
 )
 
@@ -241,18 +258,29 @@ DECAY = Experiment(
 # meanfield-scaling
 # --------------------------------------------------------------------------------------
 
-def _add_scaling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="100,1000,10000,100000",
-                   help="comma-separated N (particles, both classes; default 1e2..1e5)")
-    p.add_argument("--reference", type=float, default=1e6, help="N of the reference system (default 1e6)")
-    p.add_argument("--steps", type=positive_int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
-    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
-    p.add_argument("--seeds", type=positive_int, default=8, help="runs per N (default 8; vmapped)")
-    p.add_argument("--projections", type=positive_int, default=64, help="directions of the sliced distance (default 64)")
-    p.add_argument("--seed", type=seed_option, default=0)
+@dataclasses.dataclass(frozen=True)
+class ScalingOptions:
+    """The options of ``meanfield-scaling``.
+
+    Attributes:
+      sizes: comma-separated N (particles, both classes; default 1e2..1e5)
+      reference: N of the reference system (default 1e6)
+      steps: steps of dt=0.01 (default 100: T = 1)
+      dim: dimension d (default 2)
+      seeds: runs per N (default 8; vmapped)
+      projections: directions of the sliced distance (default 64)
+      seed: the runs' seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+    """
+
+    sizes: str = "100,1000,10000,100000"
+    reference: float = 1e6
+    steps: int = option(100, type=positive_int)
+    dim: int = option(2, type=positive_int)
+    seeds: int = option(8, type=positive_int)
+    projections: int = option(64, type=positive_int)
+    seed: SeedOption = SeedOption()
 
 
-@functools.partial(jax.jit, static_argnames=("dyn", "steps"))
 def _final_positions(dyn, p, keys, *, steps: int):
     def one(key):
         st = jax.lax.fori_loop(0, steps, lambda i, s: dyn.step(s), dyn.init(p, key))
@@ -307,7 +335,7 @@ def run_scaling(args: argparse.Namespace) -> dict:
     np.savez(out_dir / "meanfield_scaling.npz", sizes=np.asarray(sizes), errors=np.asarray(errors),
              reference_class0=np.asarray(ref0[:100_000]))
     (out_dir / "meanfield_scaling_runs.json").write_text(json.dumps({str(k): v for k, v in per_seed.items()}, indent=1))
-    plt = _pyplot()
+    plt = _plotting  # the figure factory: never switches a notebook's backend
     fig, ax = plt.subplots(figsize=(5.5, 4))
     ax.loglog(sizes, errors, "o-", label=f"measured, slope {slope:.3f}")
     c = errors[0] * np.sqrt(sizes[0])
@@ -332,7 +360,7 @@ SCALING = Experiment(
             "log-log slope (distributions only, as for independent samples: not a propagation-of-chaos test, "
             "see meanfield-coupling)",
     published="Monte-Carlo rate: slope about -0.5",
-    add_arguments=_add_scaling,
+    options=ScalingOptions,
     run=run_scaling,
 )
 
@@ -341,13 +369,25 @@ SCALING = Experiment(
 # cb2o-malicious
 # --------------------------------------------------------------------------------------
 
-def _add_cb2o(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--dim", type=positive_int, default=5, help="dimension d (default 5)")
-    p.add_argument("--particles", "-N", type=positive_int, default=2000, help="particles incl. attackers (default 2000)")
-    p.add_argument("--malicious", type=float, default=0.2, help="share of malicious particles (default 0.2)")
-    p.add_argument("--beta", type=float, default=0.5, help="CB²O quantile β (default 0.5)")
-    p.add_argument("--steps", type=positive_int, default=2000, help="steps of dt=0.01 (default 2000)")
-    p.add_argument("--seed", type=seed_option, default=0)
+@dataclasses.dataclass(frozen=True)
+class CB2OOptions:
+    """The options of ``cb2o-malicious``.
+
+    Attributes:
+      dim: dimension d (default 5)
+      particles: particles incl. attackers (default 2000)
+      malicious: share of malicious particles (default 0.2)
+      beta: CB²O quantile β (default 0.5)
+      steps: steps of dt=0.01 (default 2000)
+      seed: the run's seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+    """
+
+    dim: int = option(5, type=positive_int)
+    particles: int = option(2000, flags=("-N",), type=positive_int)
+    malicious: float = 0.2
+    beta: float = 0.5
+    steps: int = option(2000, type=positive_int)
+    seed: SeedOption = SeedOption()
 
 
 def bilevel_problem(d: int):
@@ -390,7 +430,7 @@ def run_cb2o(args: argparse.Namespace) -> dict:
     out_dir = Path(args.output)
     np.savez(out_dir / "cb2o_malicious.npz", x_cb2o=np.asarray(res_cb2o.state.x), x_cbo=np.asarray(res_cbo.state.x),
              malicious=mal, a=a, b=b)
-    plt = _pyplot()
+    plt = _plotting  # the figure factory: never switches a notebook's backend
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.8), sharex=True, sharey=True)
     for ax, x, name in ((axes[0], res_cb2o.state.x, "CB²O"), (axes[1], res_cbo.state.x, "CBO (β=1, weights e^{-αL})")):
         x = np.asarray(x)
@@ -423,7 +463,7 @@ CB2O = Experiment(
     name="cb2o-malicious",
     summary="CB²O eq. (1.2)-(1.5), two lower-level minimisers, G prefers one, 20% attackers pull to the other",
     published="expected: cb2o_distance < 1e-2 while plain CBO is dragged away",
-    add_arguments=_add_cb2o,
+    options=CB2OOptions,
     run=run_cb2o,
 )
 
@@ -432,21 +472,34 @@ CB2O = Experiment(
 # meanfield-coupling
 # --------------------------------------------------------------------------------------
 
-def _add_coupling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sizes", default="100,316,1000,3162,10000",
-                   help="comma-separated N, both classes together (default 1e2..1e4); larger N need a larger "
-                        "--reference (1e6 with 1e8 took about 12 min on a 2-core CPU)")
-    p.add_argument("--reference", type=float, default=1e6, help="size of the reference ensemble (default 1e6)")
-    p.add_argument("--chunk", type=float, default=1e5,
-                   help="particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)")
-    p.add_argument("--steps", type=positive_int, default=100, help="steps of dt=0.01 (default 100: T = 1)")
-    p.add_argument("--dim", type=positive_int, default=2, help="dimension d (default 2)")
-    p.add_argument("--seeds", type=positive_int, default=16, help="independent runs per N, vmapped (default 16)")
-    p.add_argument("--objective", default="quadratic", choices=["quadratic", "ackley", "rastrigin-normalized"],
-                   help="the two classes' objective, shifted to ±(1,..,1) (default quadratic)")
-    p.add_argument("--sigma1", type=float, default=0.7, help="isotropic consensus noise σ1 (default 0.7)")
-    p.add_argument("--alpha", type=float, default=10.0, help="α (default 10)")
-    p.add_argument("--seed", type=seed_option, default=0)
+@dataclasses.dataclass(frozen=True)
+class CouplingOptions:
+    """The options of ``meanfield-coupling``.
+
+    Attributes:
+      sizes: comma-separated N, both classes together (default 1e2..1e4); larger N need a
+        larger --reference (1e6 with 1e8 took about 12 min on a 2-core CPU)
+      reference: size of the reference ensemble (default 1e6)
+      chunk: particle_chunk of the reference (streaming consensus; default 1e5, 0: unchunked)
+      steps: steps of dt=0.01 (default 100: T = 1)
+      dim: dimension d (default 2)
+      seeds: independent runs per N, vmapped (default 16)
+      objective: the two classes' objective, shifted to ±(1,..,1) (default quadratic)
+      sigma1: isotropic consensus noise σ1 (default 0.7)
+      alpha: α (default 10)
+      seed: the runs' seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+    """
+
+    sizes: str = "100,316,1000,3162,10000"
+    reference: float = 1e6
+    chunk: float = 1e5
+    steps: int = option(100, type=positive_int)
+    dim: int = option(2, type=positive_int)
+    seeds: int = option(16, type=positive_int)
+    objective: str = option("quadratic", choices=("quadratic", "ackley", "rastrigin-normalized"))
+    sigma1: float = 0.7
+    alpha: float = 10.0
+    seed: SeedOption = SeedOption()
 
 
 def coupling_system(d: int, objective: str = "quadratic", sigma1: float = 0.7, alpha: float = 10.0,
@@ -539,6 +592,6 @@ COUPLING = Experiment(
     summary="FedCBO JMLR eq. (50): N particles vs N mean-field copies (same x0, same Brownian motions, consensus "
             "of a 1e6-particle reference), two quadratic classes, d=2, N=1e2..1e4; slope of log E|θ_T-θ̄_T|² vs log N",
     published="eq. (50): E|θ^i_t - θ̄^i_t|² <= C (1/N1 + 1/N2): slope about -1 (pass: within [-1.3, -0.7])",
-    add_arguments=_add_coupling,
+    options=CouplingOptions,
     run=run_coupling,
 )

@@ -9,6 +9,7 @@ consensus point satisfies ||m - 0||_∞ < 0.25. CBXpy reports 100/100.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import jax
@@ -16,18 +17,29 @@ import numpy as np
 
 from cbo_jax import _checks, objectives, schedules
 from cbo_jax.dynamics.cbo import CBOConfig, cbo
-from cbo_jax.experiments.base import Experiment, positive_int, seed as seed_option
+from cbo_jax.config import option
+from cbo_jax.experiments.base import Experiment, SeedOption, positive_int
 from cbo_jax.simulate import simulate
 
 SETTINGS = dict(dim=20, particles=40, runs=100, steps=5000, sigma=10.1, lam=1.0, dt=0.01, alpha0=30.0,
                 factor=1.05, alpha_max=1e5, low=-3.0, high=3.0, tol=0.25)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--runs", type=positive_int, default=SETTINGS["runs"], help="independent runs (default 100)")
-    p.add_argument("--steps", type=positive_int, default=SETTINGS["steps"], help="steps per run (default 5000)")
-    p.add_argument("--seed", type=seed_option, default=0)
-    p.add_argument("--peer", action="store_true", help="also run CBXpy (pip package cbx) on the same settings")
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The options of ``rastrigin-success``.
+
+    Attributes:
+      runs: independent runs (default 100)
+      steps: steps per run (default 5000)
+      seed: the runs' seed (:class:`~cbo_jax.experiments.base.SeedOption`)
+      peer: also run CBXpy (pip package cbx) on the same settings
+    """
+
+    runs: int = option(SETTINGS["runs"], type=positive_int)
+    steps: int = option(SETTINGS["steps"], type=positive_int)
+    seed: SeedOption = SeedOption()
+    peer: bool = False
 
 
 def _successes(points: np.ndarray, tol: float) -> int:
@@ -90,6 +102,6 @@ EXPERIMENT = Experiment(
     name="rastrigin-success",
     summary="CBO on Rastrigin d=20, N=40, 100 runs, 5000 steps: runs ending within 0.25 (sup norm) of 0",
     published="CBXpy: 100/100 successes",
-    add_arguments=add_arguments,
+    options=Options,
     run=run,
 )
