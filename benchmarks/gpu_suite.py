@@ -3,6 +3,10 @@
 Runs, each in its own subprocess (so one failure or out-of-memory does not stop the
 rest), and collects the JSON each prints as its last line:
 
+0. ``step``, ``memory``, ``large_n`` (issue 59): ``step_speed.py``, the library's CBO step beside a
+   plain scan of the same step and the same-run ``a·x+b`` bandwidth bound, N = 1e6..1e8;
+   ``step_memory.py``, the compiled step's memory for every dynamic at N = 1e6;
+   ``large_n.py --accelerator``, N = 1e9 in d = 10 with its peak device memory.
 1. ``cbo``: ``cbo_throughput.py``, standard CBO, Rastrigin d=20, N = 1e4..1e7 (CBXpy, the
    NumPy peer, only at N <= 1e5, where it finishes in seconds).
 2. ``fedcbo``: ``fedcbo_round.py``, one FedCBO round at the paper's scale (N=1200, M=200,
@@ -70,6 +74,16 @@ class Part(NamedTuple):
 # fedcbo 42 s, clustered 38 s, consensus 58 s, meanfield 27 s, table1 42 s (10 rounds), so that
 # `--budget 330` lets every part finish (with the earlier shares cbo and consensus were cut at 60 and 42 s).
 SUITES = {
+    # Issue 59's parts first: the bandwidth bound beside the library's step and a plain scan, the
+    # compiled step's memory for every dynamic, and N = 1e9 (d = 10) with its peak device memory.
+    "step": Part(["benchmarks/step_speed.py", "--sizes", "1e6,1e7,1e8", "--steps", "50", "--bw-mb", "2048"],
+                 ["benchmarks/step_speed.py", "--sizes", "1000", "--steps", "5", "--repeats", "1", "--bw-mb", "8"],
+                 share=2.0),
+    "memory": Part(["benchmarks/step_memory.py", "--n", "1e6"], ["benchmarks/step_memory.py", "--n", "2000"],
+                   share=1.5),
+    "large_n": Part(["benchmarks/large_n.py", "--sizes", "1e7,1e9", "--steps", "20", "--accelerator"],
+                    ["benchmarks/large_n.py", "--sizes", "1e4", "--steps", "10", "--accelerator"],
+                    share=2.0),
     "cbo": Part(["benchmarks/cbo_throughput.py", "--sizes", "1e4,1e5,1e6,1e7", "--no-partitionable", "--steps", "200",
                  "--cbxpy-max-n", "1e5"],
                 ["benchmarks/cbo_throughput.py", "--quick", "--no-partitionable", "--sizes", "1000"],
@@ -233,6 +247,20 @@ def _rows(name: str, res: dict) -> list[str]:
                 f"{row['package_particle_steps_per_s'] / 1e6:.2f} M particle-steps/s | {row['package_over_dot']:.2f}x "
                 f"one dot (same run, median of {row['pairs']} pairs) | |" for row in r["cbo_step"]]
         return out
+    if name == "step":
+        return [f"| CBO step d={r['dim']}, N={row['n']:.0e} | {row['library'] / 1e9:.2f} G particle-steps/s "
+                f"(`simulate`, defaults) | {row['library_over_plain']:.2f}x a plain scan, {row['library_over_bound']:.2f}"
+                f" of the bandwidth bound (same run) | a·x+b {r['bandwidth_gbs']:.0f} GB/s: bound "
+                f"{row['bound'] / 1e9:.2f} G/s {note} |" for row in r["rows"]]
+    if name == "memory":
+        worst = max(r["dynamics"].items(), key=lambda kv: kv[1]["peak_over_state"])
+        return [f"| compiled step memory, N={r['n']:.0e}, d={r['dim']}, every dynamic | peak / state "
+                f"{min(v['peak_over_state'] for v in r['dynamics'].values()):.2f}..{worst[1]['peak_over_state']:.2f} "
+                f"(largest: {worst[0]}) | bar 1.5 | {note} |"]
+    if name == "large_n":
+        return [f"| large N, CBO d=10, N={r['largest_n']:.0e} | {r['particle_steps_per_s'] / 1e9:.2f} G "
+                f"particle-steps/s | peak device memory {r.get('peak_device_gb')} GB (particles alone "
+                f"{r['largest_n'] * 40 / 1e9:.0f} GB) | {note} |"]
     if name == "meanfield":
         return [f"| meanfield-scaling, N={r['sizes'][0]}..{r['sizes'][-1]}, ref {r['reference_N']:.0e} | "
                 f"slope {r['slope']:.3f} | expected -0.5 | {r['seconds']:.0f} s |"]

@@ -16,6 +16,7 @@ from cbo_jax.dynamics.cbo import CBOConfig, CBOState, Dynamics, cbo
 from cbo_jax.dynamics.family import (adam_cbo, cbo_memory, cbs, drift_constrained_cbo, hypersurface_cbo, mirror_cbo,
                                      polar_cbo, pso, reg_combination_cbo)
 from cbo_jax.dynamics.clustered import ClusteredConfig, ClusteredState, Malicious, Particles, cb2o, clustered, particles
+from cbo_jax.asktell import AskTell, Optimizer, ask_tell
 from cbo_jax.minimize import minimize
 from cbo_jax.simulate import SimulationResult, simulate
 from cbo_jax.runtime import checkpoint, writer  # cj.checkpoint, cj.writer: the modules of cbo_jax.runtime
@@ -27,15 +28,18 @@ _install_moved()  # cbo_jax.writer, cbo_jax.checkpoint, ...: the modules' old na
 __version__: str = _installed_version()
 
 __all__ = [
+    "AskTell",
     "CBOConfig",
     "CBOState",
     "ClusteredConfig",
     "ClusteredState",
     "Dynamics",
     "Malicious",
+    "Optimizer",
     "Particles",
     "SimulationResult",
     "adam_cbo",
+    "ask_tell",
     "batching",
     "cb2o",
     "cbo",

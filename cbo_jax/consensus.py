@@ -172,12 +172,14 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
     the sums accumulated chunk by chunk in a ``lax.scan`` (the best agent contributes
     ``1`` to the denominator, so it lies in ``[1, N]`` and the quotient is the normalised
     log-sum-exp form of :func:`consensus_point`, equal to rounding). No ``(N, d)``
-    temporary is formed. ``N`` must be a multiple of ``chunk``. Agents with non-finite
+    temporary is formed. Any ``N``: where ``chunk`` does not divide it, the last chunk is the
+    last ``chunk`` agents, its rows already counted masked out. Agents with non-finite
     parameters or energies, or masked out, get weight zero, as in :func:`consensus_point`.
     """
     n = pop.num_agents(population)
-    if not _checks.is_integer(chunk) or chunk < 1 or n % chunk:
-        raise ValueError(f"N={n} must be a positive multiple of chunk={chunk}")
+    if not _checks.is_integer(chunk) or chunk < 1:
+        raise ValueError(f"chunk must be a positive integer, got {chunk!r}")
+    chunk = min(int(chunk), n)
     _check_energy_shape(energy, n)
     energy = _real_energy(energy)
     ok_rows = pop.tree_isfinite_rows(population)
@@ -186,14 +188,16 @@ def streaming_consensus_point(population: PyTree, energy: jax.Array, alpha, mask
         valid = valid & _bool_mask(mask, energy.shape)
     e_min = jnp.min(jnp.where(valid, energy, jnp.inf), axis=-1, keepdims=True)
     a = _alpha_col(alpha, energy)
-    num_chunks = n // chunk
+    num_chunks = -(-n // chunk)
     lead = energy.shape[:-1]  # () or (K,)
 
     def body(carry, c):
         den, num = carry
-        start = c * chunk
+        start = jnp.minimum(c * chunk, n - chunk)  # the last chunk ends at N, its counted rows masked out
         e = jax.lax.dynamic_slice_in_dim(energy, start, chunk, axis=-1)
         v = jax.lax.dynamic_slice_in_dim(valid, start, chunk, axis=-1)
+        if n % chunk:
+            v = v & (start + jnp.arange(chunk) >= c * chunk)
         w = jnp.where(v, jnp.exp(gibbs_exponent(a, jnp.where(v, e - e_min, 0.0))), 0.0)
         rows, _ = pop.zero_nonfinite_rows(_rows(population, start, chunk))  # 0 · NaN would be NaN
         part = jax.tree_util.tree_map(  # bfloat16 / float16 rows are summed in float32

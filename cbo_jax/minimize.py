@@ -240,7 +240,8 @@ def minimize(objective: Callable[..., jax.Array], x0: PyTree | None = None, key:
         batched_ok = tuple(out.shape) == (pop.num_agents(single),)
     except Exception:  # noqa: BLE001 - maybe a single-particle function; decided below
         batched_ok = False
-    single_ok = looks_single_particle(objective, single)
+    # a host objective (objectives.from_numpy) is a population objective: not read as one of one particle
+    single_ok = not getattr(objective, "host", False) and looks_single_particle(objective, single)
     if batched_ok and single_ok:  # both readings fit the shapes (N = d): they must agree
         _refuse_ambiguous_objective(objective, single)
     lift = not batched_ok and single_ok

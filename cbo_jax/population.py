@@ -42,6 +42,7 @@ __all__ = [
     "zero_nonfinite_rows",
     "slice_rows",
     "update_rows",
+    "over_blocks",
 ]
 
 
@@ -260,6 +261,18 @@ def update_rows(tree: PyTree, rows: PyTree, start, axis: int = 0) -> PyTree:
     """``tree`` with ``rows`` written from row ``start`` (along ``axis``): in place in a loop's carry."""
     return jax.tree_util.tree_map(lambda leaf, r: jax.lax.dynamic_update_slice_in_dim(leaf, r, start, axis=axis),
                                   tree, rows)
+
+
+def over_blocks(n: int, size: int, body: Callable[[Any, Any, Any, int], Any], carry: Any) -> Any:
+    """``body(carry, c, start, rows) -> carry`` over the blocks ``c`` of ``size`` rows of ``0..n-1``:
+    a ``fori_loop`` over the full blocks, then the last ``n mod size`` rows as a block of their
+    own (a static size: no padding, no row done twice)."""
+    full, tail = divmod(n, size)
+    if full:
+        carry = jax.lax.fori_loop(0, full, lambda c, carry: body(carry, c, c * size, size), carry)
+    if tail:
+        carry = body(carry, full, full * size, tail)
+    return carry
 
 
 def ravel(population: PyTree) -> tuple[jax.Array, Callable[[jax.Array], PyTree]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import time
 import warnings
 from pathlib import Path
@@ -25,6 +26,7 @@ from cbo_jax import _checks
 from cbo_jax import params as params_lib
 from cbo_jax.dynamics.base import Dynamics
 from cbo_jax.dynamics.checks import _check_state_fits, _state_levels, check_population
+from cbo_jax.objectives._host import user_errors
 from cbo_jax.runtime import provenance
 from cbo_jax.runtime.driver import Output, RunFiles, drive
 from cbo_jax.runtime.progress import advance
@@ -108,10 +110,15 @@ def _vmapped(fn, levels: int):
 
 
 @functools.partial(
-    jax.jit, static_argnames=("step", "record", "observe", "length", "batched", "with_consensus"), donate_argnums=(0,)
+    jax.jit, static_argnames=("step", "record", "observe", "length", "batched", "with_consensus", "blocking"),
+    donate_argnums=(0,)
 )
-def _run_chunk(state, *, step, record, observe, length: int, batched: int, with_consensus: bool):
-    # batched: how many leading vmapped axes the state has (runs, and a sweep's points).
+def _run_chunk(state, *, step, record, observe, length: int, batched: int, with_consensus: bool,
+               blocking: bool = True):
+    # batched: how many leading vmapped axes the state has (runs, and a sweep's points). blocking:
+    # False for a population sharded over devices, whose rows are not taken block by block.
+    if not blocking and _takes_blocking(step):
+        step = functools.partial(step, blocking=False)
     step_fn = _vmapped(step, int(batched))
     rec_fn = _vmapped(functools.partial(_record, record=record, observe=observe, with_consensus=with_consensus),
                       int(batched))
@@ -123,9 +130,21 @@ def _run_chunk(state, *, step, record, observe, length: int, batched: int, with_
     return jax.lax.scan(body, state, None, length=length)
 
 
-@functools.partial(jax.jit, static_argnames=("init", "batched"))
-def _init(x0, key, *, init, batched: bool):
+@functools.lru_cache(maxsize=None)
+def _takes_blocking(step) -> bool:
+    """Whether a dynamics' ``step`` takes ``blocking`` (the package's own do)."""
+    try:
+        return "blocking" in inspect.signature(step).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _init_fn(x0, key, *, init, batched: bool):
     return jax.vmap(init)(x0, key) if batched else init(x0, key)
+
+
+_init = jax.jit(_init_fn, static_argnames=("init", "batched"))
+_init_donating = jax.jit(_init_fn, static_argnames=("init", "batched"), donate_argnums=(0,))  # x0 becomes the state
 
 
 @functools.partial(jax.jit, static_argnames=("init", "batched"))
@@ -170,6 +189,7 @@ def simulate(
     log_every: int | None = None,
     tensorboard: bool = False,
     overwrite: bool = False,
+    donate: bool = False,
 ) -> SimulationResult:
     """Simulate ``num_steps`` steps of ``dynamics`` from ``x0``.
 
@@ -222,6 +242,10 @@ def simulate(
         as the run goes. A directory holding such results is refused unless ``overwrite``.
       log_every: write every this many steps (default: about 1000 rows for the whole run), and
         the first and the last step taken (a stop, or ``num_steps`` not a multiple).
+      donate: consume ``x0`` (or ``initial_state``): its device buffers become the run's state
+        and are deleted for the caller, so a population as large as the device's memory
+        allows runs without a second copy of it (``benchmarks/large_n.py``). Default: they are
+        copied and stay the caller's.
     """
     output = _check_call(dynamics, num_steps, num_runs=num_runs, chunk_size=chunk_size, progress=progress,
                          record_consensus=record_consensus, observe=observe, out=out, log_every=log_every,
@@ -234,10 +258,13 @@ def simulate(
     # The library's dynamics enter config.rng's layout in init/step themselves; this context also
     # covers what they do not: a user's `observe` and dynamics of one's own that draw noise.
     # With out, summary.json names the code of the run's start (the git state read now), not of its end.
-    with rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
-        state = _initial_state(dynamics, plan, initial_state)
+    # user_errors: an exception raised by a host objective (objectives.from_numpy) reaches the caller as itself
+    with user_errors(), rng_context(config), (provenance.started() if out is not None else contextlib.nullcontext()):
+        _checks.flags(donate=donate)
+        state = _initial_state(dynamics, plan, initial_state, donate)
+        plan = plan._replace(x0=None, state=None)  # nothing of the start held besides the state
         run_chunk = functools.partial(_run_chunk, step=dynamics.step, record=record, observe=observe,
-                                      batched=plan.levels, with_consensus=record_consensus)
+                                      batched=plan.levels, with_consensus=record_consensus, blocking=mesh is None)
         state, done, chunks = _steps(state, run_chunk, num_steps, chunk_size, output, plan.grid, desc,
                                      early=bool(getattr(config, "early_stop", False)),
                                      summary=lambda state, done: {
@@ -359,22 +386,23 @@ def _check_population(dynamics, x0, num_runs, mesh) -> None:
     if batch_size is not None and n is not None and batch_size > n:
         raise ValueError(f"batch_size={batch_size} exceeds the number of particles N={n}")
     chunk = getattr(config, "particle_chunk", None)
-    if chunk is not None and n is not None and n % chunk:
-        raise ValueError(f"particle_chunk={chunk} must divide the number of particles N={n}")
     if chunk is not None and mesh is not None:
         raise ValueError("particle_chunk bounds one device's memory; with a mesh, shard the particles instead")
 
 
-def _initial_state(dynamics, plan: _Plan, initial_state):
-    """The state of step 0: a copy of ``initial_state`` (the run donates its buffers), or ``init``'s."""
+def _initial_state(dynamics, plan: _Plan, initial_state, donate: bool = False):
+    """The state of step 0: a copy of ``initial_state`` (the run donates its buffers), or ``init``'s;
+    with ``donate``, ``initial_state`` itself, or ``init``'s made in ``x0``'s buffers."""
     if initial_state is not None:
+        if donate:
+            return plan.state
         return jax.tree_util.tree_map(lambda v: v.copy() if isinstance(v, jax.Array) else v, plan.state)
     if plan.grid is not None:  # swept: one flattened sweep axis
         state = _init_sweep(plan.x0, plan.key, plan.flat, init=dynamics.init, batched=plan.batched)
     elif plan.point is not None:  # one point of numbers (grid shape ()): the unswept run's shapes
         state = _init_point(plan.x0, plan.key, plan.point, init=dynamics.init, batched=plan.batched)
     else:
-        state = _init(plan.x0, plan.key, init=dynamics.init, batched=plan.batched)
+        state = (_init_donating if donate else _init)(plan.x0, plan.key, init=dynamics.init, batched=plan.batched)
     _check_some_energy_finite(state, plan.levels)
     return state
 

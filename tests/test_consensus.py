@@ -513,5 +513,8 @@ def test_streaming_consensus_matches_numpy_float64():
         got = consensus.streaming_consensus_point(tree, e, alpha, chunk=30)
         np.testing.assert_allclose(np.concatenate([np.asarray(got["a"]).ravel(), np.asarray(got["b"])]),
                                    _np_consensus(x, e, alpha, np.ones(60, bool)), rtol=1e-12)
-    with pytest.raises(ValueError, match="multiple of chunk"):
-        consensus.streaming_consensus_point(x, e, 1.0, chunk=7)
+        # a chunk that does not divide N: the last chunk is the last 7 agents, those counted masked out
+        got = consensus.streaming_consensus_point(x, e, alpha, chunk=7)
+        np.testing.assert_allclose(np.asarray(got), _np_consensus(x, e, alpha, np.ones(60, bool)), rtol=1e-12)
+    with pytest.raises(ValueError, match="chunk must be a positive integer"):
+        consensus.streaming_consensus_point(x, e, 1.0, chunk=0)

@@ -35,7 +35,7 @@ __all__ = ["FamilyConfig", "ScheduleMap", "CBOState", "Dynamics", "Particles", "
            "FAMILY_NOISE", "CORRECTIONS", "RNG_MODES", "SDE_NUMBERS"]
 
 CORRECTIONS = ("none", "heaviside", "heaviside_reg")
-RNG_MODES = ("fast", "partitionable", "per-particle")
+RNG_MODES = ("counter", "fast", "partitionable", "per-particle")
 SDE_NUMBERS = ("lambda1", "sigma1", "lambda2", "sigma2", "dt")
 
 
@@ -90,9 +90,15 @@ class FamilyConfig:
       max_abs: clip coordinates to ``[-max_abs, max_abs]`` after each step (NaN
         becomes ``max_abs``), CBXpy's default post-processing at ``1e8``. ``None``: off.
       dtype: ``"float32"`` or ``"float64"``.
-      rng: ``"fast"``, ``"partitionable"`` or ``"per-particle"`` (see
+      rng: ``"counter"`` (default), ``"per-particle"``, ``"fast"`` or ``"partitionable"`` (see
         :class:`~cbo_jax.CBOConfig`).
       batch_size, batch_partial: the random batch method (CBXpy's ``batch_args``).
+      particle_chunk: the rows per block of a step (``None``: chosen from ``N``,
+        :func:`~cbo_jax.dynamics.core.auto_block_rows`; all rows up to ``2**17``). A step in
+        blocks moves, draws the noise of, evaluates and writes back one block at a time, in
+        place, so that besides its state a step holds one block's temporaries; with the
+        ``"counter"`` and ``"per-particle"`` noise layouts its numbers are those of the
+        unblocked step up to float rounding (the consensus is summed block by block).
     """
 
     lambda1: float = 1.0
@@ -106,7 +112,7 @@ class FamilyConfig:
     diff_tol: float | None = None
     max_abs: float | None = None
     dtype: str = "float32"
-    rng: str = "fast"
+    rng: str = "counter"
     batch_size: int | None = None
     batch_partial: bool = True
     correction: str = "none"
@@ -116,6 +122,7 @@ class FamilyConfig:
     max_evals: int | None = None
     stagnation_patience: int | None = None
     stagnation_tol: float = 1e-9
+    particle_chunk: int | None = None
 
     # Numbers of a dynamic beyond λ1, σ1, λ2, σ2, dt and α (Params.extra), and their rules.
     EXTRA_RULES: ClassVar[dict[str, Any]] = {}
@@ -149,6 +156,8 @@ class FamilyConfig:
             if self.stagnation_patience < 2:
                 raise ValueError("stagnation_patience must be >= 2 (a standard deviation of one value is 0)")
         set_("stagnation_tol", _checks.non_negative("stagnation_tol", self.stagnation_tol))
+        if self.particle_chunk is not None:
+            set_("particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
         if self.resampling is not None and not isinstance(self.resampling, Resampling):
             raise ValueError(f"resampling must be a cbo_jax.resampling.Resampling, got {self.resampling!r}")
         if self.schedule is not None:
@@ -372,6 +381,11 @@ class Kernel(NamedTuple):
         objective at every particle (counted as the run's real agents).
       prestep_evaluates: ``prestep_evaluates(state) -> bool``: whether the prestep of a step
         from ``state`` will re-evaluate (the ``max_evals`` budget looks one step ahead).
+      consensus_points: optional ``consensus_points(state) -> points``: the points whose Gibbs
+        mean with ``state.energy`` is the consensus (CBOMemory, PSO: the memories), where a step
+        in blocks computes it as a streaming reduction (:meth:`~cbo_jax.dynamics.core.Engine.blocked`).
+      cov_of_drift: the covariance noise's drift is the corrected consensus drift
+        ``correct(x - m)`` (CBO, CBS): a step in blocks computes its matrix in a pass before the move.
       admissible: optional ``image(x)`` for dynamics whose particles live in a set (a
         surface's projection, ``∇φ*(∇φ(x))`` of a mirror map): the particles start as given
         (as in CBXpy), but the best tracker counts only the initial ones that equal their
@@ -392,6 +406,8 @@ class Kernel(NamedTuple):
     prestep: Callable | None = None
     prestep_evaluates: Callable | None = None
     admissible: Callable | None = None
+    consensus_points: Callable | None = None
+    cov_of_drift: bool = False
 
 
 class Particles(NamedTuple):

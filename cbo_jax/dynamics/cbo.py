@@ -22,12 +22,10 @@ import dataclasses
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax import sde
-from cbo_jax.consensus import streaming_consensus_point
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.base import CBOState, Dynamics, FamilyConfig
 from cbo_jax.dynamics.checks import check_objective, check_population, looks_single_particle
@@ -64,12 +62,13 @@ class CBOConfig(FamilyConfig):
         (NaN becomes ``max_abs``), as CBXpy's default post-processing (``1e8``).
         ``None`` disables it.
       dtype: ``"float32"`` (default) or ``"float64"`` (needs ``jax_enable_x64``).
-      rng: ``"fast"`` draws noise with JAX's non-partitionable threefry layout, about
-        2.3x faster on CPU for one device; ``"partitionable"`` uses the layout that
-        shards well across devices. Both are exact threefry2x32 streams.
-        ``"per-particle"``: row ``i`` draws from ``fold_in(step_key, i)``, so a row's
-        noise does not depend on the population size (a population padded for
-        sharding moves exactly as the unpadded one); slower.
+      rng: the noise layout. ``"counter"`` (default): a row's draw depends on the step's key
+        and its index only (:func:`cbo_jax.sde.counter_normal`), so a step in blocks, a
+        population sharded or padded over devices draws the same numbers, at the speed of
+        JAX's non-partitionable Threefry layout. ``"per-particle"``: row ``i`` draws from
+        ``fold_in(step_key, i)`` (the same invariance; slower). ``"fast"`` and
+        ``"partitionable"``: JAX's two layouts of one array per leaf (their draws depend on
+        the population's shape: a step with them runs as one block).
       batch_size: random batch method (:mod:`cbo_jax.batching`, as CBXpy's
         ``batch_args``): the consensus of each step runs over a random batch of this many
         particles (``None``: all ``N``).
@@ -80,27 +79,11 @@ class CBOConfig(FamilyConfig):
         stagnation_tol: CBXpy's drift correction, schedules of other numbers,
         resampling and termination rules, shared by the whole CBX family
         (:class:`cbo_jax.dynamics.core.FamilyConfig`).
-      particle_chunk: large ``N``: process the particles in chunks of this many (``N``
-        must be a multiple): the consensus is a streaming reduction
-        (:func:`cbo_jax.consensus.streaming_consensus_point`) and the move, noise draw and
-        objective run chunk by chunk on buffers updated in place, so the memory of a step
-        is about that of the particles themselves (``benchmarks/large_n.py``). With
-        ``rng="per-particle"`` the result equals the unchunked run up to rounding; the
-        other layouts draw chunk ``c``'s noise from ``fold_in(step_key, c)`` (another
-        stream, the same distribution). Only with the anisotropic, isotropic or no noise,
-        without correction or resampling.
+      particle_chunk: the rows per block of a step (:class:`~cbo_jax.dynamics.core.FamilyConfig`;
+        default: chosen from ``N``).
     """
 
-    particle_chunk: int | None = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.particle_chunk is not None:
-            object.__setattr__(self, "particle_chunk", _checks.positive_int("particle_chunk", self.particle_chunk))
-            if self.noise_kind not in ("anisotropic", "isotropic", "none") or self.correction != "none" or (
-                    self.resampling is not None):
-                raise ValueError("particle_chunk works with the anisotropic, isotropic or no noise, without a "
-                                 "correction or resampling (they need the whole population at once)")
+    # particle_chunk and every other setting: FamilyConfig
 
 
 def cbo(objective: Callable[[PyTree], jax.Array], config: CBOConfig | None = None, **overrides: Any) -> Dynamics:
@@ -134,12 +117,9 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
 
         x ← x - λ1 dt u + σ1 · noise(u) - λ2 dt ∇L + σ2 √dt |∇L| ξ~,   u = correction(x - m).
     """
-    chunk = getattr(config, "particle_chunk", None)
     noise_off = config.noise_kind == "none"
     # Static zeros leave a term out entirely; otherwise the (traced) state value is used.
     strength = lambda prm, name: 0.0 if getattr(config, name) == 0 else getattr(prm, name)  # noqa: E731
-
-    evaluate = core.energy_evaluator(objective, config.uses_gradient)
 
     def update(x, grad, u, prm, key, noise, normal):
         """FedCBO eq. (15) for the rows ``x`` with the drift ``u`` (:func:`cbo_jax.sde.em_update`)."""
@@ -152,36 +132,4 @@ def cbo_kernel(objective, config, name: str = "cbo") -> core.Kernel:
         u = ctx.correct(pop.tree_sub(state.x, ctx.m))
         return update(state.x, state.grad, u, ctx.prm, ctx.key, ctx.noise, ctx.normal), state.aux
 
-    def consensus(state, in_batch):
-        return streaming_consensus_point(state.x, state.energy, state.alpha, in_batch, chunk=chunk)
-
-    def advance(state, m, sub, in_batch):
-        """Large N: move, clip and evaluate chunk by chunk on buffers updated in place."""
-        n = state.energy.shape[0]
-        if n % chunk:
-            raise ValueError(f"particle_chunk={chunk} must divide N={n}")
-
-        def body(c, bufs):
-            x_buf, e_buf, g_buf = bufs
-            start = c * chunk
-            rows = lambda tree: pop.slice_rows(tree, start, chunk)  # noqa: E731
-            ids = start + jnp.arange(chunk, dtype=jnp.int32)
-            # Fast layouts: chunk c draws from fold_in(sub, c); per-particle: from the ids.
-            key_c = sub if config.rng == "per-particle" else jax.random.fold_in(sub, c)
-            normal = lambda k, t: core.draw_normal(k, t, ids, config.rng)  # noqa: E731
-            noise = lambda k, u: sde.noise_term(config.noise_kind, k, u, dt=state.params.dt,  # noqa: E731
-                                                alpha=state.alpha, normal=normal)
-            x_c = rows(x_buf)
-            new = core.clip(update(x_c, None if g_buf is None else rows(g_buf), pop.tree_sub(x_c, m), state.params,
-                                   key_c, noise, normal), config.max_abs)
-            if in_batch is not None and config.batch_partial:  # only the batch's particles move
-                new = pop.tree_where_rows(pop.slice_rows(in_batch, start, chunk), new, x_c)
-            e_c, g_c = evaluate(new)
-            put = lambda buf, v: pop.update_rows(buf, v, start)  # noqa: E731
-            return put(x_buf, new), put(e_buf, e_c), None if g_buf is None else put(g_buf, g_c)
-
-        # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
-        return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.energy, state.grad))
-
-    return core.Kernel(name=name, move=move, consensus=None if chunk is None else consensus,
-                       advance=None if chunk is None else advance)
+    return core.Kernel(name=name, move=move, cov_of_drift=True)

@@ -85,10 +85,14 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
     agents): it must run and return ``(n,)`` real (float or integer) energies; a clear ``ValueError``
     otherwise. ``gradient`` (the gradient terms' settings, when the dynamics have them): the
     energies must be floats, which ``jax.grad`` can differentiate."""
+    if gradient and getattr(objective, "host", False):
+        raise ValueError(f"{gradient}: the gradient terms differentiate the {what}, and a host objective "
+                         "(objectives.from_numpy) has no derivative in JAX; build the dynamics without gradient "
+                         "terms, or write the objective with jax.numpy")
     try:
         out = jax.eval_shape(objective, jax.tree_util.tree_map(lambda leaf: jax.ShapeDtypeStruct(np.shape(leaf), jnp.float32), single))
     except Exception as err:  # noqa: BLE001 - re-raised with context
-        raise ValueError(f"{what} failed on a population shaped like {name}: {err}") from err
+        raise ValueError(f"{what} failed on a population shaped like {name}: {err}{_not_jax_hint(err)}") from err
     if tuple(out.shape) != (n,):
         hint = ""
         one = _one_particle_shape(objective, single)
@@ -109,6 +113,18 @@ def check_objective(name: str, objective, single: PyTree, n: int, what: str = "o
         raise ValueError(f"{gradient}: the gradient terms differentiate the {what}, which returns {out.dtype} "
                          "energies; return floats (a differentiable objective), or build the dynamics without "
                          "gradient terms")
+
+
+def _not_jax_hint(err: Exception) -> str:
+    """How to wrap an objective that is not written in JAX, when ``err`` says it is one."""
+    if isinstance(err, (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError,
+                        jax.errors.TracerBoolConversionError, jax.errors.TracerIntegerConversionError)):
+        return ("\nThe objective reads the particles' values in Python or NumPy (np.asarray, float(), if/while on "
+                "them, a library call), which a compiled step cannot do. Write it with jax.numpy, or wrap the "
+                "NumPy function: cbo_jax.objectives.from_numpy(f) for f(x: (n, d) array) -> (n,) energies "
+                "(vectorized=False for f(one particle (d,)) -> scalar); it then runs on the host, once per step "
+                "(docs/guides/black_box.md).")
+    return ""
 
 
 def _one_particle_shape(objective, population: PyTree) -> tuple[int, ...] | None:

@@ -44,9 +44,9 @@ from cbo_jax.consensus import consensus_point, quantile_mask, streaming_consensu
 from cbo_jax._xla_cpu import written_out
 from cbo_jax.dynamics.base import Dynamics, Particles, check_batch
 from cbo_jax.dynamics.checks import check_objective, check_population
-from cbo_jax.dynamics.core import clip, with_rng_layout
+from cbo_jax.dynamics.core import INVARIANT_LAYOUTS, auto_block_rows, clip, with_rng_layout
 from cbo_jax.schedules import as_schedule
-from cbo_jax.sde import NOISE_KINDS, euler_maruyama, normal_like, per_particle_normal
+from cbo_jax.sde import NOISE_KINDS, counter_normal, euler_maruyama, normal_like, per_particle_normal
 
 PyTree = Any
 
@@ -61,7 +61,7 @@ __all__ = [
     "particles",
 ]
 
-RNG_MODES = ("fast", "partitionable", "per-particle")
+RNG_MODES = ("counter", "fast", "partitionable", "per-particle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +83,21 @@ class ClusteredConfig:
       max_abs: clip coordinates to ``[-max_abs, max_abs]`` after each step (``None``:
         off).
       dtype: ``"float32"`` or ``"float64"`` (needs ``jax_enable_x64``).
-      rng: ``"fast"`` / ``"partitionable"`` (the layouts of :class:`CBOConfig`), or
-        ``"per-particle"``: particle ``i`` draws from ``fold_in(step_key, id_i)``,
-        so the simulation is exactly invariant under permutations of the particles
-        (slower: one key derivation per particle and step).
+      rng: ``"counter"`` (default: particle ``i``'s draw depends on the step's key and its id
+        ``id_i`` only, :func:`cbo_jax.sde.counter_normal`), ``"per-particle"`` (particle ``i``
+        draws from ``fold_in(step_key, id_i)``; slower), or JAX's ``"fast"`` /
+        ``"partitionable"`` layouts (see :class:`CBOConfig`). With the first two the
+        simulation is exactly invariant under permutations of the particles, and a step in
+        blocks draws what the whole population would.
       batch_size, batch_partial: the random batch method (:mod:`cbo_jax.batching`):
         every ``m_k`` (and the β-quantile set of CB²O) runs over a random batch of
         ``batch_size`` particles; ``batch_partial=True`` moves only the batch's particles
         (benign and malicious alike), ``False`` moves all.
-      particle_chunk: large ``N`` (a multiple of it): the consensus points are a
-        streaming reduction and the particles move and are evaluated chunk by chunk, in
-        place (see :class:`~cbo_jax.dynamics.cbo.CBOConfig`); the attackers' drift and
-        diffusion are then called on chunks of rows.
+      particle_chunk: the rows per block of a step (``None``: chosen from ``N``,
+        :func:`~cbo_jax.dynamics.core.auto_block_rows`, with the ``"counter"`` and
+        ``"per-particle"`` layouts): the consensus points are a streaming reduction and the
+        particles move and are evaluated block by block, in place; the attackers' drift and
+        diffusion are then called on blocks of rows.
     """
 
     lambda1: float = 1.0
@@ -107,7 +110,7 @@ class ClusteredConfig:
     beta: float = 1.0
     max_abs: float | None = None
     dtype: str = "float32"
-    rng: str = "fast"
+    rng: str = "counter"
     batch_size: int | None = None
     batch_partial: bool = True
     particle_chunk: int | None = None
@@ -333,14 +336,25 @@ class _System:
 
     # --- phases ----------------------------------------------------------------------------------
 
-    def consensus(self, x, loss, energy, alpha, in_batch=None):
-        """The ``K`` consensus points (leading axis ``K``)."""
+    def consensus(self, x, loss, energy, alpha, in_batch=None, rows: int | None = None):
+        """The ``K`` consensus points (leading axis ``K``); with ``rows``, a streaming reduction
+        over blocks of that many particles."""
         mask = in_batch if in_batch is None else jnp.broadcast_to(in_batch, loss.shape)
         if self.beta < 1.0:
             mask = quantile_mask(loss, self.beta, mask)
-        if self.config.particle_chunk is not None:
-            return streaming_consensus_point(x, energy, alpha, mask, chunk=self.config.particle_chunk)
+        if rows is not None and rows < loss.shape[-1]:
+            return streaming_consensus_point(x, energy, alpha, mask, chunk=rows)
         return consensus_point(x, energy, alpha, mask)
+
+    def block_rows(self, n: int, blocking: bool = True) -> int:
+        """Rows per block of a step of ``n`` particles (see :meth:`cbo_jax.dynamics.core.Engine.block_rows`)."""
+        if any(getattr(f, "host", False) for f in self.lower + list(self.uppers or [])):
+            return n  # a host objective (objectives.from_numpy): one call per step
+        if self.config.particle_chunk is not None:
+            return min(self.config.particle_chunk, n)
+        if not blocking or self.config.rng not in INVARIANT_LAYOUTS:
+            return n
+        return auto_block_rows(n)
 
     def init(self, p: Particles, key: jax.Array, params: params_lib.Params | SDEParams | None = None) -> ClusteredState:
         config, dtype = self.config, self.dtype
@@ -370,6 +384,8 @@ class _System:
         if self.config.rng == "per-particle":
             return lambda key, tree: jax.tree_util.tree_map(lambda z: written_out(z, key),
                                                             per_particle_normal(key, tree, pid))
+        if self.config.rng == "counter":
+            return lambda key, tree: counter_normal(key, tree, pid)
         return normal_like
 
     def move(self, x, grad, label, bad_mask, pid, m, prm, t, k_benign, k_mal, in_batch):
@@ -404,46 +420,49 @@ class _System:
         loss, g = self.evaluate(new, label)
         return new, loss, self.energies(new, loss), g
 
-    def advance(self, state: ClusteredState, m, k_benign, k_mal, in_batch):
-        """New positions, ``(K, N)`` losses and energies, and gradients of every particle."""
+    def advance(self, state: ClusteredState, m, k_benign, k_mal, in_batch, rows: int):
+        """New positions, ``(K, N)`` losses and energies, and gradients of every particle, in blocks
+        of ``rows`` particles updated in place (one block: all at once)."""
         args = (state.x, state.grad, state.label, state.malicious, state.pid)
-        chunk = self.config.particle_chunk
-        if chunk is None:
-            return self.move(*args, m, state.params, state.time, k_benign, k_mal, in_batch)
         n = state.label.shape[0]
-        if n % chunk:
-            raise ValueError(f"particle_chunk={chunk} must divide N={n}")
-        per_particle = self.config.rng == "per-particle"
+        if rows >= n:
+            return self.move(*args, m, state.params, state.time, k_benign, k_mal, in_batch)
+        invariant = self.config.rng in INVARIANT_LAYOUTS
 
         def body(c, bufs):
             x_buf, loss_buf, e_buf, g_buf = bufs
-            start = c * chunk
-            rows = lambda tree, axis=0: pop.slice_rows(tree, start, chunk, axis)  # noqa: E731
-            # Fast layouts: chunk c draws from fold_in(key, c); per-particle: from the ids.
-            fold = (lambda k: k) if per_particle else (lambda k: jax.random.fold_in(k, c))
+            start = jnp.minimum(c * rows, n - rows)  # the last block ends at N; its rows already done are kept
+            fresh = start + jnp.arange(rows) >= c * rows
+            take = lambda tree, axis=0: pop.slice_rows(tree, start, rows, axis)  # noqa: E731
+            # Invariant layouts draw by particle id; the others draw block c from fold_in(key, c).
+            fold = (lambda k: k) if invariant else (lambda k: jax.random.fold_in(k, c))
+            x_old, loss_old, e_old, g_old = take(x_buf), take(loss_buf, 1), take(e_buf, 1), take(g_buf)
             new, loss, energy, g = self.move(
-                rows(x_buf), None if g_buf is None else rows(g_buf), rows(state.label), rows(state.malicious),
-                rows(state.pid), m, state.params, state.time, fold(k_benign), fold(k_mal),
-                None if in_batch is None else rows(in_batch))
+                x_old, g_old, take(state.label), take(state.malicious), take(state.pid), m, state.params,
+                state.time, fold(k_benign), fold(k_mal), None if in_batch is None else take(in_batch))
+            keep = lambda a, b, axis=0: jax.tree_util.tree_map(  # noqa: E731
+                lambda u, v: jnp.where(fresh.reshape((1,) * axis + (-1,) + (1,) * (u.ndim - axis - 1)), u, v), a, b)
             put = lambda buf, v, axis=0: pop.update_rows(buf, v, start, axis)  # noqa: E731
-            return (put(x_buf, new), put(loss_buf, loss, 1), put(e_buf, energy, 1),
-                    None if g_buf is None else put(g_buf, g))
+            return (put(x_buf, keep(new, x_old)), put(loss_buf, keep(loss, loss_old, 1), 1),
+                    put(e_buf, keep(energy, e_old, 1), 1), None if g_buf is None else put(g_buf, keep(g, g_old)))
 
-        # The buffers are updated in place, chunk by chunk: no (N, d) temporary besides x.
-        return jax.lax.fori_loop(0, n // chunk, body, (state.x, state.loss, state.energy, state.grad))
+        # The buffers are updated in place, block by block: no (N, d) temporary besides x.
+        return jax.lax.fori_loop(0, -(-n // rows), body, (state.x, state.loss, state.energy, state.grad))
 
-    def step(self, state: ClusteredState, m_given=None) -> ClusteredState:
-        """One step (toward the ``K`` points ``m_given`` instead of the particles' own)."""
+    def step(self, state: ClusteredState, m_given=None, blocking: bool = True) -> ClusteredState:
+        """One step (toward the ``K`` points ``m_given`` instead of the particles' own); ``blocking``:
+        in blocks of :meth:`block_rows` particles where the noise layout allows it."""
         config, prm = self.config, state.params
+        rows = self.block_rows(state.label.shape[0], blocking)
         batch, in_batch = state.batch, None
         if config.batch_size is not None:
             in_batch, batch = batching.next_batch(state.batch, state.key, config.batch_size)
         if m_given is None:
-            m = self.consensus(state.x, state.loss, state.energy, state.alpha, in_batch)  # leading axis K
+            m = self.consensus(state.x, state.loss, state.energy, state.alpha, in_batch, rows)  # leading axis K
         else:
             m = m_given
         key, k_benign, k_mal = jax.random.split(state.key, 3)
-        new, loss, energy, grad = self.advance(state, m, k_benign, k_mal, in_batch)
+        new, loss, energy, grad = self.advance(state, m, k_benign, k_mal, in_batch, rows)
         return ClusteredState(
             x=new, label=state.label, malicious=state.malicious, pid=state.pid, loss=loss,
             energy=energy, grad=grad, consensus=m,
@@ -453,10 +472,11 @@ class _System:
             time=(state.step + 1).astype(self.dtype) * prm.dt,  # step · dt: a running sum drifts in float32
         )
 
-    def drive(self, state: ClusteredState, m: PyTree) -> ClusteredState:
+    def drive(self, state: ClusteredState, m: PyTree, blocking: bool = True) -> ClusteredState:
         """One step toward the given ``K`` consensus points ``m`` (leading axis ``K``) instead
         of the particles' own, with exactly the noise (and random batch) of :meth:`step`."""
-        return self.step(state, jax.tree_util.tree_map(lambda v, c: jnp.asarray(v, c.dtype), m, state.consensus))
+        return self.step(state, jax.tree_util.tree_map(lambda v, c: jnp.asarray(v, c.dtype), m, state.consensus),
+                         blocking)
 
     # --- host side -------------------------------------------------------------------------------
 

@@ -62,7 +62,8 @@ from cbo_jax import batching
 from cbo_jax import params as params_lib
 from cbo_jax import population as pop
 from cbo_jax import sde
-from cbo_jax.consensus import consensus_point, log_consensus_weights
+from cbo_jax._xla_cpu import computed_together, written_out
+from cbo_jax.consensus import consensus_point, log_consensus_weights, streaming_consensus_point
 from cbo_jax.dynamics.base import (CORRECTIONS, FAMILY_NOISE, RNG_MODES, SDE_NUMBERS, Absorbed, CBOState, Ctrl,
                                    Dynamics, FamilyConfig, Kernel, Move, ScheduleMap)
 from cbo_jax.dynamics.checks import check_population, check_values, host_eval, require_array
@@ -226,6 +227,80 @@ def _add_agent_axis(m):
 # ----------------------------------------------------------------------------------------
 
 
+INVARIANT_LAYOUTS = ("counter", "per-particle")  # noise layouts whose draws do not depend on the blocks
+
+
+def auto_block_rows(n: int, backend: str | None = None) -> int:
+    """Rows per block of a step of ``n`` particles: all of them up to ``2**17``; beyond, on the CPU
+    ``2**16`` (a block whose rows stay in the caches: at d = 20 a CBO step ran 1.3x faster in blocks
+    of ``2**16`` rows than in one block at N = 3e5 and 1e6, and in blocks of ``2**14`` rows slower,
+    benchmarks/RESULTS.md), elsewhere ``n / 16`` and at least ``2**16`` (kernels long enough for a
+    GPU, and a block's temporaries, a few copies of its rows, a small share of the population's
+    memory). ``backend``: JAX's default backend unless given."""
+    if n <= 2**17:
+        return n
+    if (backend or jax.default_backend()) == "cpu":
+        return 2**16
+    return max(2**16, -(-n // 16))
+
+
+def _sq_dtype(x):
+    leaves = jax.tree_util.tree_leaves(x)
+    return jnp.result_type(*[leaf.dtype for leaf in leaves]) if leaves else jnp.float32
+
+
+def _rows_of(tree, n: int, start, rows: int):
+    """The ``rows`` rows from ``start`` of every leaf of ``tree`` with ``n`` rows (other leaves as they are)."""
+    if tree is None:
+        return None
+    return jax.tree_util.tree_map(
+        lambda leaf: jax.lax.dynamic_slice_in_dim(leaf, start, rows, axis=0)
+        if jnp.ndim(leaf) and leaf.shape[0] == n else leaf, tree)
+
+
+def _put_rows(buf, rows, n: int, start):
+    """``buf`` with the leaves of ``rows`` written from row ``start`` (leaves of ``buf`` without ``n``
+    rows are taken from ``rows``)."""
+    if buf is None:
+        return None
+    return jax.tree_util.tree_map(
+        lambda b, r: jax.lax.dynamic_update_slice_in_dim(b, r.astype(b.dtype), start, axis=0)
+        if jnp.ndim(b) and b.shape[0] == n else r, buf, rows)
+
+
+def _map_rows(fn, x, rows: int):
+    """``fn(x)`` for a function of rows (every leaf of its result has ``x``'s rows), computed
+    ``rows`` at a time into buffers of the whole result (``None`` leaves stay ``None``)."""
+    n = pop.num_agents(x)
+    if rows >= n:
+        return fn(x)
+    spec = jax.eval_shape(fn, _rows_of(x, n, 0, rows))
+    bufs = jax.tree_util.tree_map(lambda v: jnp.zeros((n,) + v.shape[1:], v.dtype), spec)
+    return pop.over_blocks(n, rows, lambda b, _, start, size: pop.update_rows(b, fn(_rows_of(x, n, start, size)),
+                                                                            start), bufs)
+
+
+def _where_rows(keep, new, old):
+    """Per row, ``new`` where ``keep`` else ``old`` (pytrees of rows; non-row leaves from ``new``)."""
+    if new is None:
+        return None
+    rows = keep.shape[0]
+    return jax.tree_util.tree_map(
+        lambda a, b: jnp.where(keep.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
+        if jnp.ndim(a) and a.shape[0] == rows else a, new, old)
+
+
+def _best_of_block(points, energy, valid, best_x, best_e):
+    """The carry of the best point after one block: its least valid finite energy, where it is
+    below the carry's (the first of equal ones, as over the whole population)."""
+    row = jnp.argmin(jnp.where(valid & jnp.isfinite(energy), energy, jnp.inf))
+    e_row = energy[row]
+    improved = valid[row] & jnp.isfinite(e_row) & (e_row < best_e)
+    pts = jax.tree_util.tree_map(lambda leaf: jax.lax.dynamic_index_in_dim(leaf, row, keepdims=False), points)
+    best_x = jax.tree_util.tree_map(lambda new, old: jnp.where(improved, new, old), pts, best_x)
+    return best_x, jnp.where(improved, e_row, best_e)
+
+
 class Engine:
     """One dynamic's ``init`` and ``step``, phase by phase, for ``kernel`` on ``objective``.
 
@@ -259,8 +334,9 @@ class Engine:
         x0 = jax.tree_util.tree_map(lambda leaf: jnp.asarray(leaf, dtype), x0)
         prm = params_lib.in_dtype(self.default_params if params is None else params_lib.as_params(params, config),
                                   dtype)
-        energy, grad = self.evaluate(x0)
-        n = energy.shape[0]
+        n = pop.num_agents(x0)
+        rows = self.block_rows(n)
+        energy, grad = self.evaluate_rows(x0, rows)
         # A population is finite (check_population); non-finite rows are a sharded run's padding.
         agents = jnp.sum(pop.tree_isfinite_rows(x0), dtype=jnp.int32)
         alpha = jnp.asarray(params_lib.alpha_init(config.alpha, prm.alpha), dtype)
@@ -279,7 +355,11 @@ class Engine:
             in_batch=None if config.batch_size is None else jnp.ones((n,), bool),
             aux=aux, evals=agents, ctrl=None,
         )
-        m = self.consensus(state, None)
+        if rows < n and not kernel.per_particle_consensus:  # a large population: the streaming reduction
+            points = x0 if kernel.consensus_points is None else kernel.consensus_points(state)
+            m = streaming_consensus_point(points, energy, alpha, None, chunk=rows)
+        else:
+            m = self.consensus(state, None)
         resampling = config.resampling
         ctrl = Ctrl(
             stagnation=(None if config.stagnation_patience is None
@@ -335,14 +415,32 @@ class Engine:
         ok = pop.tree_isfinite_rows(state.x)
         return log_consensus_weights(state.energy, state.alpha, ok if in_batch is None else ok & in_batch)
 
-    def move(self, state, m, sub, in_batch, f_m, ids):
-        """``(x, aux)``: the kernel's move, in the particles' dtype, clipped, the batch's particles only."""
-        config, kernel, prm = self.config, self.kernel, state.params
+    def cov_root(self, state, m, in_batch, f_m, rows: int):
+        """``C^{1/2}`` of the covariance noise, ``C = Σ_j w_j u_j u_jᵀ`` over every particle's
+        corrected consensus drift ``u_j``, accumulated block by block (no ``(N, d)`` temporary)."""
+        n = state.energy.shape[0]
         logw = self.cov_weights(state, in_batch)
+        dim = pop.ravel(jax.tree_util.tree_map(lambda leaf: leaf[:1], state.x))[0].shape[1]
+        dtype = pop.ravel(jax.tree_util.tree_map(lambda leaf: leaf[:1], state.x))[0].dtype
+
+        def add(c, start, size: int):
+            x = _rows_of(state.x, n, start, size)
+            u = correct(self.corr, pop.tree_sub(x, m), jax.lax.dynamic_slice_in_dim(state.energy, start, size), f_m,
+                        self.config.correction_eps)
+            return c + weighted_cov(pop.ravel(u)[0], jax.lax.dynamic_slice_in_dim(logw, start, size))
+
+        return cov_sqrt(pop.over_blocks(n, rows, lambda c, _, start, size: add(c, start, size),
+                                        jnp.zeros((dim, dim), dtype)))
+
+    def move(self, state, m, sub, in_batch, f_m, ids, root=None):
+        """``(x, aux)``: the kernel's move, in the particles' dtype, clipped, the batch's particles only
+        (``root``: the covariance noise's ``C^{1/2}`` over the whole population, for a block)."""
+        config, kernel, prm = self.config, self.kernel, state.params
+        logw = None if root is not None else self.cov_weights(state, in_batch)
 
         def noise(k, u):
             return noise_term(self.noise_model, k, u, dt=prm.dt, alpha=state.alpha, logw=logw, mode=self.cov_mode,
-                              normal=lambda kk, t: draw_normal(kk, t, ids, config.rng))
+                              normal=lambda kk, t: draw_normal(kk, t, ids, config.rng), root=root)
 
         def correct_(u):
             return correct(self.corr, u, state.energy, f_m, config.correction_eps)
@@ -416,9 +514,10 @@ class Engine:
         buf = ctrl.stagnation.at[state.step % patience].set(f_stag.astype(self.dtype))
         return jnp.std(buf) < self.config.stagnation_tol, ctrl._replace(stagnation=buf)
 
-    def stop(self, state0, state, new, m, stop):
+    def stop(self, state0, state, new, m, stop, rows_frozen: bool = False):
         """``new``, or ``state0`` unchanged where the run had stopped; ``active`` is False once a
-        termination rule fires."""
+        termination rule fires. ``rows_frozen``: the per-particle fields were kept block by block
+        (:meth:`blocked`), so only the others are taken from ``state0`` here."""
         config = self.config
         if not config.early_stop:
             return new
@@ -432,17 +531,29 @@ class Engine:
             stop = stop | self.over_budget(new, real_agents(new, new.energy.shape[0]))
         new = new._replace(active=~stop)
         # A stopped run keeps its state exactly (including its key and step count).
-        return jax.tree_util.tree_map(lambda u, v: jnp.where(state0.active, u, v), new, state0)
+        if not rows_frozen:
+            return jax.tree_util.tree_map(lambda u, v: jnp.where(state0.active, u, v), new, state0)
+        rows = ("x", "energy", "grad", "aux")
+        kept = jax.tree_util.tree_map(lambda u, v: jnp.where(state0.active, u, v), new._replace(**dict.fromkeys(rows)),
+                                      state0._replace(**dict.fromkeys(rows)))
+        return kept._replace(**{f: getattr(new, f) for f in rows})
 
     # --- one step ----------------------------------------------------------------------------
 
-    def step(self, state0, m_given=None):
-        """One step of the dynamics (toward ``m_given`` instead of the particles' own consensus)."""
+    def step(self, state0, m_given=None, blocking: bool = True):
+        """One step of the dynamics (toward ``m_given`` instead of the particles' own consensus).
+
+        ``blocking``: move and evaluate the particles in blocks of :meth:`block_rows` rows, updated
+        in place (:meth:`blocked`), where the dynamic and its noise layout allow it; ``False``
+        (a population sharded over devices): all rows at once."""
         kernel, state = self.kernel, state0
         n = state.energy.shape[0]
+        rows = self.block_rows(n, blocking)
+        if rows < n:
+            return self.blocked(state0, m_given, rows)
         in_batch, batch = self.batch(state)
         agents = real_agents(state, n)
-        pre_evals = 0
+        pre_evals: Any = 0
         if kernel.prestep is not None:
             state, evaluated = kernel.prestep(state, jax.random.fold_in(state.key, PRESTEP_STREAM))
             pre_evals = jnp.where(evaluated, agents, 0)
@@ -470,10 +581,138 @@ class Engine:
         )
         return self.stop(state0, state, new, m, stop)
 
-    def drive(self, state, m):
+    def drive(self, state, m, blocking: bool = True):
         """One step toward the given consensus point ``m`` instead of the particles' own,
         with exactly the noise (and random batch) :meth:`step` would use."""
-        return self.step(state, jax.tree_util.tree_map(lambda v, x: jnp.asarray(v, x.dtype), m, state.consensus))
+        return self.step(state, jax.tree_util.tree_map(lambda v, x: jnp.asarray(v, x.dtype), m, state.consensus),
+                         blocking)
+
+    # --- the blocked step (large N) ------------------------------------------------------------
+
+    @property
+    def blockable(self) -> bool:
+        """Whether a step may run block by block: not for a pre-step over the whole population
+        (DriftConstrainedCBO's independent noise), or the covariance noise of a drift other than
+        the (corrected) consensus drift (its matrix is over every particle's drift: for CBO and
+        CBS a pass over the blocks before the move; PolarCBO's local covariances are formed
+        with the whole population inside its move). A per-particle consensus (PolarCBO) is
+        formed for every particle first, then each block moves toward its own rows of it."""
+        kernel = self.kernel
+        cov = self.needs_logw or self.noise_model == "covariance"
+        return not (kernel.prestep is not None or (cov and not (kernel.cov_of_drift and kernel.cov_weights is None)))
+
+    def block_rows(self, n: int, blocking: bool = True) -> int:
+        """Rows per block of a step of ``n`` particles (``n``: one block).
+
+        ``particle_chunk`` when the config sets it; otherwise, with ``blocking``, a blockable
+        dynamic and a noise layout whose draws do not depend on the blocks (``"counter"``,
+        ``"per-particle"``), :func:`auto_block_rows`; else ``n``."""
+        chunk = getattr(self.config, "particle_chunk", None)
+        if not self.blockable or getattr(self.objective, "host", False):  # a host objective: one call per step
+            return n
+        if chunk is not None:
+            return min(int(chunk), n)
+        if not blocking or self.config.rng not in INVARIANT_LAYOUTS:
+            return n
+        return auto_block_rows(n)
+
+    def blocked(self, state0, m_given, rows: int):
+        """:meth:`step` in blocks of ``rows`` particles, each moved, evaluated and written back in
+        place: besides the state, a step holds one block's temporaries. The consensus is a
+        streaming reduction over the same blocks, the best point a carry of one row."""
+        config, kernel, state = self.config, self.kernel, state0
+        n = state.energy.shape[0]
+        in_batch, batch = self.batch(state)
+        agents = real_agents(state, n)
+        per_particle = kernel.per_particle_consensus
+        if m_given is not None:
+            m = m_given
+        elif per_particle:  # one point per particle, formed block by block by the kernel itself
+            m = self.consensus(state, in_batch)
+        else:
+            points = state.x if kernel.consensus_points is None else kernel.consensus_points(state)
+            m = streaming_consensus_point(points, state.energy, state.alpha, in_batch, chunk=rows)
+        key, sub = jax.random.split(state.key)
+        f_m = None
+        if self.needs_fm:
+            f_m = self.objective_rows(m, rows) if per_particle else self.energy_of_consensus(m)
+        ctrl = state.ctrl
+        resampling = config.resampling
+        fire = trig = None
+        if resampling is not None:
+            fire, trig = resampling.check(ctrl.resample, consensus=m, best_energy=state.best_energy)
+        root = self.cov_root(state, m, in_batch, f_m, rows) if self.noise_model == "covariance" else None
+        shared = state.energy  # the consensus energies, which the α schedule reads (before the loop overwrites them)
+        carry = (state.x, state.energy, state.grad, state.aux, jnp.array(shared, copy=True), state.best_x,
+                 state.best_energy, jnp.zeros((), _sq_dtype(state.x)))
+        invariant = config.rng in INVARIANT_LAYOUTS
+
+        def block(carry, c, start, size: int):
+            """Block ``c``: the ``size`` rows from ``start``, moved, evaluated and written back."""
+            x_buf, e_buf, g_buf, aux_buf, ae_buf, best_x, best_e, sq = carry
+            ids = start + jnp.arange(size, dtype=jnp.int32)
+            take = lambda tree: _rows_of(tree, n, start, size)  # noqa: E731
+            bs = state._replace(x=take(x_buf), energy=take(e_buf), grad=take(g_buf), aux=take(aux_buf),
+                                in_batch=take(in_batch))
+            k = sub if invariant else jax.random.fold_in(sub, c)
+            m_b, f_b = (take(m), take(f_m)) if per_particle else (m, f_m)
+            x, aux = self.move(bs, m_b, k, bs.in_batch, f_b, ids, root)
+            if resampling is not None:
+                sigma_r = jnp.asarray(resampling.sigma, self.dtype) * jnp.sqrt(state.params.dt)
+                k_r = jax.random.fold_in(k, RESAMPLE_STREAM)
+                x = jax.lax.cond(fire, lambda x: jax.tree_util.tree_map(
+                    lambda a, z: a + sigma_r * z, x, draw_normal(k_r, x, ids, config.rng)), lambda x: x, x)
+            energy, grad = self.evaluate(x)
+            a = self.absorb(bs, x, aux, energy)
+            real = ids < agents
+            if resampling is not None and resampling.tracks_update_norm:
+                sq = sq + sum(jnp.sum(jnp.where(real.reshape((-1,) + (1,) * (u.ndim - 1)), (u - v) ** 2, 0))
+                              for u, v in zip(jax.tree_util.tree_leaves(a.x), jax.tree_util.tree_leaves(bs.x)))
+            best_x, best_e = _best_of_block(a.best_points, a.best_energy, real, best_x, best_e)
+            if config.early_stop:  # a stopped run keeps its particles (a select only where a run can stop:
+                # fused into the in-place update it costs a copy of the population)
+                def new(v, old):
+                    return _where_rows(jnp.broadcast_to(state0.active, (size,)), v, old)
+            else:
+                def new(v, old):
+                    return v
+            rows_new = (new(a.x, bs.x), new(a.energy, bs.energy), None if g_buf is None else new(grad, bs.grad),
+                        new(a.aux, bs.aux), a.alpha_energy)
+            # Every new row (and the best point) computed before any row is written back: one
+            # barrier over all of them orders every read of the old rows before every in-place
+            # write. Without it XLA may recompute a new row of one buffer from another's old rows
+            # after that one is updated in place, and copies that buffer whole (PSO: its velocity,
+            # fused twice, read x after x's update; 3 copies of x, y and v).
+            rows_new, best_x, best_e, sq = computed_together((rows_new, best_x, best_e, sq), sub)
+            put = lambda buf, v: _put_rows(buf, v, n, start)  # noqa: E731
+            x_new, e_new, g_new, aux_new, ae_new = rows_new
+            return (put(x_buf, x_new), put(e_buf, e_new), None if g_buf is None else put(g_buf, g_new),
+                    put(aux_buf, aux_new), put(ae_buf, ae_new), best_x, best_e, sq)
+
+        x, energy, grad, aux, alpha_energy, best_x, best_energy, sq = pop.over_blocks(n, rows, block, carry)
+        if resampling is not None:
+            if resampling.tracks_update_norm:
+                trig = resampling.after_move(trig, jnp.sqrt(sq) / agents.astype(sq.dtype))
+            ctrl = ctrl._replace(resample=trig, resamplings=ctrl.resamplings + jnp.asarray(fire, jnp.int32))
+        a = Absorbed(x, aux, energy, x, energy, alpha_energy)
+        alpha, prm = self.schedules(state, a, in_batch)
+        stop, ctrl = self.stagnation(state, f_m, ctrl)
+        new = state._replace(
+            x=x, energy=energy, grad=grad, consensus=m, alpha=alpha, key=key, step=state.step + 1,
+            best_x=best_x, best_energy=best_energy, params=prm, batch=batch, in_batch=in_batch, aux=aux,
+            evals=_saturating_add(state.evals, jnp.asarray(self.step_evals(agents), jnp.int32)), ctrl=ctrl,
+        )
+        return self.stop(state0, state, new, m, stop, rows_frozen=True)
+
+    def objective_rows(self, x, rows: int):
+        """The objective of every row of ``x`` (a per-particle consensus's ``E(m_i)``), ``rows`` at a time."""
+        return _map_rows(self.objective, x, rows)
+
+    def evaluate_rows(self, x, rows: int):
+        """:attr:`evaluate` in blocks of ``rows`` particles (``(energies, gradients)``): an objective
+        evaluated on a whole large population may hold its elementwise terms as an ``(N, d)``
+        temporary before the sum."""
+        return _map_rows(self.evaluate, x, rows)
 
     def check(self, name, x0, num_runs=None):
         """Host checks of an initial population (:func:`~cbo_jax.dynamics.checks.check_population`)."""

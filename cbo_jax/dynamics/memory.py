@@ -86,6 +86,11 @@ def memory_consensus(state, in_batch):
     return consensus_point(state.aux.y, state.energy, state.alpha, in_batch)
 
 
+def _memories(state):
+    """The points the consensus averages: the memories."""
+    return state.aux.y
+
+
 def memory_absorb(state, x, aux, energy):
     """``y_i ← x_i`` where ``E(x_i) < E(y_i)``; the memories and their energies are the state.
 
@@ -118,7 +123,8 @@ def cbo_memory(objective: Callable[[PyTree], jax.Array], config: CBOMemoryConfig
         return x, ctx.state.aux
 
     kernel = core.Kernel(name="cbo_memory", move=move, init_aux=lambda x0, e, prm: MemoryAux(y=x0, x_energy=e),
-                         consensus=memory_consensus, absorb=memory_absorb, aux_rows=("y",))
+                         consensus=memory_consensus, absorb=memory_absorb,
+                         consensus_points=_memories, aux_rows=("y",))
     return core.build(objective, config, kernel)
 
 

@@ -27,9 +27,11 @@ and ``∞`` outside, ``"inverse_quadratic"`` ``log(1 + (r/κ)²)``, ``"taz"``
 ``(r / (κ max_{jl} r_{jl}))²``; or a callable ``neg_log(x_i, x_j) -> scalar`` on two
 particles.
 
-Memory: the weights are formed for a block of ``chunk`` rows at a time (``lax.map``), so
-a step holds a ``(chunk, N)`` matrix and never the ``(N, N)`` one (CBXpy forms
-``(N, N, d)`` arrays); ``chunk=None`` picks ``min(N, max(1, 2^22 // (N d)))``. The
+Memory: the weights are formed for a block of ``chunk`` rows and up to 2^10 columns at a
+time, each row normalised by a running log-sum-exp over the column blocks, so a step holds
+one block's ``(chunk, columns)`` matrix and never the ``(N, N)`` one (CBXpy forms
+``(N, N, d)`` arrays), nor a copy of the particles; ``chunk=None`` picks
+``max(1, 2^22 // (columns · d))`` rows. The
 distances come from the ``(chunk, N, d)`` differences of centred particles (the matrix
 product form ``|a_i|² + |a_j|² - 2 a_i·a_j`` would be faster, but its rounding error,
 multiplied by α in the weights, is of order 1 in float32 at α = 1e5).
@@ -50,6 +52,7 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
+from cbo_jax import population as pop
 from cbo_jax.consensus import gibbs_exponent
 from cbo_jax.dynamics import core
 from cbo_jax.dynamics.cbo import Dynamics
@@ -121,42 +124,42 @@ def _neg_log(kernel, r2, kappa, dmax):
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
-def _blocks(n: int, chunk: int | None, d: int = 1):
-    b = min(n, chunk) if chunk is not None else min(n, max(1, (1 << 22) // max(n * d, 1)))  # a chunk > N: all rows
-    return b, -(-n // b)
+def _blocks(n: int, chunk: int | None, d: int = 1, cols: int | None = None):
+    """``(rows, cols)``: particles ``i`` per block of the weight matrix (``chunk``, or as many as
+    keep a block's ``(rows, cols, d)`` differences near 2^22 numbers) and particles ``j`` per
+    block of its columns (``cols``, or up to 2^10)."""
+    bj = min(n, cols if cols is not None else 1 << 10)
+    bi = min(n, chunk) if chunk is not None else min(n, max(1, (1 << 22) // max(bj * d, 1)))  # a chunk > N: all rows
+    return bi, bj
 
 
-def _row_blocks(a, b, nb):
-    """``a``'s rows padded to ``nb · b`` and split into ``nb`` blocks of ``b``."""
-    pad = nb * b - a.shape[0]
-    if pad:
-        a = jnp.concatenate([a, jnp.zeros((pad,) + a.shape[1:], a.dtype)])
-    return a.reshape((nb, b) + a.shape[1:])
-
-
-def _max_distance(x, valid, b, nb):
+def _max_distance(xz, valid, bi, bj):
     """``max_{i,j} |x_i - x_j|`` over the valid particles, block by block (the Taz kernel's scale;
     ``1`` when every valid particle is at one point, where the kernel is ``1`` for any scale)."""
-    xs = _row_blocks(x, b, nb)
-    vs = _row_blocks(valid, b, nb)
+    n = xz.shape[0]
 
-    def one(args):
-        xi, vi = args
-        r2 = jnp.sum((xi[:, None, :] - x[None]) ** 2, axis=-1)
-        return jnp.max(jnp.where(vi[:, None] & valid[None], r2, 0))
+    def row_block(r2max, _, i0, ni):
+        xi, vi = pop.slice_rows(xz, i0, ni), pop.slice_rows(valid, i0, ni)
 
-    dmax = jnp.sqrt(jnp.max(jax.lax.map(one, (xs, vs))))
+        def col_block(r2max, _, j0, nj):
+            r2 = jnp.sum((xi[:, None, :] - pop.slice_rows(xz, j0, nj)[None]) ** 2, axis=-1)
+            return jnp.maximum(r2max, jnp.max(jnp.where(vi[:, None] & pop.slice_rows(valid, j0, nj)[None], r2, 0)))
+
+        return pop.over_blocks(n, bj, col_block, r2max)
+
+    dmax = jnp.sqrt(pop.over_blocks(n, bi, row_block, jnp.zeros((), xz.dtype)))
     return jnp.where(dmax > 0, dmax, 1.0).astype(dmax.dtype)  # a collapsed swarm: r = 0 for every pair, any scale
 
 
-def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity):
-    """``(B, N)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where excluded).
-
-    At ``α = ∞`` the limit of the normalised weights (``shifted``: ``E_j - E_min``, ``∞`` where
-    excluded): with ``kernel_factor="alpha"`` the weights ``exp(-α (-log k_ij + E_j - E_min))``
-    concentrate, equally, on the ``j`` that minimise ``-log k_ij + E_j - E_min``; with
-    ``"const"`` (``k_ij exp(-α (E_j - E_min))``) on the ``j`` of least energy among those with
-    ``k_ij > 0``, weighted by ``k_ij``. (The plain products would be ``∞ · 0``: NaN.)
+def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity, least=None):
+    """``(B, C)`` log-weights ``-kf · (-log k(x_i, x_j)) - α E_j`` (``ebias = -α E``, ``-inf`` where
+    excluded) of the rows ``xi`` against the columns ``x``. At ``α = ∞`` the limit of the
+    normalised weights (``shifted``: ``E_j - E_min``, ``∞`` where excluded): with
+    ``kernel_factor="alpha"`` the weights ``exp(-α (-log k_ij + E_j - E_min))`` concentrate,
+    equally, on the ``j`` that minimise the score ``-log k_ij + E_j - E_min``; with ``"const"``
+    (``k_ij exp(-α (E_j - E_min))``) on the ``j`` of least energy among those with
+    ``k_ij > 0``, weighted by ``k_ij``. (The plain products would be ``∞ · 0``: NaN.) There
+    ``least`` is each row's least score over every column (``None``: ``(logits, scores)``).
     """
     if callable(kernel):
         nl = jax.vmap(lambda p: jax.vmap(lambda q: kernel(p, q))(x))(xi)
@@ -173,25 +176,33 @@ def _logits(kernel, xi, x, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor
         score, keep = nl + shifted[None], jnp.zeros_like(nl)
     else:
         score, keep = jnp.where(nl < jnp.inf, shifted[None], jnp.inf), -nl
-    win = (score == jnp.min(score, axis=1, keepdims=True)) & jnp.isfinite(score)
+    if least is None:
+        return score
+    # The least score comes from a pass of its own: the same formula, compiled apart, may round
+    # differently (by an ulp or so), so a score within a few ulps of it counts as least.
+    tol = 8 * jnp.finfo(score.dtype).eps * jnp.maximum(jnp.abs(least), 1)
+    win = (score <= (least + tol)[:, None]) & jnp.isfinite(score)
     return jnp.where(win, keep, -jnp.inf).astype(ebias.dtype)
 
 
 def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor="alpha", mask=None, chunk=None,
-                    with_cov: str | None = None, drift_for_cov=None):
-    """Per-particle consensus points ``m_i`` (``(N, d)``), formed ``chunk`` rows at a time.
+                    with_cov: str | None = None, drift_for_cov=None, col_chunk: int | None = None):
+    """Per-particle consensus points ``m_i`` (``(N, d)``).
 
     With ``with_cov="local"`` also ``C_i = Σ_j w_ij (x_j - m_i)(x_j - m_i)ᵀ``; with
     ``with_cov="cbxpy"`` ``C_i = Σ_j w_ij u_j u_jᵀ`` for the given ``drift_for_cov`` ``u``.
     Returns ``m`` or ``(m, C)``. ``alpha = ∞`` gives the α → ∞ limit (see the module docstring).
+
+    The weight matrix is never formed: rows ``i`` go ``chunk`` at a time and, within a block of
+    rows, columns ``j`` ``col_chunk`` at a time (``None``: automatic), each row's normalisation
+    a running log-sum-exp over the column blocks (rescaled where its maximum grows). Besides
+    ``x`` and the result a call holds one block's temporaries, no ``(N, d)`` copy.
     """
-    n = x.shape[0]
+    n, d = x.shape
     ok = jnp.all(jnp.isfinite(x), axis=1) & jnp.isfinite(energy)
     if mask is not None:
         ok = ok & mask
-    xz = jnp.where(ok[:, None], x, 0)
-    center = jnp.sum(xz, axis=0) / jnp.maximum(jnp.sum(ok), 1).astype(x.dtype)
-    a = jnp.where(ok[:, None], x - center[None], 0)
+    center = jnp.sum(jnp.where(ok[:, None], x, 0), axis=0) / jnp.maximum(jnp.sum(ok), 1).astype(x.dtype)
     # Energies shifted by the smallest valid one (the weights are normalised per row, so a
     # common shift cancels): -α E itself overflows float32 for large α |E|.
     e_min = jnp.min(jnp.where(ok, energy, jnp.inf))
@@ -199,34 +210,74 @@ def polar_consensus(x, energy, alpha, *, kappa, kernel="gaussian", kernel_factor
     shifted = jnp.where(ok, energy - e_min, jnp.inf)  # E_j - E_min, ∞ where excluded: the α = ∞ limit's
     ebias = jnp.where(ok, gibbs_exponent(jnp.asarray(alpha, x.dtype), jnp.where(ok, energy - e_min, 0)), -jnp.inf)
     kf = alpha if kernel_factor == "alpha" else 1.0
-    b, nb = _blocks(n, chunk, x.shape[1])
-    dmax = _max_distance(xz, ok, b, nb) if kernel == "taz" else None
-    if with_cov == "cbxpy":
-        uz = jnp.where(ok[:, None], drift_for_cov, 0)
-        outer = (uz[:, :, None] * uz[:, None, :]).reshape(n, -1)
-    elif with_cov == "local":
-        outer = (a[:, :, None] * a[:, None, :]).reshape(n, -1)
+    wdt = jnp.result_type(x.dtype, energy.dtype)  # the weights' dtype (energies may be wider than x)
+    bi, bj = _blocks(n, chunk, d, col_chunk)
+    dmax = None
+    if kernel == "taz":
+        dmax = _max_distance(jnp.where(ok[:, None], x, 0), ok, bi, bj)
 
-    def one(xi, at_infinity):
-        ai = xi - center[None]
-        lg = _logits(kernel, xi, xz, ai, a, kappa, kf, ebias, dmax, shifted, kernel_factor, at_infinity)
-        w = jnp.exp(lg - jax.nn.logsumexp(lg, axis=1, keepdims=True))
-        w = jnp.where(jnp.isfinite(w), w, 0)
-        m_i = w @ xz
+    def columns(j0, nj):
+        """Block ``j0``'s particles (0 where excluded), centred, and the values their weights average."""
+        okj = pop.slice_rows(ok, j0, nj)[:, None]
+        xj = pop.slice_rows(x, j0, nj)
+        xz = jnp.where(okj, xj, 0)
+        aj = jnp.where(okj, xj - center[None], 0)
         if with_cov is None:
-            return m_i
-        c = (w @ outer).reshape(xi.shape[0], x.shape[1], x.shape[1])
+            return xz, aj, xz
+        u = aj if with_cov == "local" else jnp.where(okj, pop.slice_rows(drift_for_cov, j0, nj), 0)
+        return xz, aj, jnp.concatenate([xz, (u[:, :, None] * u[:, None, :]).reshape(nj, d * d)], axis=1)
+
+    def block(at_infinity, out, i0, ni):
+        xi = pop.slice_rows(x, i0, ni)
+        ai = xi - center[None]
+
+        def logits(j0, nj, least):
+            xz, aj, vals = columns(j0, nj)
+            lg = _logits(kernel, xi, xz, ai, aj, kappa, kf, pop.slice_rows(ebias, j0, nj), dmax,
+                         pop.slice_rows(shifted, j0, nj), kernel_factor, at_infinity, least)
+            return lg, vals
+
+        least = None
+        if at_infinity:  # each row's least score over every column, a pass of its own
+            def low(lo, _, j0, nj):
+                xz, aj, _ = columns(j0, nj)
+                score = _logits(kernel, xi, xz, ai, aj, kappa, kf, None, dmax, pop.slice_rows(shifted, j0, nj),
+                                kernel_factor, True)
+                return jnp.minimum(lo, jnp.min(score, axis=1))
+
+            least = pop.over_blocks(n, bj, low, jnp.full((ni,), jnp.inf, wdt))
+
+        def add(carry, _, j0, nj):
+            top, total, acc = carry
+            lg, vals = logits(j0, nj, least)
+            new_top = jnp.maximum(top, jnp.max(lg, axis=1))
+            safe = jnp.where(jnp.isfinite(new_top), new_top, 0)  # a row with no weight yet: nothing to rescale
+            rescale = jnp.where(jnp.isfinite(top), jnp.exp(top - safe), 0)
+            p = jnp.exp(lg - safe[:, None])
+            p = jnp.where(jnp.isfinite(p), p, 0)
+            return new_top, total * rescale + jnp.sum(p, axis=1), acc * rescale[:, None] + p @ vals
+
+        width = d if with_cov is None else d + d * d
+        top, total, acc = pop.over_blocks(n, bj, add, (jnp.full((ni,), -jnp.inf, wdt), jnp.zeros((ni,), wdt),
+                                                    jnp.zeros((ni, width), wdt)))
+        # A row with no weight at all (every pair excluded) gives m_i = 0, as the weights' NaN set to 0 would.
+        acc = jnp.where((total > 0)[:, None], acc / jnp.where(total > 0, total, 1)[:, None], 0)
+        m_i = acc[:, :d]
+        if with_cov is None:
+            return jax.lax.dynamic_update_slice_in_dim(out, m_i, i0, axis=0)
+        c = acc[:, d:].reshape(ni, d, d)
         if with_cov == "local":
             am = m_i - center[None]
             c = c - am[:, :, None] * am[:, None, :]
-        return m_i, c
+        return (jax.lax.dynamic_update_slice_in_dim(out[0], m_i, i0, axis=0),
+                jax.lax.dynamic_update_slice_in_dim(out[1], c, i0, axis=0))
 
-    blocks = _row_blocks(x, b, nb)
+    out: Any = jnp.zeros((n, d), wdt)
+    if with_cov is not None:
+        out = (out, jnp.zeros((n, d, d), wdt))
     # α = ∞ takes its own branch: finite α (every step but a degenerate schedule's) runs the plain kernel
-    out = jax.lax.cond(infinite, lambda: jax.lax.map(lambda xi: one(xi, True), blocks),
-                       lambda: jax.lax.map(lambda xi: one(xi, False), blocks))
-    unblock = lambda t: t.reshape((nb * b,) + t.shape[2:])[:n]  # noqa: E731
-    return jax.tree_util.tree_map(unblock, out)
+    return jax.lax.cond(infinite, lambda o: pop.over_blocks(n, bi, lambda c, _, i0, ni: block(True, c, i0, ni), o),
+                        lambda o: pop.over_blocks(n, bi, lambda c, _, i0, ni: block(False, c, i0, ni), o), out)
 
 
 def polar_cbo(objective: Callable[[PyTree], jax.Array], config: PolarCBOConfig | None = None,

@@ -39,7 +39,7 @@ from cbo_jax.dynamics import core
 from cbo_jax.dynamics.base import PSOAux
 from cbo_jax.dynamics.cbo import Dynamics
 from cbo_jax.population import PyTree
-from cbo_jax.dynamics.memory import _no_gradient, memory_absorb, memory_consensus
+from cbo_jax.dynamics.memory import _memories, _no_gradient, memory_absorb, memory_consensus
 
 __all__ = ["PSOConfig", "PSOParams", "PSOAux", "pso"]
 
@@ -134,5 +134,6 @@ def pso(objective: Callable[[PyTree], jax.Array], config: PSOConfig | None = Non
         return PSOAux(y=x0, v=jax.tree_util.tree_map(lambda a: a * 0, x0), x_energy=energy)
 
     kernel = core.Kernel(name="pso", move=move, init_aux=init_aux, consensus=memory_consensus, absorb=memory_absorb,
+                         consensus_points=_memories,
                          aux_rows=("y", "v"))
     return core.build(objective, config, kernel)

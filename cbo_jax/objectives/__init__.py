@@ -25,6 +25,9 @@ attributes are wrong and corrected here: Bukin N.6's minimiser is ``(-10, 1)`` (
 lists ``(0, 0)``, where ``f = 0.1``), and CBXpy's ``drop_wave`` is not the textbook drop
 wave but ``-(1 + cos 12r) exp(-r²/(2(1 + r²/1000)))``, minimum ``-2`` at ``0``, which is
 what :class:`DropWave` computes.
+
+:func:`from_numpy` makes an objective of a NumPy function (a simulator, legacy code, a
+program run in a subprocess), evaluated on the host once per step.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Callable
 
 # The objectives by family, one module each; this package is their public path.
 from cbo_jax.objectives._base import Objective, cos_2pi
+from cbo_jax.objectives._host import HostObjective, from_numpy
 from cbo_jax.objectives._classic import (Ackley, Griewank, Quadratic, Rastrigin, RastriginNormalized, Rosenbrock,
                                          Sphere, StyblinskiTang)
 from cbo_jax.objectives._nd import (AcceleratedSinus, AckleyMultimodal, GaussianMixture, Michalewicz, NdSinus,
@@ -47,6 +51,8 @@ from cbo_jax.objectives._planar import _Planar  # noqa: F401
 
 __all__ = [
     "Objective",
+    "from_numpy",
+    "HostObjective",
     "Rastrigin",
     "RastriginNormalized",
     "Ackley",

@@ -78,6 +78,22 @@ def test_consensus_part_reports_the_error_and_time_of_both_sums(tmp_path):
     assert big["package_relative_error"] < big["dot_relative_error"]
 
 
+@pytest.mark.slow  # about 40 s
+def test_issue_59_parts_report_the_bound_the_memory_and_large_n(tmp_path):
+    """The parts a GPU session runs first: the step beside a plain scan and the bandwidth bound,
+    the compiled step's memory for every dynamic, and large N with its device memory."""
+    out = tmp_path / "RESULTS_gpu.md"
+    proc = _suite("--only", "step,memory,large_n", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = out.read_text()
+    assert "| CBO step d=20, N=1e+03 |" in text and "x a plain scan" in text and "of the bandwidth bound" in text
+    assert "| compiled step memory, N=2e+03, d=20, every dynamic | peak / state" in text
+    assert "| large N, CBO d=10, N=1e+04 |" in text
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert all(results[k]["ok"] for k in ("step", "memory", "large_n"))
+    assert len(results["memory"]["result"]["dynamics"]) == 12
+
+
 @pytest.mark.slow
 def test_cbo_throughput_runs_without_cbxpy():
     """The GPU image has no CBXpy: the benchmark must fall back to its own column, not fail."""

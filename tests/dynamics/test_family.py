@@ -217,6 +217,39 @@ def test_polar_local_covariance_against_numpy():
     np.testing.assert_allclose(np.asarray(c), c_ref, atol=1e-12)
 
 
+@pytest.mark.parametrize("kernel", ["gaussian", "laplace", "taz"])
+def test_polar_consensus_in_column_blocks_against_numpy(kernel):
+    """The weights normalised by a running log-sum-exp over blocks of 4 columns (a ragged last
+    one), rows in blocks of 7, a masked agent: m_i and both covariances against the dense
+    float64 formula, and α = ∞ / α = 0 against one column block."""
+    rng = np.random.default_rng(2)
+    n = 30
+    x, e, u = rng.normal(size=(n, 3)), rng.uniform(size=n) * 3, rng.normal(size=(n, 3))
+    mask = np.arange(n) != 4
+    r = np.sqrt(np.sum((x[:, None] - x[None]) ** 2, -1))
+    nl = {"gaussian": r**2 / (2 * 0.8**2), "laplace": r / 0.8, "taz": (r / (0.8 * r[mask][:, mask].max())) ** 2}[kernel]
+    logw = np.where(mask[None], -1.5 * (nl + e[None]), -np.inf)
+    w = np.exp(logw - logw.max(1, keepdims=True))
+    w /= w.sum(1, keepdims=True)
+    m_ref = w @ x
+    local_ref = np.einsum("ij,ija,ijb->iab", w, x[None] - m_ref[:, None], x[None] - m_ref[:, None])
+    cbxpy_ref = np.einsum("ij,ja,jb->iab", w, u, u)
+    pc = cj.dynamics.polar.polar_consensus
+    kw = dict(kappa=0.8, kernel=kernel, mask=jnp.asarray(mask), chunk=7)
+    with enable_x64(True):
+        m, c = pc(jnp.asarray(x), jnp.asarray(e), 1.5, **kw, with_cov="local", col_chunk=4)
+        _, c2 = pc(jnp.asarray(x), jnp.asarray(e), 1.5, **kw, with_cov="cbxpy", drift_for_cov=jnp.asarray(u),
+                   col_chunk=4)
+        limits = [(pc(jnp.asarray(x), jnp.asarray(e), a, **kw, col_chunk=4), pc(jnp.asarray(x), jnp.asarray(e), a, **kw))
+                  for a in (np.inf, 0.0)]
+    np.testing.assert_allclose(np.asarray(m), m_ref, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(c), local_ref, atol=1e-12)
+    np.testing.assert_allclose(np.asarray(c2), cbxpy_ref, atol=1e-12)
+    for blocked, whole in limits:
+        assert np.all(np.isfinite(np.asarray(blocked)))
+        np.testing.assert_allclose(np.asarray(blocked), np.asarray(whole), atol=1e-12)
+
+
 def test_polar_weights_survive_huge_energies_and_a_collapsed_swarm():
     """float32 edge cases: α·|E| beyond float32's range (the energies are shifted by their
     minimum before the exponent), and every particle at one point under the Taz kernel

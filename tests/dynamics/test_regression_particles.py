@@ -11,6 +11,11 @@ When the numbers moved into a traced pytree (issue 14), every float64 case staye
 bitwise equal; float32 too, except ``cbo_per_particle_const`` (6e-8 after 25 steps):
 ``λ1·dt`` is now the float32 product of the two float32 numbers, where the Python
 floats of the config rounded the float64 product (``1.1 * 0.05``: one ulp apart).
+
+When the default noise layout became ``"counter"`` (issue 59), the four cases on the default
+layout were re-pinned (other draws, another trajectory); ``cbo_per_particle_const``, whose
+``rng="per-particle"`` draws did not change, keeps its numbers (bitwise in float64), which the
+new step (in blocks or not) reproduces.
 """
 
 from __future__ import annotations

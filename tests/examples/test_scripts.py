@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -61,3 +62,17 @@ def test_an_algorithm_of_ones_own_runs_through_fl_run(tmp_path):
     r = json.loads(_run("federated_custom_algorithm.py", tmp_path)[-1])
     assert r["rounds"] == 30 and r["beta0_max_abs_diff_to_fedavg"] < 1e-5, r
     assert r["fedavgm_final"] >= r["fedavg_final"] > 80, r
+
+
+def test_black_box_objectives_and_ask_tell_match_the_jax_runs(tmp_path):
+    """examples/black_box.py: a NumPy objective and an ask/tell loop give simulate's numbers in
+    float64 (issue 60's bars: 1e-10 and 1e-12), for every dynamics of the CBX family, and a
+    program run in a subprocess is minimised."""
+    import json
+
+    out = json.loads(_run("black_box.py", tmp_path)[-1])
+    assert out["float64"] and out["host_calls"] == 101
+    assert out["numpy_vs_jax_max_abs_diff"] <= 1e-10
+    assert out["ask_tell_vs_simulate_max_abs_diff"] <= 1e-12
+    assert np.isfinite(out["subprocess_best_energy"]) and out["subprocess_best_energy"] < 1.0
+    assert out["dynamics_covered"] >= 8, out["dynamics"]
