@@ -74,7 +74,9 @@ class FedCBOConfig:
       noise_gamma: the noise's time step γ_noise, its scale ``σ1 √γ_noise`` (none: ``gamma``,
         eq. (70) as written). The isotropic noise multiplies the spread about m by
         ``(1 - λ1γ)² + σ1² γ_noise d`` per round (``d`` parameters), so as written it is
-        stable only for ``σ1 < 1/√(γ d)``; the reference script's ``--Gamma`` is 0.01.
+        stable only for ``σ1 < 1/√(γ d)``. ``fedcbo-noise`` runs 0.01, the value that fits
+        Appendix E's rows (the reference script adds no noise: ``--Gamma 0.98 --Sigma 0``;
+        0.01 is only its ``--Gamma`` argument's default).
       loss_reduction: ``"mean"`` (paper) or ``"sum_of_batch_means"`` (reference code)
         for the losses in (19) and (21).
       participation: share of agents in ``G_n`` each round (1 = all, as the paper).
