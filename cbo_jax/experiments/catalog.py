@@ -52,11 +52,14 @@ RECORDED: dict[str, Recorded] = {
         "100/100 successes (CBXpy, same process: 100/100)",
         "cbo-jax reproduce rastrigin-success --peer", "docs/features.md (Reproductions)", _D),
     "fedcbo-table1": Recorded(
-        "small scale (N=120, T=40, 3 seeds): FedCBO 92.18, IFCA 91.63, FedAvg 84.03, Local 81.32; "
-        "SR 0.90 (oracle 0.917)",
+        "small scale (N=120, T=40, 3 seeds), --baselines paper (the default): FedCBO 92.18, IFCA 91.63, FedAvg "
+        "84.03, Local 81.32, the paper's ordering; SR 0.90 (oracle 0.917). --baselines ifca-code (IFCA's own "
+        "update, 2026-12-05): FedCBO 92.18, IFCA 87.45, FedAvg 73.13, Local 81.32 (FedAvg below Local). Paper "
+        "scale: no run recorded here",
         _DATA + "cbo-jax reproduce fedcbo-table1 --scale small", "benchmarks/RESULTS.md", "2026-11-24"),
     "fedcbo-noise": Recorded(
-        "not reproducible as written; reproduced with γ_noise = 0.01. Small scale, 1 seed, T=10: as written none "
+        "not reproducible as written; reproduced with γ_noise = 0.01 (a reading that fits the rows; the reference "
+        "script runs without noise: --Gamma 0.98 --Sigma 0). Small scale, 1 seed, T=10: as written none "
         "89.78, iso 0.01 19.11 (collapse), iso 0.05 10.84, aniso 0.01/0.05 89.78/89.77; γ_noise = 0.01: iso 0.01 "
         "89.76, iso 0.05 13.95, aniso 0.05 89.78; collapse between σ1 = 0.005 and 0.0079 (predicted 1/√(γd) = 0.0079)",
         _DATA + "cbo-jax reproduce fedcbo-noise --scale small --seeds 1 --rounds 10", "benchmarks/RESULTS.md",
