@@ -15,10 +15,11 @@ project's offline workplace; the loader is exercised with ``tfds.testing.mock_da
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-from cbo_jax.federated.mnist import MNIST, _tfds_splits
+from cbo_jax.federated.mnist import MNIST, DataError, _tfds_splits
 
-__all__ = ["EMNIST_BALANCED_CLASSES", "EMNIST_SOURCE_O", "EMNIST_TARGET_ZERO", "load_emnist_tfds"]
+__all__ = ["EMNIST_BALANCED_CLASSES", "EMNIST_SOURCE_O", "EMNIST_TARGET_ZERO", "load_emnist_tfds", "prepare_hint"]
 
 EMNIST_BALANCED_CLASSES = 47
 EMNIST_SOURCE_O = 24  # upper-case 'O' in EMNIST-balanced
@@ -36,5 +37,31 @@ def load_emnist_tfds(data_dir: str | os.PathLike | None = None, split_name: str 
       transpose: swap rows and columns so that images are upright (EMNIST is stored
         transposed).
     """
-    return MNIST(**_tfds_splits(f"emnist/{split_name}", data_dir, download, transpose),
-                 source=f"tfds:emnist/{split_name}")
+    name = f"emnist/{split_name}"
+    try:
+        splits = _tfds_splits(name, data_dir, download, transpose)
+    except DataError as err:
+        if download:
+            raise
+        root = Path(data_dir).expanduser() if data_dir is not None else None
+        if root is not None and not (root / name).is_dir():  # tfds' own text would speak of a tfrecord copy
+            err = DataError(f"EMNIST is not prepared in {root}: there is no {root / name}")
+        raise DataError(f"{err}\n{prepare_hint(name, data_dir)}") from err.__cause__
+    return MNIST(**splits, source=f"tfds:{name}")
+
+
+def prepare_hint(name: str = "emnist/balanced", data_dir: str | os.PathLike | None = None) -> str:
+    """How to prepare ``name`` for :func:`load_emnist_tfds` where there is no network.
+
+    The loader reads through ``tfds.data_source`` (random access, no TensorFlow), which needs
+    the data set written as ``array_record`` files; a default ``tfds build`` writes
+    ``tfrecord`` files, which it cannot read.
+    """
+    where = str(data_dir) if data_dir is not None else "DIR"
+    return (f"{name} must be prepared as array_record files, on a machine with a network (the build needs "
+            f"TensorFlow):\n"
+            f"  pip install tensorflow tensorflow-datasets\n"
+            f"  tfds build {name} --file_format=array_record --data_dir={where}\n"
+            f"then copy {where} here and pass --data-dir {where} (the tfds data directory; without it tfds' "
+            f"default, ~/tensorflow_datasets or $TFDS_DATA_DIR). Data already built as tfrecord files can be "
+            f"converted: tfds convert_format --root_data_dir={where} --out_file_format=array_record.")
