@@ -15,6 +15,7 @@ def _last_json(out):
     return json.loads(out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # four runs' compilations; CI runs it in the slow step
 def test_emnist_attack_command_runs_on_mock_data(tfds, tmp_path, monkeypatch, capsys):
     """The command's whole path: the flags, the tfds loader (``data_source``), the 47-class
     label flip 'O' -> '0', the four runs and the JSON; the agents and images shrunk to fit the
