@@ -30,6 +30,20 @@ EMNIST-balanced, so with α = 10 FedCBO down-weights the attackers by their mean
 a regime the paper's EMNIST setting does not have; FedCB²O's G takes the worst class, where
 the gap is the full one (benchmarks/RESULTS_fedcb2o.md has the measured tables).
 
+Settings (``--setting``): ``paper`` flips every source-class image of an attacker, the paper's
+attack. On MNIST the mean validation loss FedCBO weighs by sees it, so the comparison does not
+test the paper's premise (an attack the mean loss cannot see). ``stealth`` flips each of them
+with probability 0.875, the share at which the attackers' mean validation loss, as the benign
+agents measure it on their same-cluster downloads under FedCBO (α = 10) in rounds 1-5, is within
+2 % of the benign agents' (``attackers_loss_gap``, reported for every run; the attackers train on
+three times the benign agents' images, which lowers their loss on the other classes). The share was
+chosen by that criterion on seed 0 before any accuracy was looked at (benchmarks/RESULTS_fedcb2o.md).
+
+Aggregation step λ1 γ (eq. (3.14)): the paper's numbers give 0.04 (λ1 = 10, γ = the learning rate
+0.004), used at the paper's scale and :class:`FedCB2OConfig`'s default; the small scale runs 1,
+the reference code's, because in its 30 rounds a step of 0.04 leaves the agents nearly local
+(``--aggregation-step`` runs either).
+
 Forms: the paper's (the default: the downloads only, agents initialised independently) or,
 with ``--reference-form``, the reference code's (the agent's own model in the average with
 the largest weight after T_G, one shared initial model; FedCB2OConfig.reference_code).
@@ -67,6 +81,7 @@ PUBLISHED_TG = {"T_G=0": {"overall_acc": 82.79, "source_acc": 55.73, "asr": 38.7
                 "T_G=40": {"overall_acc": 83.76, "source_acc": 56.87, "asr": 38.07}}
 PAPER_ROUNDS = 150
 PAPER_TG = (0, 20, 30, 40)
+STEALTH_FLIP = 0.875  # the stealth setting's flip share (SETTINGS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +100,7 @@ class Scale:
     T_G: int = 0
     eval_every: int | None = None
     eval_chunk: int = 8
+    step: float = 0.04  # the aggregation step λ1 γ (λ1 = 10): the paper's 0.04, FedCB2OConfig's default
 
 
 SCALES = {
@@ -92,10 +108,40 @@ SCALES = {
     # T_G = 40 of the paper's 150 rounds (its best overall accuracy in Table 2), scaled: 8 of 30.
     # T = 30 rather than 15: at T = 15 the clean models' own 7 -> 1 confusion (the ASR floor, 3.0 %)
     # dominated the ASR (benchmarks/RESULTS_fedcb2o.md).
-    "small": Scale(rounds=30, epochs=1, batch_size=64, lr=0.05, model="mlp", seeds=3, T_G=8),
+    # λ1 γ = 1 (the reference code's) at the small scale: in 30 rounds the paper's 0.04 leaves the agents
+    # nearly local (overall accuracy 84.8 against Oracle Min's 89.9; benchmarks/RESULTS_fedcb2o.md).
+    "small": Scale(rounds=30, epochs=1, batch_size=64, lr=0.05, model="mlp", seeds=3, T_G=8, step=1.0),
     "paper": Scale(rounds=150, epochs=5, batch_size=64, lr=0.004, model="cnn", seeds=1, T_G=40, eval_every=10,
                    eval_chunk=1),
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A named attack (``--setting``): how much of its source class an attacker flips.
+
+    Attributes:
+      flip_fraction: share of an attacker's source-class images relabelled
+        (:class:`~cbo_jax.federated.attacks.LabelFlipConfig`).
+      about: what the setting is for.
+    """
+
+    flip_fraction: float
+    about: str
+
+
+# The paper's premise: an attack the mean validation loss cannot see. Its test (issue 61): under
+# FedCBO (α = 10), the attackers' mean validation loss, as the benign agents measure it on their
+# downloads from their own cluster, in rounds 1-5 within 2 % of the benign agents' (``attackers_loss_gap``).
+SETTINGS = {
+    "paper": Setting(1.0, "every source-class image of an attacker flipped, as the paper's attack (on MNIST the "
+                          "mean loss sees it: FedCBO's attackers_loss_gap +0.27 at seed 0)"),
+    "stealth": Setting(STEALTH_FLIP, "each of an attacker's source-class images flipped with probability "
+                                     f"{STEALTH_FLIP}: chosen as the flip share whose attackers_loss_gap under FedCBO "
+                                     "(rounds 1-5) is within 2 % (benchmarks/RESULTS_fedcb2o.md, 'Where the premise "
+                                     "holds')"),
+}
+GAP_ROUNDS = 5  # the attackers' loss gap is measured over rounds 1..GAP_ROUNDS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +169,11 @@ class Options:
       per_cluster_images: every cluster draws its own subset of the training images (the
         benchmark before 2026-11-27, which the recorded small-scale results used); default:
         one subset rotated for every cluster, as in the paper
+      setting: the attack: paper (every source-class image flipped) or stealth (a share of
+        them, chosen so that FedCBO's mean validation loss does not see the attackers)
+      aggregation_step: override the aggregation step λ1 γ of FedCB²O and of the FedCBO
+        baseline (λ1 = 10, γ = step / 10; default: 1 at the small scale, the paper's 0.04 at
+        the paper's)
     """
 
     scale: ScaleOptions = ScaleOptions()
@@ -142,6 +193,8 @@ class Options:
     model: str | None = option(None, choices=("mlp", "cnn"))
     shard: bool = False
     per_cluster_images: bool = False
+    setting: str = option("paper", choices=tuple(SETTINGS))
+    aggregation_step: float | None = None
 
 
 def _refuse_ignored(args, sweep: bool) -> None:
@@ -171,13 +224,18 @@ def _shared_images(args) -> bool:
     return not getattr(args, "per_cluster_images", False)
 
 
+def _setting(args) -> Setting:
+    return SETTINGS[getattr(args, "setting", "paper")]
+
+
 def _images(args):
-    shared = _shared_images(args)
+    shared, flip = _shared_images(args), _setting(args).flip_fraction
     if args.dataset == "emnist":
         return emnist.load_emnist_tfds(args.data_dir), attacks.LabelFlipConfig(
             source=emnist.EMNIST_SOURCE_O, target=emnist.EMNIST_TARGET_ZERO, num_classes=emnist.EMNIST_BALANCED_CLASSES,
-            shared_images=shared)
-    return mnist.load_mnist(args.source, args.data_dir), attacks.LabelFlipConfig(shared_images=shared)
+            shared_images=shared, flip_fraction=flip)
+    return mnist.load_mnist(args.source, args.data_dir), attacks.LabelFlipConfig(shared_images=shared,
+                                                                                 flip_fraction=flip)
 
 
 def _model(scale: Scale, num_classes: int):
@@ -193,6 +251,8 @@ def _cb2o_cfg(scale: Scale, criterion: str, T_G: int, args, alpha: float | None 
     alpha = alpha if alpha is not None else (scale.alpha if criterion == "G" else scale.alpha_fedcbo)
     form = dict(include_self=True, self_largest=True, shared_init=True) if getattr(args, "reference_form", False) \
         else dict(include_self=bool(getattr(args, "include_self", False)))
+    step = getattr(args, "aggregation_step", None)
+    form.update(lambda1=10.0, gamma=(scale.step if step is None else step) / 10.0)
     return FedCB2OConfig(M=scale.M, alpha=alpha, kappa=scale.kappa, zeta=scale.zeta, T_G=T_G, criterion=criterion,
                          eval_chunk=scale.eval_chunk, local=_local(scale), **form)
 
@@ -298,7 +358,8 @@ def _fig5(results, names, path: Path) -> dict:
 def _cb2o_builder(cfg: FedCB2OConfig, name: str):
     def build(ds, model):
         alg = fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=ds.num_classes, name=name)
-        return alg, lambda d: d.attack_data(), ds.cluster, ds.malicious, [fm.attack_selection(ds.cluster, ds.malicious)]
+        return alg, lambda d: d.attack_data(), ds.cluster, ds.malicious, [fm.attack_selection(ds.cluster, ds.malicious),
+                                                                            fm.attack_losses(ds.cluster, ds.malicious)]
     return build
 
 
@@ -323,7 +384,10 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
             "include_self": bool(args.include_self), "reference_form": bool(getattr(args, "reference_form", False)),
             "shared_images": _shared_images(args),
             "source_class": flip.source if flip else emnist.EMNIST_SOURCE_O,
-            "target_class": flip.target if flip else emnist.EMNIST_TARGET_ZERO}
+            "target_class": flip.target if flip else emnist.EMNIST_TARGET_ZERO,
+            # the default setting's records keep their earlier form (a resume reads them back)
+            **({} if getattr(args, "setting", "paper") == "paper" else
+               {"setting": args.setting, "flip_fraction": _setting(args).flip_fraction})}
 
 
 def run_attack_table(args: argparse.Namespace) -> dict:
@@ -358,9 +422,30 @@ def run_attack_table(args: argparse.Namespace) -> dict:
         cbo = "fedcbo" if a == a_cbo else f"fedcbo_{label}"
         out["sensitivity"][label] = {"fedcb2o": row(cb2o, a), "fedcbo": row(cbo, a),
                                      "asr_ratio": round(table[cb2o]["asr"] / max(table[cbo]["asr"], 1e-9), 3)}
+    out["aggregation_step"] = round(_cb2o_cfg(scale, "G", scale.T_G, args).step, 6)
+    out["setting"] = getattr(args, "setting", "paper")
+    out["flip_fraction"] = _setting(args).flip_fraction
+    out["attackers_loss_gap"], out["attackers_loss_gap_per_seed"] = loss_gap(results["fedcbo"])
+    out["attackers_loss_gap_fedcb2o"] = loss_gap(results["fedcb2o"])[0]
+    out["premise_holds"] = bool(out["attackers_loss_gap"] is not None and abs(out["attackers_loss_gap"]) <= 0.02)
     out.update({"experiment": "fedcb2o-attack", **_settings(scale, seeds, args), "T_G": scale.T_G})
     out["fig5"] = _fig5(results, ["fedcb2o", "fedcbo"], Path(args.output) / "fig5_selection.png")
     return out
+
+
+def loss_gap(runs, rounds: int = GAP_ROUNDS) -> tuple[float | None, list]:
+    """How visible the attackers are to the mean validation loss: per run, the mean over rounds
+    1..``rounds`` of ``(L_malicious - L_benign) / L_benign``, the mean validation losses of the
+    benign agents' downloads from their own cluster by who made them
+    (:func:`~cbo_jax.federated.metrics.attack_losses`); the mean over runs and the per-run values
+    (``None`` for a run with fewer rounds or no attacker downloaded)."""
+    per = []
+    for r in runs:
+        rows = [h["val_loss_same_cluster"] for h in r.history if "val_loss_same_cluster" in h][:rounds]
+        gaps = [(g["malicious"] - g["benign"]) / g["benign"] for g in rows if g["benign"] > 0 and g["malicious"] > 0]
+        per.append(round(float(np.mean(gaps)), 4) if len(gaps) == rounds else None)
+    known = [g for g in per if g is not None]
+    return (round(float(np.mean(known)), 4) if known and len(known) == len(per) else None), per
 
 
 def tg_values(rounds: int) -> dict[str, int]:

@@ -210,6 +210,31 @@ class _AttackSelection(_ClusterMetric):
                 "weight": dict(zip(CATEGORIES, weight)), "self_weight": jnp.mean(info.self_weight[:nb])}
 
 
+class _AttackLosses(_ClusterMetric):
+    def __call__(self, info) -> dict:
+        if not (hasattr(info, "idx") and hasattr(info, "loss")):
+            return {}
+        nb = len(self.malicious) - sum(self.malicious)
+        idx, loss = info.idx[:nb], info.loss[:nb]
+        valid = getattr(info, "valid", None)
+        ok = jnp.isfinite(loss) & (True if valid is None else valid[:nb])
+        cluster, mal = self.ids, jnp.asarray(self.malicious, bool)
+        same = cluster[idx] == cluster[:nb, None]
+        out = {}
+        for name, cat in (("benign", same & ~mal[idx]), ("malicious", same & mal[idx])):
+            w = cat & ok
+            out[name] = jnp.sum(jnp.where(w, loss, 0.0)) / jnp.maximum(jnp.sum(w), 1)  # 0 where none was downloaded
+        return {"val_loss_same_cluster": out}
+
+
+def attack_losses(cluster, malicious) -> Callable:
+    """The mean validation loss (``info.loss``: the mean over an agent's validation samples, as
+    FedCBO weighs by it) of the benign agents' downloads from their own cluster, by who made
+    the download: ``val_loss_same_cluster`` ``{"benign", "malicious"}`` (0 for a group none
+    downloaded). Their relative gap is how visible the attack is to the mean loss."""
+    return _AttackLosses.of(cluster, malicious)
+
+
 def attack_selection(cluster, malicious) -> Callable:
     """FedCB²O Fig. 5 per round for the benign agents (infos with ``idx``, ``weights``):
     ``frequency`` and ``weight`` by category, the own model's weight (``self_weight``), and

@@ -79,6 +79,9 @@ class LabelFlipConfig:
       benign_samples: images per benign agent (paper: 500), of which ``val_samples``
         (paper: 100) form its validation set.
       malicious_samples: images per malicious agent (paper: 1200).
+      flip_fraction: the share of an attacker's ``source`` images it flips (paper: 1, every
+        one); below 1, each is flipped with this probability, drawn from a stream of the
+        seed's own, so the partition is the one of a full flip.
       shared_images: ``True`` (the paper, its reference code): one random subset of the
         training images, as many as the largest cluster needs, is rotated for every
         cluster, and each cluster partitions it among its agents afresh; ``False``: every
@@ -96,9 +99,11 @@ class LabelFlipConfig:
     val_samples: int = 100
     malicious_samples: int = 1200
     shared_images: bool = True
+    flip_fraction: float = 1.0
 
     def __post_init__(self):
         check_types(self)
+        _checks.fraction("flip_fraction", self.flip_fraction)
         _checks.positive_int("num_classes", self.num_classes)
         for name in ("source", "target"):
             v = getattr(self, name)
@@ -253,6 +258,15 @@ class AttackDataset(NamedTuple):
                           self._group(*mal))
 
 
+def _flip(y: np.ndarray, cfg: LabelFlipConfig, seed: int) -> np.ndarray:
+    """The attackers' labels: every ``source`` label flipped, or each with probability
+    ``cfg.flip_fraction`` (a stream of its own: the partition's draws are unchanged)."""
+    if cfg.flip_fraction >= 1:
+        return flip_labels(y, cfg.source, cfg.target)
+    chosen = np.random.default_rng([seed, 1]).random(y.shape) < cfg.flip_fraction
+    return np.where((y == cfg.source) & chosen, cfg.target, y).astype(y.dtype)
+
+
 def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> AttackDataset:
     """The attacked rotated benchmark of FedCB²O §3.5 (see the module docstring).
 
@@ -312,7 +326,7 @@ def label_flip_rotated(images: MNIST, cfg: LabelFlipConfig, seed: int = 0) -> At
         x_train=np.concatenate(xt), y_train=np.concatenate(yt).astype(np.int32),
         x_val=np.concatenate(xv), y_val=np.concatenate(yv).astype(np.int32),
         x_mal=np.concatenate(xm) if xm and sum(len(a) for a in xm) else np.zeros((0, cfg.malicious_samples) + shape, np.uint8),
-        y_mal=flip_labels(y_mal_clean, cfg.source, cfg.target),
+        y_mal=_flip(y_mal_clean, cfg, seed),
         y_mal_clean=y_mal_clean,
         cluster=np.asarray(cl_b + cl_m, np.int32),
         malicious=np.asarray([False] * len(cl_b) + [True] * len(cl_m)),

@@ -30,9 +30,9 @@ from __future__ import annotations
 # The two kinds, one module each; this module is their public path.
 from cbo_jax.federated._eval_metrics import (Evaluation, attack_accuracy, attack_metrics, pooled, privacy, returning,
                                             test_accuracy)
-from cbo_jax.federated._round_metrics import (CATEGORIES, attack_selection, category_stats, cluster_purity,
-                                             oracle_selection_rate, round_stats, selection, selection_frequency,
-                                             selection_rate)
+from cbo_jax.federated._round_metrics import (CATEGORIES, attack_losses, attack_selection, category_stats,
+                                             cluster_purity, oracle_selection_rate, round_stats, selection,
+                                             selection_frequency, selection_rate)
 from cbo_jax.models import Model
 
 # Private names of the modules above, importable from here too (tests and benchmarks reach in through this module).
@@ -42,8 +42,8 @@ from cbo_jax.federated._eval_metrics import (_MAX_GROUPS, PyTree, _acc_loss, _ag
                                             _server_eval_impl)
 from cbo_jax.federated._round_metrics import _AttackSelection, _ClusterMetric, _Purity, _Selection  # noqa: F401
 
-__all__ = ["Evaluation", "round_stats", "selection", "cluster_purity", "attack_selection", "test_accuracy",
-           "attack_accuracy", "pooled", "privacy", "default_metrics", "selection_rate", "oracle_selection_rate",
+__all__ = ["Evaluation", "round_stats", "selection", "cluster_purity", "attack_selection", "attack_losses",
+           "test_accuracy", "attack_accuracy", "pooled", "privacy", "default_metrics", "selection_rate", "oracle_selection_rate",
            "selection_frequency", "category_stats", "attack_metrics", "returning", "CATEGORIES"]
 
 

@@ -92,7 +92,7 @@ round_metrics = [fl.metrics.attack_selection(ds.cluster, ds.malicious)]
 metrics = [fl.metrics.attack_accuracy(model, ds)]
 results = {}
 for name, criterion, tg in (("fedcb2o", "G", T_G), ("fedcbo", "loss", 0)):
-    cfg = fl.FedCB2OConfig(M=M, alpha=2.0, T_G=tg, criterion=criterion, local=local)
+    cfg = fl.FedCB2OConfig(M=M, alpha=2.0, gamma=0.1, T_G=tg, criterion=criterion, local=local)  # λ1γ = 1
     algorithm = fl.fedcb2o(model, cfg, ds.cluster, ds.malicious, num_classes=flip.num_classes, name=name)
     results[name] = fl.run(algorithm, ds.attack_data(), rounds, jax.random.key(0), metrics=metrics,
                            round_metrics=round_metrics, every=rounds, out=f"{OUT}/{name}", progress=not SMALL)

@@ -53,12 +53,13 @@ CRITERIA = ("G", "loss")
 
 @dataclasses.dataclass(frozen=True)
 class FedCB2OConfig:
-    """FedCB²O parameters (defaults: the paper's experiment, §3.5, but λ1 γ).
+    """FedCB²O parameters (defaults: the paper's experiment, §3.5).
 
     Attributes:
       M: downloads per benign agent per round.
-      lambda1, gamma: the aggregation step ``λ1 γ``: 10 · 0.1 = 1, the reference code's
-        (the paper's numbers read literally give γ = 0.004, a step of 0.04; the guide).
+      lambda1, gamma: the step ``λ1 γ`` of eq. (3.14): 0.04, the paper's numbers (γ = its lr
+        0.004, λ2 = 1). The reference code's step is 1 (``gamma=0.1``, :meth:`reference_code`),
+        which ``fedcb2o-attack --scale small`` runs: 0.04 needs many rounds.
       alpha: α of ``μ = exp(-α G)``.
       kappa, zeta: ProbSampling's ``P ← (1-ζ) P + ζ exp(-κ L)``, eq. (3.12).
       P_start: ``"first"`` (the first observation sets ``P = exp(-κ L)``) or ``"zero"``
@@ -76,7 +77,7 @@ class FedCB2OConfig:
 
     M: int = 20
     lambda1: float = 10.0
-    gamma: float = 0.1
+    gamma: float = 0.004
     alpha: float = 10.0
     kappa: float = 2.0
     zeta: float = 0.5
@@ -114,7 +115,7 @@ class FedCB2OConfig:
     @classmethod
     def reference_code(cls, **overrides) -> "FedCB2OConfig":
         """The FedCB²O reference script's form: own model in the average with the largest weight
-        after T_G, replaced by the average (λ1 γ = 1, the default), one shared initial model, α = 2."""
+        after T_G, replaced by the average (λ1 γ = 1), one shared initial model, α = 2."""
         kw: dict[str, Any] = dict(include_self=True, self_largest=True, shared_init=True, alpha=2.0, lambda1=10.0,
                                   gamma=0.1)
         kw.update(overrides)
