@@ -56,6 +56,8 @@ class RotatedMNISTConfig:
       subset: the reference script's protocol: every agent draws its images with
         replacement from one shared subset of this many training images (none: the paper's
         partition).
+      partition: label skew within each rotation, none for the paper's equal random split
+        (iid, dirichlet:ALPHA, classes:K, shards:S or quantity:BETA).
     """
 
     source: str = "auto"
@@ -65,10 +67,17 @@ class RotatedMNISTConfig:
     samples_per_agent: int | None = 200
     seed: int = 0
     subset: int | None = None
+    partition: str | None = None
 
     def __post_init__(self):
         cfgs.check_types(self)
         _checks.one_of("source", self.source, mnist.SOURCES)
+        if self.partition is not None:
+            from cbo_jax.federated.partition import parse
+
+            parse(self.partition)
+            if self.subset is not None:
+                raise ValueError("data.partition and data.subset are two protocols: give one of them")
         _checks.positive_int("agents", self.agents)
         if self.clusters not in fdata.ROTATIONS:
             raise ValueError(f"clusters (rotation count) must be one of {sorted(fdata.ROTATIONS)}, got {self.clusters!r}")
@@ -175,7 +184,7 @@ def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
                                   "--source bundled, to use the bundled subset") from None
         raise
     return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed,
-                               subset=data.subset)
+                               subset=data.subset, partition=data.partition)
 
 
 def build(cfg, num_agents: int, mesh=None):

@@ -13,7 +13,7 @@ algorithms use (``local_train``, ``participants``, ``broadcast``, ``diverged``, 
 ``fedcbo(..., rule=)`` (``docs/guides/extending.md``, ``examples/federated_custom_algorithm.py``).
 """
 
-from cbo_jax.federated import metrics, selection
+from cbo_jax.federated import metrics, partition, selection
 from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
@@ -31,7 +31,7 @@ __all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMCo
            "FedCB2OConfig", "FedCBOConfig",
            "FedPDConfig", "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model",
            "RunResult", "SGLDConfig", "SelectionRule", "class_losses", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
-           "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics",
+           "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics", "partition",
            "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform",
            # building an algorithm of one's own (docs/guides/extending.md)
            "broadcast", "diverged", "init_population", "local_train", "participants", "per_agent_fields", "selection"]

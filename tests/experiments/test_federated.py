@@ -41,6 +41,21 @@ def test_run_fedcbo_writes_results_directory(tmp_path, capsys):
     assert rows[0]["test_acc"] == json.loads((again / "metrics.jsonl").read_text())["test_acc"]
 
 
+@pytest.mark.slow  # one tiny run; CI runs it in the slow step
+def test_run_with_a_label_skew_partition(tmp_path, capsys):
+    """``--data.partition dirichlet:0.5``: the agents hold unequal, label-skewed shares of their
+    rotation's images; the run records the spec in config.json."""
+    cfg = tmp_path / "cfg.json"
+    cfg.write_text(json.dumps(TINY_BASELINE))
+    out = tmp_path / "res"
+    assert main(["run", "fedavg", "--config", str(cfg), "--data.partition", "dirichlet:0.5", "--output", str(out),
+                 "--no-progress"]) == 0
+    assert _last_json(capsys.readouterr().out)["rounds"] == 2
+    assert json.loads((out / "config.json").read_text())["data"]["partition"] == "dirichlet:0.5"
+    assert main(["run", "fedavg", "--config", str(cfg), "--data.partition", "zipf:1", "--no-progress"]) != 0
+    assert "unknown partition" in capsys.readouterr().err
+
+
 def _idx_dir(path):
     from federated.test_mnist import _fake_dir  # tiny random IDX files (60 training, 20 test images)
 
