@@ -71,6 +71,8 @@ from cbo_jax.federated import attacks, emnist, mnist
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
+from cbo_jax.federated.algorithms.robust_dfedavg import RobustConfig, robust_dfedavg
+from cbo_jax.federated.robust import RULES
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.metrics import CATEGORIES
 from cbo_jax.federated.runner import finished, model_record, run
@@ -174,6 +176,8 @@ class Options:
       aggregation_step: override the aggregation step λ1 γ of FedCB²O and of the FedCBO
         baseline (λ1 = 10, γ = step / 10; default: 1 at the small scale, the paper's 0.04 at
         the paper's)
+      robust: fedcb2o-attack: also run the robust decentralised baselines, a comma-separated
+        list of median, trimmed_mean, krum and mean (cluster-wise downloads, β = 0.1, Krum's f = 6)
     """
 
     scale: ScaleOptions = ScaleOptions()
@@ -195,6 +199,7 @@ class Options:
     per_cluster_images: bool = False
     setting: str = option("paper", choices=tuple(SETTINGS))
     aggregation_step: float | None = None
+    robust: str | None = None
 
 
 def _refuse_ignored(args, sweep: bool) -> None:
@@ -205,7 +210,7 @@ def _refuse_ignored(args, sweep: bool) -> None:
     if not sweep:
         return
     given = [flag for flag, dest, unset in (("--T-G", "T_G", None), ("--alpha-fedcbo", "alpha_fedcbo", None),
-                                             ("--no-sensitivity", "no_sensitivity", False))
+                                             ("--no-sensitivity", "no_sensitivity", False), ("--robust", "robust", None))
              if getattr(args, dest, unset) != unset]
     if given:
         raise ValueError(f"fedcb2o-tg does not use {', '.join(given)}: it sweeps T_G itself and runs FedCB2O only "
@@ -376,6 +381,25 @@ def _oracle_builder(scale: Scale, with_attackers: bool, name: str):
     return build
 
 
+def _robust_rules(args) -> list[str]:
+    text = getattr(args, "robust", None)
+    if not text:
+        return []
+    rules = [r.strip() for r in text.split(",") if r.strip()]
+    bad = [r for r in rules if r not in RULES]
+    if bad or not rules:
+        raise ValueError(f"--robust takes a comma-separated list of {', '.join(RULES)}; got {text!r}")
+    return list(dict.fromkeys(rules))
+
+
+def _robust_builder(scale: Scale, rule: str):
+    def build(ds, model):
+        cfg = RobustConfig(rule=rule, M=scale.M, local=_local(scale), agent_chunk=scale.eval_chunk)
+        alg = robust_dfedavg(model, cfg, ds.cluster, ds.malicious)
+        return alg, lambda d: d.attack_data(), ds.cluster, ds.malicious, []
+    return build
+
+
 def _settings(scale: Scale, seeds: int, args) -> dict:
     flip = attacks.LabelFlipConfig() if args.dataset == "mnist" else None
     return {"scale": args.scale, "seeds": seeds, "dataset": args.dataset, "model": scale.model, "rounds": scale.rounds,
@@ -392,6 +416,7 @@ def _settings(scale: Scale, seeds: int, args) -> dict:
 
 def run_attack_table(args: argparse.Namespace) -> dict:
     _refuse_ignored(args, sweep=False)
+    _robust_rules(args)  # a bad list is refused before any data is read
     scale = _scale(args)
     seeds = scale.seeds if args.seeds is None else args.seeds
     a_cb2o, a_cbo = scale.alpha, scale.alpha_fedcbo
@@ -401,6 +426,9 @@ def run_attack_table(args: argparse.Namespace) -> dict:
         "oracle_min": _oracle_builder(scale, False, "oracle_min"),
         "oracle_max": _oracle_builder(scale, True, "oracle_max"),
     }
+    rules = _robust_rules(args)
+    for rule in rules:
+        variants[f"dfedavg_{rule}"] = _robust_builder(scale, rule)
     pairs = {} if args.no_sensitivity else {"alpha_2_2": 2.0, "alpha_10_10": 10.0}
     for label, a in pairs.items():  # both methods at one α: the runs the defaults do not cover
         if a != a_cb2o:
@@ -415,6 +443,8 @@ def run_attack_table(args: argparse.Namespace) -> dict:
 
     out = {"fedcb2o": row("fedcb2o", a_cb2o), "fedcbo": row("fedcbo", a_cbo), "oracle_min": row("oracle_min"),
            "oracle_max": row("oracle_max")}
+    if rules:
+        out["robust"] = {rule: row(f"dfedavg_{rule}") for rule in rules}
     out["asr_ratio_fedcb2o_over_fedcbo"] = round(out["fedcb2o"]["asr"] / max(out["fedcbo"]["asr"], 1e-9), 3)
     out["sensitivity"] = {}
     for label, a in pairs.items():

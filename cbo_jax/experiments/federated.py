@@ -183,8 +183,13 @@ def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
             raise mnist.DataError(f"{err}; CBO_JAX_DATA_DIR={env!r} names this directory: unset it, or pass "
                                   "--source bundled, to use the bundled subset") from None
         raise
+    split = None
+    if data.partition is not None:
+        from cbo_jax.federated.partition import parse
+
+        split = parse(data.partition)
     return fdata.rotated_mnist(source, data.agents, data.clusters, data.samples_per_agent, seed=data.seed,
-                               subset=data.subset, partition=data.partition)
+                               subset=data.subset, partition=split)
 
 
 def build(cfg, num_agents: int, mesh=None):

@@ -13,9 +13,10 @@ algorithms use (``local_train``, ``participants``, ``broadcast``, ``diverged``, 
 ``fedcbo(..., rule=)`` (``docs/guides/extending.md``, ``examples/federated_custom_algorithm.py``).
 """
 
-from cbo_jax.federated import metrics, partition, selection
+from cbo_jax.federated import metrics, partition, robust, selection
 from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
+                                          RobustConfig, robust_dfedavg,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
                                           fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
 from cbo_jax.federated.algorithms.base import BaselineConfig, broadcast, diverged, participants, per_agent_fields
@@ -23,6 +24,7 @@ from cbo_jax.federated.algorithms.fedcb2o import class_losses, robustness_criter
 from cbo_jax.federated.attacks import AttackData
 from cbo_jax.federated.data import AgentData, FederatedData, rotated_mnist
 from cbo_jax.federated.local import LocalSGDConfig, local_train
+from cbo_jax.federated.robust import krum, median, trimmed_mean
 from cbo_jax.federated.runner import DivergedError, RunResult, run
 from cbo_jax.federated.selection import SelectionRule, epsilon_greedy, prob_sampling, uniform
 from cbo_jax.models import Model, from_flax, init_population
@@ -32,6 +34,7 @@ __all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMCo
            "FedPDConfig", "FedSGLDConfig", "FederatedData", "IFCAConfig", "LocalConfig", "LocalSGDConfig", "Model",
            "RunResult", "SGLDConfig", "SelectionRule", "class_losses", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
            "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics", "partition",
+           "robust", "median", "trimmed_mean", "krum", "RobustConfig", "robust_dfedavg",
            "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform",
            # building an algorithm of one's own (docs/guides/extending.md)
            "broadcast", "diverged", "init_population", "local_train", "participants", "per_agent_fields", "selection"]

@@ -26,7 +26,7 @@ whole test set rotated the same way.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -352,7 +352,7 @@ def rotated_mnist(
     samples_per_agent: int | None = None,
     seed: int = 0,
     subset: int | None = None,
-    partition: str | None = None,
+    partition: Callable[[np.ndarray, int, int], Sequence[np.ndarray]] | None = None,
 ) -> FederatedData:
     """The rotated-MNIST clustered benchmark (FedCBO paper, Table 1 setting).
 
@@ -367,10 +367,11 @@ def rotated_mnist(
         subset of ``subset`` training images (6,000 in the script), shared by every
         rotation, from which each agent draws its ``samples_per_agent`` images with
         replacement.
-      partition: label skew within each rotation (:func:`cbo_jax.federated.partition.parse`,
-        for example ``"dirichlet:0.3"``): each cluster's ``N/K · samples_per_agent`` images are
-        split among its agents by that partitioner (unequal sizes, padded) instead of
-        ``samples_per_agent`` each at random; ``None`` (default): the paper's equal split.
+      partition: label skew within each rotation, a partitioner ``(labels, num_clients, seed)
+        -> indices`` such as ``fl.partition.parse("dirichlet:0.3")``: each cluster's
+        ``N/K · samples_per_agent`` images are split among its agents by it (unequal sizes,
+        padded) instead of ``samples_per_agent`` each at random; ``None`` (default): the
+        paper's equal split.
 
     Returns a :class:`FederatedData` whose agents ``k·N/K .. (k+1)·N/K - 1`` form
     cluster ``k`` (the algorithms never see this order or the ids), with one test set
@@ -414,13 +415,13 @@ def rotated_mnist(
             f"(for {n} agents){fewer}{whole}; or subset=S, every "
             f"agent drawing its images from one shared subset of S images (the reference script's protocol)"
         )
-    split = None
-    if partition is not None:
-        from cbo_jax.federated.partition import parse
-
+    split = partition
+    if split is not None:
+        if not callable(split):
+            raise ValueError(f"partition must be a partitioner (labels, num_clients, seed) -> indices, such as "
+                             f"fl.partition.parse('dirichlet:0.3'); got {partition!r}")
         if subset is not None:
             raise ValueError("partition and subset are two protocols: give one of them")
-        split = parse(partition)
     rng = np.random.default_rng(seed)
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
@@ -434,20 +435,21 @@ def rotated_mnist(
             perm = shared[rng.integers(0, subset, (per_cluster, samples_per_agent))]
         else:
             perm = rng.permutation(n_train)[: samples_per_agent * per_cluster].reshape(per_cluster, samples_per_agent)
+        rows: Sequence[np.ndarray] = list(perm)
         if split is not None:  # the same images, split by the partitioner (its own seed per cluster)
             flat = perm.ravel()
             parts = split(mnist.train_labels[flat], per_cluster, int(np.random.default_rng([seed, 3, k]).integers(2**31)))
-            perm = [flat[q] for q in parts]
-        xs.extend(rotated[q] for q in perm)
-        ys.extend(mnist.train_labels[q] for q in perm)
+            rows = [flat[q] for q in parts]
+        xs.extend(rotated[q] for q in rows)
+        ys.extend(mnist.train_labels[q] for q in rows)
         cluster.extend([k] * per_cluster)
         test_x.append(rotate(mnist.test_images, degrees))
         test_y.append(mnist.test_labels)
     if split is not None:
         empty = [j for j, a in enumerate(xs) if len(a) == 0]
         if empty:
-            raise ValueError(f"partition {partition!r} left agents {empty[:5]} without images; use fewer agents or "
-                             f"more samples_per_agent")
+            raise ValueError(f"the partition left agents {empty[:5]} without images; use fewer agents or more "
+                             f"samples_per_agent")
         return FederatedData.from_lists(xs, [a.astype(np.int32) for a in ys], cluster=np.asarray(cluster, np.int32),
                                         test_x=np.stack(test_x), test_y=np.stack(test_y).astype(np.int32))
     return FederatedData(

@@ -20,7 +20,8 @@ the label-aware partitioners give every sample to some client. The results are s
   ``Dirichlet(beta, ..., beta)``.
 
 Feature skew by rotation is :func:`cbo_jax.federated.data.rotated_mnist` (its
-``partition`` argument partitions each rotation's images with any of the above).
+``partition`` argument, ``parse("dirichlet:0.3")`` for example, partitions each rotation's
+images with any of the above).
 :func:`label_counts` and :func:`plot` show the label distribution per client;
 :func:`parse` reads a command-line spec such as ``"dirichlet:0.3"``;
 :func:`federated_data` builds a :class:`~cbo_jax.federated.data.FederatedData`.
@@ -33,6 +34,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cbo_jax import _checks
+from cbo_jax.federated.data import FederatedData
 
 __all__ = ["iid", "dirichlet", "classes_per_client", "shards", "quantity_skew", "label_counts", "coverage",
            "plot", "parse", "SPECS", "federated_data"]
@@ -253,8 +255,6 @@ def federated_data(x: Any, y: Any, parts: Sequence[np.ndarray], test_x: Any = No
                    cluster: Any = None):
     """A :class:`~cbo_jax.federated.data.FederatedData` of the clients ``parts`` of ``(x, y)``
     (padded to the largest client), with one shared test set when given."""
-    from cbo_jax.federated.data import FederatedData
-
     x, y = np.asarray(x), np.asarray(y)
     if len(x) != len(y):
         raise ValueError(f"x and y must have one entry per sample; got {len(x)} and {len(y)}")

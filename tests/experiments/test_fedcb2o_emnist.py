@@ -30,7 +30,8 @@ def test_emnist_attack_command_runs_on_mock_data(tfds, tmp_path, monkeypatch, ca
                         dataclasses.replace(fedcb2o_attack.SCALES["small"], M=2, T_G=1, eval_chunk=2))
     with tfds.testing.mock_data(num_examples=400):
         code = main(["reproduce", "fedcb2o-attack", "--dataset", "emnist", "--scale", "small", "--seeds", "1",
-                     "--rounds", "2", "--no-sensitivity", "--no-progress", "--output", str(tmp_path / "out")])
+                     "--rounds", "2", "--no-sensitivity", "--robust", "median", "--no-progress",
+                     "--output", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert code == 0, err
     r = _last_json(out)
@@ -38,6 +39,7 @@ def test_emnist_attack_command_runs_on_mock_data(tfds, tmp_path, monkeypatch, ca
     assert (r["source_class"], r["target_class"]) == (emnist.EMNIST_SOURCE_O, emnist.EMNIST_TARGET_ZERO)
     for name in ("fedcb2o", "fedcbo", "oracle_min", "oracle_max"):
         assert all(np.isfinite(r[name][k]) for k in ("overall_acc", "source_acc", "asr")), r[name]
+    assert all(np.isfinite(r["robust"]["median"][k]) for k in ("overall_acc", "source_acc", "asr"))
     assert r["attackers_loss_gap"] is None  # 2 rounds: fewer than the gap's 5
     cfg = json.loads((tmp_path / "out" / "fedcb2o" / "seed0" / "config.json").read_text())
     assert cfg["model"]["num_classes"] == emnist.EMNIST_BALANCED_CLASSES
@@ -55,3 +57,15 @@ def test_emnist_not_prepared_says_how(tfds, tmp_path, capsys):
     assert f"there is no {empty / 'emnist' / 'balanced'}" in err
     assert f"tfds build emnist/balanced --file_format=array_record --data_dir={empty}" in err
     assert "tfds convert_format" in err
+
+
+@pytest.mark.parametrize("flags, match", [(["--robust", "mode"], "--robust takes"), (["--robust", ","], "--robust takes")])
+def test_bad_robust_list_is_refused_before_data_is_read(flags, match, monkeypatch, capsys):
+    from cbo_jax.experiments import fedcb2o_attack
+
+    def loaded(args):
+        raise AssertionError("data were loaded")
+
+    monkeypatch.setattr(fedcb2o_attack, "_images", loaded)
+    assert main(["reproduce", "fedcb2o-attack", "--seeds", "1", "--no-progress", *flags]) != 0
+    assert match in capsys.readouterr().err

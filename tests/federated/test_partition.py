@@ -113,7 +113,7 @@ def test_rotated_mnist_partition_splits_the_same_images_by_label():
 
     src = mnist.load_bundled()
     equal = fl.rotated_mnist(src, 8, 4, 20, seed=0)
-    skewed = fl.rotated_mnist(src, 8, 4, 20, seed=0, partition="dirichlet:0.3")
+    skewed = fl.rotated_mnist(src, 8, 4, 20, seed=0, partition=fl.partition.parse("dirichlet:0.3"))
     np.testing.assert_array_equal(skewed.cluster, equal.cluster)
     np.testing.assert_array_equal(skewed.test_y, equal.test_y)
     assert skewed.counts.sum() == equal.counts.sum() and len(set(skewed.counts.tolist())) > 1
@@ -122,7 +122,9 @@ def test_rotated_mnist_partition_splits_the_same_images_by_label():
             return np.sort(np.concatenate([d.y[j, :d.counts[j]] for j in np.flatnonzero(d.cluster == k)]))
         np.testing.assert_array_equal(labels(skewed), labels(equal))
     with pytest.raises(ValueError, match="two protocols"):
-        fl.rotated_mnist(src, 8, 4, 20, subset=100, partition="iid")
+        fl.rotated_mnist(src, 8, 4, 20, subset=100, partition=fl.partition.parse("iid"))
+    with pytest.raises(ValueError, match="a partitioner"):
+        fl.rotated_mnist(src, 8, 4, 20, partition="iid")
 
 
 def test_experiment_config_checks_the_partition_spec():

@@ -11,6 +11,8 @@ fedpd         :func:`fedpd` (also noisy FedPD)             :class:`AgentData`
 fedsgld       :func:`fedsgld` (FedSGLD Algorithm 1)        :class:`AgentData`
 fedcb2o       :func:`fedcb2o` (FedCB²O Algorithm 1)        ``attacks.AttackData``
 dfedavgm      :func:`dfedavgm` (the oracles)               ``attacks.AttackData``
+dfedavg_RULE  :func:`robust_dfedavg` (median, trimmed      ``attacks.AttackData``
+              mean, Krum)
 ============  ==========================================  ====================================
 """
 
@@ -22,8 +24,9 @@ from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fedpd, fedsgld
 from cbo_jax.federated.algorithms.ifca import IFCAConfig, ifca
 from cbo_jax.federated.algorithms.local_only import LocalConfig, local_only
+from cbo_jax.federated.algorithms.robust_dfedavg import RobustConfig, robust_dfedavg
 from cbo_jax.federated.langevin import SGLDConfig
 
 __all__ = ["AgentData", "Algorithm", "BaselineConfig", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
-           "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
-           "fedcbo", "fedpd", "fedsgld", "ifca", "local_only"]
+           "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "RobustConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
+           "fedcbo", "fedpd", "fedsgld", "ifca", "local_only", "robust_dfedavg"]
