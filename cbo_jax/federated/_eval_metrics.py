@@ -193,7 +193,7 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
     t = test_x.shape[0]
     clf = model.is_classifier
     groups = tuple(tuple(int(j) for j in np.flatnonzero(test_of == k)) for k in range(t))
-    names = (["test_acc"] if clf else []) + ["test_loss"] + (
+    names = (["test_acc"] + list(DISTRIBUTION) if clf else []) + ["test_loss"] + (
         (["test_acc_per_cluster"] if clf else []) + ["server_model_per_cluster"] if cluster is not None else [])
 
     @returning("test_accuracy", names)
@@ -214,7 +214,8 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
                 acc, loss = _grouped_eval(model, chunk, groups, params, test_x, test_y, counts)
             else:
                 acc, loss = _agent_eval(model, chunk, params, test_x, test_y, counts, jnp.asarray(test_of))
-            out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss))}
+            out = {"test_acc": float(jnp.mean(acc)) * 100, "test_loss": float(jnp.mean(loss)),
+                   **distribution(np.asarray(acc, np.float64) * 100)}
             if cluster is not None:
                 c = jnp.asarray(cluster)
                 out["test_acc_per_cluster"] = [float(jnp.mean(acc[c == k])) * 100 if has[k] else None for k in ids]
@@ -224,7 +225,8 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
             acc_t, loss_t = acc[best, jnp.arange(t)], loss[best, jnp.arange(t)]
             per_set = jnp.bincount(jnp.asarray(test_of), length=t).astype(jnp.float32)  # agents per test set
             out = {"test_acc": float(jnp.sum(acc_t * per_set) / jnp.sum(per_set)) * 100,
-                   "test_loss": float(jnp.sum(loss_t * per_set) / jnp.sum(per_set))}
+                   "test_loss": float(jnp.sum(loss_t * per_set) / jnp.sum(per_set)),
+                   **distribution(np.asarray(acc_t, np.float64)[test_of] * 100)}
             if cluster is not None:
                 per_agent = np.asarray(acc_t, np.float64)[test_of]
                 out["test_acc_per_cluster"] = [float(np.mean(per_agent[cluster == k])) * 100 if has[k] else None
@@ -239,6 +241,20 @@ def test_accuracy(model: Model, data, *, chunk: int = 8, test_size: int | None =
         return out
 
     return metric
+
+
+DISTRIBUTION = ("test_acc_p10", "test_acc_median", "test_acc_p90", "test_acc_worst10")
+
+
+def distribution(per_agent: np.ndarray) -> dict:
+    """The agents' test accuracies (%) as a distribution: the 10th, 50th and 90th percentiles
+    (linear interpolation) and the mean of the worst decile (the ``ceil(N/10)`` lowest)."""
+    a = np.sort(np.asarray(per_agent, np.float64))
+    if a.size == 0:
+        return {}
+    p10, p50, p90 = np.percentile(a, [10, 50, 90])
+    return {"test_acc_p10": float(p10), "test_acc_median": float(p50), "test_acc_p90": float(p90),
+            "test_acc_worst10": float(np.mean(a[: max(1, -(-a.size // 10))]))}
 
 
 def _attack_eval_impl(model, chunk, test_batch, params, test_x, test_y, cluster, source, target):
