@@ -3,16 +3,18 @@
 ============  ==========================================  ====================================
 name          builder                                     data its round takes
 ============  ==========================================  ====================================
-fedcbo        :func:`fedcbo` (FedCBO Algorithm 1)          :class:`AgentData`
-fedavg        :func:`fedavg`                               :class:`AgentData`
-ifca          :func:`ifca`                                 :class:`AgentData`
-local         :func:`local_only`                           :class:`AgentData`
-fedpd         :func:`fedpd` (also noisy FedPD)             :class:`AgentData`
-fedsgld       :func:`fedsgld` (FedSGLD Algorithm 1)        :class:`AgentData`
-fedcb2o       :func:`fedcb2o` (FedCB²O Algorithm 1)        ``attacks.AttackData``
-dfedavgm      :func:`dfedavgm` (the oracles)               ``attacks.AttackData``
-dfedavg_RULE  :func:`robust_dfedavg` (median, trimmed      ``attacks.AttackData``
-              mean, Krum)
+fedcbo        :func:`fedcbo` (FedCBO Algorithm 1)         :class:`AgentData`
+fedavg        :func:`fedavg`                              :class:`AgentData`
+ifca          :func:`ifca`                                :class:`AgentData`
+local         :func:`local_only`                          :class:`AgentData`
+fedpd         :func:`fedpd` (also noisy FedPD)            :class:`AgentData`
+fedsgld       :func:`fedsgld` (FedSGLD Algorithm 1)       :class:`AgentData`
+fedadam       :func:`fedadam`, :func:`fedyogi`            :class:`AgentData`
+              (server optimisers, :func:`fedopt`)
+fedcb2o       :func:`fedcb2o` (FedCB²O Algorithm 1)       ``attacks.AttackData``
+dfedavgm      :func:`dfedavgm` (the oracles)              ``attacks.AttackData``
+dfedavg_RULE  :func:`robust_dfedavg` (median,             ``attacks.AttackData``
+              trimmed mean, Krum)
 ============  ==========================================  ====================================
 """
 
@@ -21,6 +23,7 @@ from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated.algorithms.fedavg import FedAvgConfig, fedavg
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
 from cbo_jax.federated.algorithms.fedcbo import FedCBOConfig, fedcbo
+from cbo_jax.federated.algorithms.fedopt import FedOptConfig, fedadam, fedopt, fedyogi
 from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fedpd, fedsgld
 from cbo_jax.federated.algorithms.ifca import IFCAConfig, ifca
 from cbo_jax.federated.algorithms.local_only import LocalConfig, local_only
@@ -28,5 +31,6 @@ from cbo_jax.federated.algorithms.robust_dfedavg import RobustConfig, robust_dfe
 from cbo_jax.federated.langevin import SGLDConfig
 
 __all__ = ["AgentData", "Algorithm", "BaselineConfig", "DFedAvgMConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
-           "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "RobustConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
-           "fedcbo", "fedpd", "fedsgld", "ifca", "local_only", "robust_dfedavg"]
+           "FedOptConfig", "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "RobustConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
+           "fedcbo", "fedpd", "fedsgld", "ifca", "local_only", "robust_dfedavg",
+           "fedopt", "fedadam", "fedyogi"]
