@@ -90,7 +90,8 @@ class LocalResult(NamedTuple):
     loss: jax.Array  # (N,) mean mini-batch loss over the last epoch
 
 
-def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformation, params, opt_state, x, y, count, key):
+def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformation, params, opt_state, x, y, count, key,
+               prox=None):
     n_max = x.shape[0]
     b = cfg.batch_size
     full, rest = divmod(n_max, b)  # ``full`` batches of B rows, then one of ``rest`` rows (no padded rows)
@@ -102,6 +103,9 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
         idx, mask = batch[:2]
         bkey = batch[2] if dropout else None
         loss, grads = jax.value_and_grad(lambda p: masked_loss(model, p, x[idx], y[idx], mask, key=bkey))(params)
+        if prox is not None:  # FedProx: + (mu / 2) |p - anchor|^2 in the minimised objective, not in the reported loss
+            mu, anchor = prox
+            grads = jax.tree_util.tree_map(lambda g, p, a: g + mu * (p - a).astype(g.dtype), grads, params, anchor)
         updates, new_opt = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         has_data = jnp.any(mask)
@@ -140,7 +144,7 @@ def agent_keys(key: jax.Array, num_agents: int) -> jax.Array:
 
 
 def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, data: Any,
-                key: jax.Array) -> LocalResult:
+                key: jax.Array, prox: tuple[float, PyTree] | None = None) -> LocalResult:
     """Run :class:`LocalSGDConfig` local training on every agent (vmapped).
 
     Args:
@@ -151,6 +155,8 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
       data: the agents' :class:`~cbo_jax.federated.data.AgentData` (an agent with no
         samples, such as a padding agent, is left untouched).
       key: PRNG key; agent ``j`` uses ``fold_in(key, j)``.
+      prox: ``(mu, anchor)``: FedProx's proximal term ``(mu / 2) |θ - anchor|²`` added to every
+        agent's objective (``anchor`` stacked as ``params``); ``None``: plain SGD.
     """
     n_params = jax.tree_util.tree_leaves(params)[0].shape[0]
     if n_params != data.counts.shape[0]:
@@ -159,10 +165,18 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
     args = (params, opt_state, data.x, data.y, data.counts, agent_keys(key, data.counts.shape[0]))
+    if prox is not None:
+        mu, anchor = prox
+        args = args + (anchor,)
+
+        def one(p, s, xi, yi, c, k, a):
+            return _train_one(model, cfg, opt, p, s, xi, yi, c, k, prox=(mu, a))
+    else:
+        def one(p, s, xi, yi, c, k):
+            return _train_one(model, cfg, opt, p, s, xi, yi, c, k)
     if cfg.agent_chunk is None:
-        train = jax.vmap(lambda p, s, xi, yi, c, k: _train_one(model, cfg, opt, p, s, xi, yi, c, k))
-        return LocalResult(*train(*args))
-    return LocalResult(*jax.lax.map(lambda a: _train_one(model, cfg, opt, *a), args, batch_size=cfg.agent_chunk))
+        return LocalResult(*jax.vmap(one)(*args))
+    return LocalResult(*jax.lax.map(lambda a: one(*a), args, batch_size=cfg.agent_chunk))
 
 
 def agent_loss(model: Model, params: PyTree, x, y, count, batch_size: int | None = None, reduction: str = "mean"):
