@@ -17,7 +17,7 @@ from cbo_jax.federated import metrics, partition, robust, selection
 from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedOptConfig, FedProxConfig, RobustConfig, fedadam, fedopt, fedprox,
-                                          fedyogi, robust_dfedavg,
+                                          fedyogi, robust_dfedavg, DittoConfig, ditto,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
                                           fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
 from cbo_jax.federated.algorithms.base import BaselineConfig, broadcast, diverged, participants, per_agent_fields
@@ -36,7 +36,7 @@ __all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMCo
            "RunResult", "SGLDConfig", "SelectionRule", "class_losses", "consensus_downloads", "dfedavgm", "epsilon_greedy", "fedavg",
            "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics", "partition",
            "robust", "median", "trimmed_mean", "krum", "RobustConfig", "robust_dfedavg",
-           "FedOptConfig", "fedopt", "fedadam", "fedyogi", "FedProxConfig", "fedprox",
+           "FedOptConfig", "fedopt", "fedadam", "fedyogi", "FedProxConfig", "fedprox", "DittoConfig", "ditto",
            "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform",
            # building an algorithm of one's own (docs/guides/extending.md)
            "broadcast", "diverged", "init_population", "local_train", "participants", "per_agent_fields", "selection"]
