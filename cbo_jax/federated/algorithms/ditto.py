@@ -2,7 +2,7 @@
 personalization", ICML 2021, Algorithm 1): a global model trained by FedAvg and, on every agent,
 a personal model ``v_j`` trained on its own data with a proximal pull towards the global model,
 
-    min_v  F_j(v) + (λ / 2) |v - w|²,
+    min_v  F_j(v) + (λ / 2) ‖v - w‖²,
 
 by the same τ epochs of local SGD (:func:`~cbo_jax.federated.local.local_train` with ``prox``),
 starting from the agent's previous personal model. Agents are measured on their personal

@@ -2,7 +2,7 @@
 heterogeneous networks", MLSys 2020): FedAvg whose agents minimise their local loss plus a
 proximal term that keeps them near the global model ``x`` they started from,
 
-    min_θ  F_j(θ) + (μ / 2) |θ - x|²,
+    min_θ  F_j(θ) + (μ / 2) ‖θ - x‖²,
 
 by the same τ epochs of local SGD (:func:`~cbo_jax.federated.local.local_train` with ``prox``);
 the server then averages the agents of ``G_n`` by their numbers of samples, as FedAvg. ``μ = 0``
