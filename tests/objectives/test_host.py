@@ -136,12 +136,14 @@ def test_workers_split_a_step_and_count_the_evaluations(capsys):
     picklable function), the same energies and trajectory, and a bar that counts evaluations."""
     import functools
     import threading
+    import time
 
     seen = set()
 
     def slow(x):
         seen.add(threading.get_ident())
-        return np_rastrigin(x)
+        time.sleep(0.05)  # busy while the next chunk is submitted: a pool reuses an idle thread, and a
+        return np_rastrigin(x)  # chunk finished before the next submit left one thread (a loaded CI host)
 
     x0 = _x0(30, 3).astype(np.float32)
     ref = cj.simulate(cj.cbo(cj.objectives.from_numpy(np_rastrigin)), x0, 0, 5)
