@@ -26,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 from cbo_jax import _checks
 
@@ -36,7 +37,7 @@ __all__ = ["median", "trimmed_mean", "krum", "aggregate", "RULES"]
 RULES = ("mean", "median", "trimmed_mean", "krum")
 
 
-def _valid(tree: PyTree, valid) -> jax.Array:
+def _valid(tree: PyTree, valid: ArrayLike | None) -> jax.Array:
     """``(m,)``: the rows given as valid whose every value is finite."""
     leaves = jax.tree_util.tree_leaves(tree)
     m = leaves[0].shape[0]
@@ -52,7 +53,7 @@ def _sorted_valid(a: jax.Array, ok: jax.Array) -> jax.Array:
     return jnp.sort(jnp.where(mask, a, jnp.inf), axis=0)
 
 
-def median(tree: PyTree, valid=None) -> PyTree:
+def median(tree: PyTree, valid: ArrayLike | None = None) -> PyTree:
     """The coordinate-wise median of the valid rows of ``tree`` (zeros with none)."""
     ok = _valid(tree, valid)
     v = jnp.sum(ok)
@@ -66,7 +67,7 @@ def median(tree: PyTree, valid=None) -> PyTree:
     return jax.tree_util.tree_map(one, tree)
 
 
-def trimmed_mean(tree: PyTree, beta: float, valid=None) -> PyTree:
+def trimmed_mean(tree: PyTree, beta: float, valid: ArrayLike | None = None) -> PyTree:
     """The coordinate-wise mean of the valid rows after dropping the ``⌊beta·v⌋`` largest and
     smallest values of each coordinate (``0 <= beta < 0.5``; zeros with no valid row)."""
     b = _checks.non_negative("beta", beta)
@@ -86,7 +87,7 @@ def trimmed_mean(tree: PyTree, beta: float, valid=None) -> PyTree:
     return jax.tree_util.tree_map(one, tree)
 
 
-def krum(tree: PyTree, f: int, valid=None, m_select: int = 1) -> PyTree:
+def krum(tree: PyTree, f: int, valid: ArrayLike | None = None, m_select: int = 1) -> PyTree:
     """Krum (``m_select = 1``) or Multi-Krum over the valid rows, tolerating ``f`` attackers.
 
     Each valid model's score is the sum of its squared distances to its ``v - f - 2``
@@ -120,8 +121,8 @@ def krum(tree: PyTree, f: int, valid=None, m_select: int = 1) -> PyTree:
     return jax.tree_util.tree_map(one, tree)
 
 
-def aggregate(rule: str, tree: PyTree, valid=None, *, beta: float = 0.1, f: int = 0, m_select: int = 1,
-              weights=None) -> tuple[PyTree, jax.Array]:
+def aggregate(rule: str, tree: PyTree, valid: ArrayLike | None = None, *, beta: float = 0.1, f: int = 0,
+              m_select: int = 1, weights: ArrayLike | None = None) -> tuple[PyTree, jax.Array]:
     """``(model, ok)``: ``rule`` (one of :data:`RULES`) applied to the rows of ``tree``; ``ok``
     says whether any row was valid. ``"mean"`` is the ``weights``-weighted mean (equal weights
     when none are given)."""
