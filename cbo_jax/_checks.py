@@ -6,8 +6,10 @@ offending parameter in its message.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
@@ -15,9 +17,31 @@ import numpy as np
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
+# Set while a federated sweep traces its configs (cbo_jax.federated.sweep): the swept numbers are
+# tracers there, each of them checked on the host before (one concrete config per grid point).
+_SWEPT: contextvars.ContextVar[bool] = contextvars.ContextVar("cbo_jax_swept", default=False)
+
+
+@contextlib.contextmanager
+def swept_numbers() -> Iterator[None]:
+    """While active, the number checks pass a traced value through unchecked: a sweep builds
+    its configs with tracers, after checking every grid point's concrete config."""
+    token = _SWEPT.set(True)
+    try:
+        yield
+    finally:
+        _SWEPT.reset(token)
+
+
+def swept(value: Any) -> bool:
+    """``value`` is a traced number of a sweep (:func:`swept_numbers`): checked already, on the host."""
+    return isinstance(value, jax.core.Tracer) and _SWEPT.get()
+
 
 def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
     """A finite real number (not a string, not a bool); with ``f32``, also within float32's range."""
+    if swept(value):
+        return value
     if isinstance(value, jax.core.Tracer):  # float() would fail with a bare ConcretizationTypeError
         raise ValueError(
             f"{name} is a traced value (a config built inside jax.vmap, jax.jit or jax.grad): configs hold Python "
@@ -40,6 +64,8 @@ def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
 
 def non_negative(name: str, value: Any, *, f32: bool = False) -> float:
     v = finite_number(name, value, f32=f32)
+    if swept(v):
+        return v
     if v < 0:
         raise ValueError(f"{name} must be >= 0, got {value!r}")
     return v
@@ -47,6 +73,8 @@ def non_negative(name: str, value: Any, *, f32: bool = False) -> float:
 
 def positive(name: str, value: Any, *, f32: bool = False) -> float:
     v = finite_number(name, value, f32=f32)
+    if swept(v):
+        return v
     if v <= 0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return v
@@ -55,6 +83,8 @@ def positive(name: str, value: Any, *, f32: bool = False) -> float:
 def fraction(name: str, value: Any) -> float:
     """A number in ``(0, 1]`` (a share of agents, for example)."""
     v = finite_number(name, value)
+    if swept(v):
+        return v
     if not 0 < v <= 1:
         raise ValueError(f"{name} must lie in (0, 1], got {value!r}")
     return v
@@ -105,6 +135,8 @@ def memory_fits(what: str, nbytes: float) -> None:
 def unit_interval(name: str, value: Any) -> float:
     """A number in ``[0, 1]`` (a probability such as ε)."""
     v = finite_number(name, value)
+    if swept(v):
+        return v
     if not 0 <= v <= 1:
         raise ValueError(f"{name} must lie in [0, 1], got {value!r}")
     return v
@@ -113,6 +145,8 @@ def unit_interval(name: str, value: Any) -> float:
 def epsilon_floor(eps0: float, eps_min: float) -> None:
     """``eps_min <= eps0``: with the floor above the start, ``ε(n) = max(eps0 - decay·n, eps_min)``
     is ``eps_min`` in every round and ``eps0`` is never used (two arguments swapped, most likely)."""
+    if swept(eps0) or swept(eps_min):
+        return
     if eps_min > eps0:
         raise ValueError(f"eps_min={eps_min!r} is above eps0={eps0!r}: ε(n) = max(eps0 - eps_decay·n, eps_min) would "
                          f"be eps_min in every round; give eps_min <= eps0 (eps_min = eps0 for a constant ε)")
@@ -120,6 +154,8 @@ def epsilon_floor(eps0: float, eps_min: float) -> None:
 
 def aggregation_step(lambda1: float, gamma: float) -> float:
     """The consensus step ``λ1 γ`` of FedCBO eq. (20) / FedCB²O: a fraction in ``[0, 1]``."""
+    if swept(lambda1) or swept(gamma):
+        return lambda1 * gamma
     step = float(lambda1) * float(gamma)
     if not 0 <= step <= 1:
         raise ValueError(f"the aggregation step lambda1 * gamma = {lambda1!r} * {gamma!r} = {step:.4g} must lie in "

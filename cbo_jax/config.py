@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from cbo_jax import _checks
+
 __all__ = ["Field", "fields", "check_types", "flag_name", "add_flags", "add_options", "option", "values_from_args",
            "values_from_dict", "build", "parse_text", "check_value", "to_dict"]
 
@@ -214,6 +216,8 @@ def _matches(value, tp) -> bool:
     if tp is int:
         return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
     if tp is float:
+        if _checks.swept(value):  # a sweep's traced number (cbo_jax.federated.sweep), checked on the host
+            return True
         return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
     if tp is str:
         return isinstance(value, str)

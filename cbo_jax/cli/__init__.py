@@ -2,6 +2,7 @@
 
     cbo-jax optimize --objective rastrigin --dim 20 [options]
     cbo-jax run fedcbo|fedavg|ifca|local [options | --config FILE]   (--help: the algorithm's options)
+    cbo-jax sweep fedcbo|fedavg|ifca|local --alpha 1,10,100 [options]  (a grid as one program)
     cbo-jax demo [--rounds R]
     cbo-jax --version
     cbo-jax reproduce --list
@@ -127,6 +128,62 @@ def _cmd_run(args) -> int:
           f"({s['num_agents']} agents, {s['num_clusters']} clusters, {s['seconds']:.0f} s)")
     if "final_sr" in s:
         print(f"successful selection rate {s['final_sr']:.3f} (oracle {s['final_sr_oracle']:.3f})")
+    print(f"results in {out}/")
+    print(json.dumps(_json_safe(s)))
+    return 0
+
+
+def _add_sweep(sub) -> None:
+    from cbo_jax.cli.flags import add_run_arguments
+    from cbo_jax.experiments.federated import ALGORITHMS
+
+    p = sub.add_parser("sweep", help="run a grid of one algorithm's numbers as one program",
+                       description="Run a grid of an algorithm's numbers (cbo_jax.federated.sweep) as one vmapped "
+                                   "program and write one results directory (metrics.jsonl, summary.json, "
+                                   "sweep.png). Every option of `cbo-jax run ALGORITHM` is taken; a comma-separated "
+                                   "list for a number of the algorithm (--alpha 1,10,100 --local.lr 0.01,0.1) makes "
+                                   "it an axis of the grid.")
+    algs = p.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")
+    for name in ALGORITHMS:
+        q = algs.add_parser(name, help=f"sweep {name}", description=f"Sweep {name}'s numbers on rotated MNIST (or "
+                            "--dataset). A comma-separated list makes an option an axis of the grid.")
+        q.add_argument("--config", type=Path, default=None,
+                       help="JSON file of options: nested as config.json records them, or flat names")
+        q.add_argument("--output", type=Path, default=None, help="results directory (default results/sweep-ALGORITHM)")
+        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
+        q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
+        q.set_defaults(func=_cmd_sweep, run_flags=add_run_arguments(q, name))
+
+
+def _cmd_sweep(args) -> int:
+    from cbo_jax.cli.flags import config_from_args
+    from cbo_jax.experiments.federated_sweep import best_point, parse_values, sweep_experiment, table
+
+    grid = {}
+    for dest, field in args.run_flags.items():
+        text = getattr(args, dest, None)
+        if not isinstance(text, str) or "," not in text:
+            continue
+        if field.path[0] != "config":
+            raise ValueError(f"{field.cli} {text}: a sweep's axes are numbers of {args.algorithm}'s config "
+                             f"(--alpha, --local.lr, ...), not of the data or of the run")
+        grid[".".join(field.path[1:])] = parse_values(field.cli, text)
+        setattr(args, dest, text.split(",")[0])  # the config holds the first value; the grid all of them
+    if not grid:
+        raise ValueError(f"cbo-jax sweep {args.algorithm}: no axis given; give an option of {args.algorithm}'s "
+                         f"config a comma-separated list of values, e.g. --local.lr 0.01,0.1")
+    cfg = config_from_args(args.algorithm, args, args.run_flags)
+    out = args.output or Path("results") / f"sweep-{args.algorithm}"
+    res = sweep_experiment(cfg, grid, out, progress=not args.no_progress, overwrite=args.overwrite)
+    s = res.summary
+    print(f"{s['algorithm']}: a grid of {s['points']} points ({' x '.join(s['sweep']['names'])}), {s['rounds']} "
+          f"rounds, {s['num_agents']} agents, {s['seconds']:.0f} s")
+    print(table(s))
+    best = best_point(s)
+    if best is not None:
+        print("best: " + ", ".join(f"{k}={v:g}" for k, v in best["point"].items())
+              + f" (mean test accuracy {best['final_test_acc']:.2f}%)")
+        s = {**s, "best": best}
     print(f"results in {out}/")
     print(json.dumps(_json_safe(s)))
     return 0
@@ -352,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     optimize.add_parser(sub)
     _add_run(sub)
+    _add_sweep(sub)
     _add_demo(sub)
     _add_reproduce(sub)
     _add_report(sub)

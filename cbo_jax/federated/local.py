@@ -72,7 +72,7 @@ class LocalSGDConfig:
         _checks.positive_int("batch_size", self.batch_size)
         _checks.positive("lr", self.lr, f32=True)
         m = _checks.non_negative("momentum", self.momentum)
-        if m >= 1:
+        if not _checks.swept(m) and m >= 1:
             raise ValueError(f"momentum must lie in [0, 1), got {self.momentum}")
         if not isinstance(self.reset_optimizer, bool):
             raise ValueError(f"reset_optimizer must be a bool, got {self.reset_optimizer!r}")
@@ -81,7 +81,10 @@ class LocalSGDConfig:
 
 
 def make_optimizer(cfg: LocalSGDConfig) -> optax.GradientTransformation:
-    return optax.sgd(cfg.lr, momentum=cfg.momentum if cfg.momentum > 0 else None)
+    """SGD with step ``lr`` and, where ``momentum > 0``, heavy-ball momentum (a swept momentum,
+    :mod:`cbo_jax.federated.sweep`, always: a momentum of 0 then adds nothing)."""
+    swept = _checks.swept(cfg.momentum)
+    return optax.sgd(cfg.lr, momentum=cfg.momentum if swept or cfg.momentum > 0 else None)
 
 
 class LocalResult(NamedTuple):

@@ -30,7 +30,7 @@ import json
 import math
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +40,7 @@ from jax.sharding import Mesh
 from cbo_jax import _checks
 from cbo_jax import population as pop
 from cbo_jax.federated import padding
+from cbo_jax.federated import sweep as _sweep
 from cbo_jax.federated._records import (_comparable, _config_record, _fingerprint_hash, _read_fingerprint,
                                         _resume, fingerprint, model_record)
 from cbo_jax.federated.algorithms.base import Algorithm
@@ -263,7 +264,7 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         round_metrics: Sequence[Callable] = (), every: int = 1, out: str | Path | None = None, config: Any = None,
         mesh: Mesh | None = None, checkpoint_every: int | None = None, resume: bool = False, extend: bool = False,
         overwrite: bool = False, progress: bool = True, tensorboard: bool = False, plots: bool = True,
-        on_diverged: str = "warn") -> RunResult:
+        on_diverged: str = "warn", params: Mapping[str, Sequence[float]] | None = None) -> RunResult:
     """Run ``rounds`` communication rounds of ``algorithm`` on ``data``.
 
     Args:
@@ -317,6 +318,13 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
         agents the first time each agent diverges, or whenever a server model is not finite.
         ``"stop"``: the run raises :class:`DivergedError` naming them, after writing the rows
         up to that round (no summary: the run did not finish).
+      params: a grid of the algorithm's numbers, ``{config field: values}`` (a nested field by
+        its path: ``{"alpha": [1, 10, 100], "local.lr": [0.01, 0.1]}``), run as one vmapped
+        program (:mod:`cbo_jax.federated.sweep`): every point from the same data and key, each
+        equal to a separate run of its config up to float32 rounding. The result's state, and
+        each row's and the summary's values, carry the grid's axes first (nested lists of the
+        grid's shape in the rows); ``out`` also gets ``sweep.png``, one curve per point. A sweep
+        runs on one device, without checkpoints or TensorBoard files.
     """
     # Row j's random numbers must not depend on the rows after it (padding agents):
     # JAX's partitionable threefry (its default since 0.5) guarantees that.
@@ -341,6 +349,14 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
                          f"benign, validation and malicious agents); pass data.benign for the benign agents alone, "
                          f"or build the algorithm with takes=AttackData if its round reads one")
     declared = _declared(metrics)  # a clash of declared names: refused here, not after `every` rounds
+    grid = None
+    if params is not None:
+        grid = _sweep.grid(algorithm, params)
+        given = [k for k, v in (("mesh", mesh), ("checkpoint_every", checkpoint_every), ("resume", resume),
+                                ("tensorboard", tensorboard)) if v]
+        if given:
+            raise ValueError(f"a sweep (params=) runs on one device without checkpoints or TensorBoard files; "
+                             f"{', '.join(given)} are for a single run: run each point on its own for them")
     _check_data(algorithm, data)
     data = _train_view(data)
     n = data.num_agents
@@ -353,6 +369,10 @@ def run(algorithm: Algorithm, data: Any, rounds: int, key: jax.Array, *, metrics
     with RunFiles() as files, jax.threefry_partitionable(True), started:
         if output.directory is not None:
             files.hold(output.directory, resume=resume, overwrite=overwrite)
+        if grid is not None:
+            return _run_sweep(algorithm, data, rounds, key, grid, output, files, metrics=metrics,
+                              round_metrics=round_metrics, every=every, config=config, clusters=clusters,
+                              declared=declared, on_diverged=on_diverged)
         return _run(algorithm, data, rounds, key, fp, output, files, metrics=metrics, round_metrics=round_metrics,
                     every=every, config=config, mesh=mesh, clusters=clusters, declared=declared,
                     on_diverged=on_diverged)
@@ -524,6 +544,121 @@ class _Rounds:
                 self.history.append(row)
                 if self.files.writer is not None:
                     self.files.writer.write(row)
+
+
+@functools.partial(jax.jit, static_argnames=("algorithm", "names", "metrics", "length", "taken"), donate_argnums=(0,))
+def _scan_sweep(states, values, data, *, algorithm, names, metrics, length: int, taken: tuple = ()):
+    """``length`` rounds of every grid point: the rounds' scan (as :func:`_scan_rounds`) of the
+    algorithm built from the point's traced numbers, ``vmap``-ped over the points."""
+    def one(state, vals):
+        alg = _sweep.algorithm_at(algorithm, names, vals)
+
+        def body(s, _):
+            s, info = alg.round(s, data)
+            row = _merge(metrics, info, "the round metric", dict(taken))
+            flags = getattr(info, "diverged", None)
+            if flags is not None:
+                row["diverged_agents"] = jnp.sum(flags, dtype=jnp.int32)
+            return s, row
+
+        return jax.lax.scan(body, state, None, length=length)
+
+    return _sweep.traced(jax.vmap(one), names)(states, values)
+
+
+@functools.partial(jax.jit, static_argnames=("algorithm", "names"))
+def _init_sweep(key, values, *, algorithm, names):
+    return _sweep.traced(jax.vmap(lambda v: _sweep.algorithm_at(algorithm, names, v).init(key)), names)(values)
+
+
+def _run_sweep(algorithm, data, rounds, key, grid, output: Output, files: RunFiles, *, metrics, round_metrics, every,
+               config, clusters, declared=(), on_diverged="warn") -> RunResult:
+    """:func:`run` of a grid (``params=``): the rounds of every point in one vmapped scan, the
+    evaluation metrics point by point, rows and summary holding nested lists of the grid's shape."""
+    n, out, names, shape = data.num_agents, output.directory, grid.names, grid.shape
+    values = grid.arrays()
+    clock = Stopwatch()
+    padding.check_agents(algorithm, jax.eval_shape(algorithm.init, key), n)
+    states = _init_sweep(key, values, algorithm=algorithm, names=names)
+    if out is not None:
+        record = _config_record(algorithm, config, rounds, every, key)
+        if isinstance(record, dict):
+            record = {**record, "sweep": grid.record()}
+        replace_text(out / "config.json", json.dumps(record, indent=2) + "\n")
+        files.open_writer(out, tensorboard=False, keep=[])
+    if output.progress:
+        files.open_bar(rounds, desc=f"{algorithm.name} sweep of {grid.size}", unit="round")
+    history: list[dict] = []
+    warned: set[int] = set()
+    done = 0
+    while done < rounds:
+        stop = min(rounds, _next_multiple(done, every))
+        length = 1 if files.bar is not None else stop - done
+        states, rec = _scan_sweep(states, values, data, algorithm=algorithm, names=names, metrics=round_metrics,
+                                  length=length, taken=declared)
+        rec = to_python(jax.device_get(rec))  # {name: [P][length] ...}
+        for i in range(length):
+            r = done + i + 1
+            row: dict[str, Any] = {"round": r}
+            row.update({k: _sweep.nested([v[p][i] for p in range(grid.size)], shape) for k, v in rec.items()})
+            history.append(row)
+        done += length
+        if files.bar is not None:
+            advance(files.bar, length, {})
+        if done == stop:  # an evaluation round (a multiple of every, or the last)
+            last = history[-1]
+            last.update(_evaluate_sweep(algorithm, states, grid, metrics, done, done == rounds, last))
+            last["elapsed_s"] = round(clock(), 3)
+        if files.writer is not None:
+            for row in history[-length:]:
+                files.writer.write(row)
+        for row in history[-length:]:  # after the rows up to them are written
+            _sweep_diverged(algorithm.name, grid, row, warned, on_diverged, out, row["round"])
+    summary = {"algorithm": algorithm.name, "rounds": rounds, "num_agents": n, "seconds": round(clock(), 2),
+               "sweep": grid.record(), "points": grid.size}
+    if clusters is not None:
+        summary["num_clusters"] = clusters
+    summary.update({f"final_{k}": v for k, v in history[-1].items() if k not in ("round", "elapsed_s")})
+    if warned:
+        summary["diverged_points"] = sorted(warned)
+    files.finish()
+    if out is not None:
+        if output.plots:
+            _sweep.plot_sweep(history, grid, out / "sweep.png", title=f"{algorithm.name}: sweep of {', '.join(names)}")
+        write_summary(out / "summary.json", summary)
+    states = jax.tree_util.tree_map(lambda a: a.reshape(shape + a.shape[1:]), states)
+    return RunResult(states, history, summary)
+
+
+def _evaluate_sweep(algorithm, states, grid, metrics, done: int, last: bool, row: dict) -> dict:
+    """The evaluation metrics of every grid point, as nested lists of the grid's shape."""
+    per_point = []
+    for p in range(grid.size):
+        state = jax.tree_util.tree_map(lambda a: a[p], states)
+        kind, params = algorithm.eval_models(state)
+        taken = {k: "a round metric" for k in row if k not in _ROW_KEYS}
+        per_point.append(to_python(_merge(metrics, Evaluation(done, last, state, kind, params), "the metric", taken)))
+    keys = list(dict.fromkeys(k for d in per_point for k in d))
+    return {k: _sweep.nested([d.get(k) for d in per_point], grid.shape) for k in keys}
+
+
+def _sweep_diverged(name: str, grid, row: dict, warned: set, on_diverged: str, out, done: int) -> None:
+    """Warn (or, with ``on_diverged="stop"``, raise) once per grid point whose models diverged."""
+    counts = row.get("diverged_agents")
+    if counts is None:
+        return
+    flat = np.asarray(counts).reshape(-1)
+    new = [p for p in np.flatnonzero(flat > 0) if p not in warned]
+    if not new:
+        return
+    warned.update(int(p) for p in new)
+    message = (f"{name} sweep, round {done}: agents of grid point{'s' if len(new) > 1 else ''} "
+               f"{'; '.join(grid.label(int(p)) for p in new)} hold a NaN or an infinity (diverged) and are left out "
+               f"of every average; the rows count them (diverged_agents)")
+    if on_diverged == "stop":
+        raise DivergedError(f"{message}; the run stops (on_diverged='stop')" + (f", its rows up to round {done} are "
+                                                                               f"written in {out}" if out else ""))
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _next_multiple(done: int, k: int) -> int:

@@ -65,7 +65,10 @@ class Algorithm(NamedTuple):
     (FedAvg, IFCA); the runner refuses data of another number. ``takes``: the class of the
     data its round takes, where it is not an :class:`AgentData` (FedCB²O and DFedAvgM take
     an :class:`~cbo_jax.federated.attacks.AttackData`); the runner refuses other data first,
-    and an ``AttackData`` for an algorithm without ``takes``.
+    and an ``AttackData`` for an algorithm without ``takes``. ``build``: the algorithm again
+    from another config of the same class (``build(config) -> Algorithm``), with everything
+    else as it was built; a sweep (``run(..., params=grid)``, :mod:`cbo_jax.federated.sweep`)
+    builds it inside its trace from a config holding traced numbers (``None``: not sweepable).
     """
 
     name: str
@@ -76,6 +79,7 @@ class Algorithm(NamedTuple):
     model: Any = None
     num_agents: int | None = None
     takes: type | None = None
+    build: Callable[[Any], Algorithm] | None = None
 
     def __repr__(self) -> str:  # its name, config and model; not its functions' addresses
         parts = [repr(self.name), f"config={self.config!r}", f"model={self.model!r}"]

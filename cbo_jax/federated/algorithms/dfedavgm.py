@@ -128,4 +128,5 @@ def dfedavgm(model: Model, cfg: DFedAvgMConfig, groups: ArrayLike, name: str = "
         info = DFedAvgMInfo(idx, w / total[:, None], w_self / total, trained.loss, (jnp.arange(size) < n) & ~ok)
         return DFedAvgMState(params, trained.opt_state, state.round + 1, key), info
 
-    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)
+    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData,
+                     build=lambda c: dfedavgm(model, c, groups, name))

@@ -89,4 +89,5 @@ def ditto(model: Model, cfg: DittoConfig, num_agents: int) -> Algorithm:
         return (DittoState(params, keep_personal, state.round + 1, key),
                 DittoInfo(active, trained.loss, personal.loss, active & ~finite))
 
-    return Algorithm("ditto", init, round_fn, lambda s: ("agent", s.personal), cfg, model=model, num_agents=num_agents)
+    return Algorithm("ditto", init, round_fn, lambda s: ("agent", s.personal), cfg, model=model, num_agents=num_agents,
+                     build=lambda c: ditto(model, c, num_agents))

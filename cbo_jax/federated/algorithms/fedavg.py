@@ -68,4 +68,4 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
         return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)
 
     return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
-                     cfg, model=model, num_agents=num_agents)
+                     cfg, model=model, num_agents=num_agents, build=lambda c: fedavg(model, c, num_agents))

@@ -190,7 +190,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
     """
     n = _checks.positive_int("num_agents", num_agents)
     _checks.downloads(cfg.M, n)
-    own = rule is not None
+    own, user_rule = rule is not None, rule
     rule = selection.check_rule(rule, cfg.M, n, n, "fedcbo", cfg.participation < 1) if own else cfg.rule()
     name = f"fedcbo-{rule.name}" if own else "fedcbo"
     energy = group_loss(model, cfg) if cfg.eval_by == "model" else loss_energy(model, cfg)
@@ -226,7 +226,7 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
                                       chunk=cfg.eval_chunk, downloads=downloads, valid=valid)
         diff = pop.tree_sub(params, agg.consensus)
         new = jax.tree_util.tree_map(lambda t, d: t - cfg.step * d, params, diff)
-        if cfg.noise != "none" and cfg.sigma1 > 0:
+        if cfg.noise != "none" and (_checks.swept(cfg.sigma1) or cfg.sigma1 > 0):  # a swept σ1 of 0: no noise
             z = per_particle_normal(k_noise, diff, jnp.arange(data.counts.shape[0]))
             scale = cfg.sigma1 * jnp.sqrt(cfg.gamma if cfg.noise_gamma is None else cfg.noise_gamma)
             new = jax.tree_util.tree_map(lambda t, dz: t + scale * dz, new, diffusion(cfg.noise, diff, z))
@@ -236,4 +236,5 @@ def fedcbo(model: Model, cfg: FedCBOConfig, num_agents: int, *, downloads: Downl
                           diverged(params, data.agent_mask))
         return FedCBOState(params, opt_state, P, state.round + 1, key), info
 
-    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
+    return Algorithm(name, init, round_fn, lambda s: ("agent", s.params), cfg, model=model,
+                     build=lambda c: fedcbo(model, c, n, downloads=downloads, rule=user_rule))

@@ -114,7 +114,7 @@ def fedopt(model: Model, cfg: FedOptConfig, num_agents: int, name: str | None = 
 
     return Algorithm(name or f"fed{cfg.server}", init, round_fn,
                      lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)), cfg, model=model,
-                     num_agents=num_agents)
+                     num_agents=num_agents, build=lambda c: fedopt(model, c, num_agents, name))
 
 
 def fedadam(model: Model, cfg: FedOptConfig, num_agents: int) -> Algorithm:

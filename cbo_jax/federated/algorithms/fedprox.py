@@ -66,4 +66,4 @@ def fedprox(model: Model, cfg: FedProxConfig, num_agents: int) -> Algorithm:
         return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)
 
     return Algorithm("fedprox", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
-                     cfg, model=model, num_agents=num_agents)
+                     cfg, model=model, num_agents=num_agents, build=lambda c: fedprox(model, c, num_agents))

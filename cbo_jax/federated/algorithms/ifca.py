@@ -86,4 +86,5 @@ def ifca(model: Model, cfg: IFCAConfig, num_agents: int) -> Algorithm:
             state.params)
         return IFCAState(params, state.round + 1, key), IFCAInfo(active, assignment, trained.loss, active & ~finite)
 
-    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg, model=model, num_agents=num_agents)
+    return Algorithm("ifca", init, round_fn, lambda s: ("server", s.params), cfg, model=model, num_agents=num_agents,
+                     build=lambda c: ifca(model, c, num_agents))

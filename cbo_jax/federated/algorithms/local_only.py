@@ -55,4 +55,5 @@ def local_only(model: Model, cfg: LocalConfig, num_agents: int) -> Algorithm:
         info = LocalInfo(active, trained.loss, diverged(params, data.agent_mask))
         return LocalState(params, opt_state, state.round + 1, key), info
 
-    return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg, model=model)
+    return Algorithm("local", init, round_fn, lambda s: ("agent", s.params), cfg, model=model,
+                     build=lambda c: local_only(model, c, num_agents))

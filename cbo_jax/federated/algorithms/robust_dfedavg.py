@@ -135,4 +135,5 @@ def robust_dfedavg(model: Model, cfg: RobustConfig, cluster: ArrayLike, maliciou
         info = RobustInfo(idx, fallback, trained.loss, diverged(new, n))
         return RobustState(new, trained.opt_state, state.round + 1, key), info
 
-    return Algorithm(label, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)
+    return Algorithm(label, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData,
+                     build=lambda c: robust_dfedavg(model, c, cluster, malicious, name))
