@@ -47,7 +47,8 @@ def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
             f"{name} is a traced value (a config built inside jax.vmap, jax.jit or jax.grad): configs hold Python "
             f"numbers, fixed when the dynamics are built. To sweep or differentiate {name} in one program, build the "
             f"dynamics once and pass the numbers as data: simulate(..., params=cj.params.grid(dynamics, "
-            f"{name.split('.')[-1]}=[...])) or dynamics.init(x0, key, params) under your own transform "
+            f"{name.split('.')[-1]}=[...])) or dynamics.init(x0, key, params) under your own transform; a "
+            f"federated algorithm's numbers: fl.run(..., params={{{name.split('.')[-1]!r}: [...]}}) "
             "(docs/guides/sweeps.md)")
     if isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(value, (int, float, np.integer, np.floating)):
         if not (hasattr(value, "ndim") and getattr(value, "ndim", 1) == 0 and hasattr(value, "dtype")

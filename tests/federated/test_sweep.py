@@ -147,3 +147,19 @@ def test_grid_order_labels_and_the_sweepable_fields():
     assert {"alpha", "lambda1", "gamma", "eps0", "sigma1", "noise_gamma", "local.lr", "local.momentum"} <= set(fields)
     assert not {"M", "selection", "eval_chunk", "local.epochs"} & set(fields)
     assert sweep.nested([1, 2, 3, 4, 5, 6], (2, 3)) == [[1, 2, 3], [4, 5, 6]]
+
+
+@pytest.mark.slow
+def test_a_sweep_of_fedcb2o_under_attack():
+    """FedCB²O (an AttackData round, ProbSampling's κ and the criterion's α swept): each point is
+    its own run."""
+    ds = fv.attack_dataset()
+    cfg = fl.FedCB2OConfig(M=5, T_G=1, alpha=2.0, gamma=0.1, local=fv.ALOC)
+    alg = fl.fedcb2o(fv.TINY4, cfg, ds.cluster, ds.malicious)
+    grid = {"alpha": [2.0, 20.0], "kappa": [0.5, 2.0]}
+    res = fl.run(alg, ds.attack_data(), 2, jax.random.key(3), params=grid, progress=False)
+    for idx in [(0, 1), (1, 0)]:
+        one = fl.run(fl.fedcb2o(fv.TINY4, dataclasses.replace(cfg, alpha=grid["alpha"][idx[0]],
+                                                               kappa=grid["kappa"][idx[1]]), ds.cluster, ds.malicious),
+                     ds.attack_data(), 2, jax.random.key(3), progress=False)
+        assert _max_diff(jax.tree_util.tree_map(lambda x: x[idx], res.state.params), one.state.params) <= 1e-5

@@ -202,14 +202,13 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
     ``malicious`` says (:func:`~cbo_jax.federated.attacks.check_split`). Agents after the ``N``
     it was built for (padding agents of a sharded run) are never selected and keep their models.
     """
-    cluster, malicious, nb = agent_roles(cluster, malicious)
+    (cluster, malicious, nb), user_rule = agent_roles(cluster, malicious), rule
     n = cluster.shape[0]
     _checks.downloads(cfg.M, n)
     num_classes = model.num_classes if num_classes is None else _checks.positive_int("num_classes", num_classes)
     if num_classes is None:
         raise ValueError("FedCB²O compares class-wise losses: it needs a classifier (model.num_classes)")
-    attackers = np.nonzero(malicious)[0]
-    default = "fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling"
+    attackers, default = np.nonzero(malicious)[0], ("fedcb2o" if cfg.criterion == "G" else "fedcbo-probsampling")
     if rule is not None:
         default = f"{default}-{selection.check_rule(rule, cfg.M, nb, n, name or default).name}"
     rule = rule or selection.prob_sampling(cfg.M, cfg.kappa, cfg.zeta, cfg.P_start)
@@ -247,4 +246,5 @@ def fedcb2o(model: Model, cfg: FedCB2OConfig, cluster: ArrayLike, malicious: Arr
                            diverged(new, n))
         return FedCB2OState(new, trained.opt_state, P, state.round + 1, key), info
 
-    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData)
+    return Algorithm(name or default, init, round_fn, lambda s: ("agent", s.params), cfg, model=model, takes=AttackData,
+                     build=lambda c: fedcb2o(model, c, cluster, malicious, num_classes, name, rule=user_rule))
