@@ -47,10 +47,26 @@ def _valid(tree: PyTree, valid: ArrayLike | None) -> jax.Array:
     return ok
 
 
-def _sorted_valid(a: jax.Array, ok: jax.Array) -> jax.Array:
-    """Each coordinate's values sorted, the invalid rows' pushed past the end (as +inf)."""
-    mask = ok.reshape((-1,) + (1,) * (a.ndim - 1))
-    return jnp.sort(jnp.where(mask, a, jnp.inf), axis=0)
+# Up to this many rows, a coordinate's order statistics come from ranks by pairwise comparison
+# (m² compares per coordinate, fused by XLA into one pass); above it, from a sort. On the 2-core
+# benchmark CPU the ranks are 5x faster than XLA:CPU's comparator sort for 40 agents' medians of
+# 10 downloads of the 159,010-parameter MLP (0.52 s against 2.71 s per round).
+RANK_MAX = 32
+
+
+def _order_stats(a: jax.Array, ok: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(values, rank)``: the rows with the invalid ones as +inf, and each value's position in its
+    coordinate's ascending order (the invalid rows after every valid one, ties in row order).
+
+    For ``m > RANK_MAX`` rows the values come back sorted along axis 0 and ``rank`` is the row
+    index; else in their own order with the ranks counted."""
+    m = a.shape[0]
+    big = jnp.where(ok.reshape((-1,) + (1,) * (a.ndim - 1)), a, jnp.inf)
+    if m > RANK_MAX:
+        return jnp.sort(big, axis=0), jnp.arange(m).reshape((-1,) + (1,) * (a.ndim - 1))
+    row = jnp.arange(m).reshape((-1,) + (1,) * (a.ndim - 1))
+    before = (big[None] < big[:, None]) | ((big[None] == big[:, None]) & (row[None] < row[:, None]))
+    return big, jnp.sum(before, axis=1)
 
 
 def median(tree: PyTree, valid: ArrayLike | None = None) -> PyTree:
@@ -60,8 +76,8 @@ def median(tree: PyTree, valid: ArrayLike | None = None) -> PyTree:
     lo, hi = jnp.maximum((v - 1) // 2, 0), jnp.maximum(v // 2, 0)
 
     def one(a):
-        s = _sorted_valid(a, ok)
-        mid = 0.5 * (jnp.take(s, lo, axis=0) + jnp.take(s, hi, axis=0))
+        s, rank = _order_stats(a, ok)
+        mid = 0.5 * (jnp.sum(jnp.where(rank == lo, s, 0.0), axis=0) + jnp.sum(jnp.where(rank == hi, s, 0.0), axis=0))
         return jnp.where(v > 0, mid, 0.0).astype(a.dtype)
 
     return jax.tree_util.tree_map(one, tree)
@@ -78,8 +94,7 @@ def trimmed_mean(tree: PyTree, beta: float, valid: ArrayLike | None = None) -> P
     k = jnp.floor(b * v).astype(jnp.int32)
 
     def one(a):
-        s = _sorted_valid(a, ok)
-        pos = jnp.arange(a.shape[0]).reshape((-1,) + (1,) * (a.ndim - 1))
+        s, pos = _order_stats(a, ok)
         keep = (pos >= k) & (pos < v - k)
         total = jnp.sum(jnp.where(keep, s, 0.0), axis=0)
         return jnp.where(v > 0, total / jnp.maximum(v - 2 * k, 1), 0.0).astype(a.dtype)

@@ -90,3 +90,17 @@ def test_exported_and_bad_input():
         robust.krum(_f32(TREE), -1)
     with pytest.raises(ValueError, match="rule"):
         robust.aggregate("mode", _f32(TREE))
+
+
+@pytest.mark.parametrize("m", [5, robust.RANK_MAX, robust.RANK_MAX + 3])
+def test_ranks_and_sort_give_the_same_order_statistics(m):
+    """Up to RANK_MAX rows the order statistics come from pairwise ranks, above it from a sort:
+    both equal NumPy's, with repeated values (ties) and invalid rows."""
+    rng = np.random.default_rng(m)
+    a = rng.integers(-3, 4, size=(m, 7)).astype(np.float32)  # many ties
+    valid = rng.random(m) > 0.3
+    valid[:2] = True
+    rows = a[valid].astype(np.float64)
+    np.testing.assert_allclose(np.asarray(robust.median(jnp.asarray(a), valid)), np.median(rows, axis=0), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(robust.trimmed_mean(jnp.asarray(a), 0.2, valid)), _ref_trimmed(rows, 0.2),
+                               rtol=1e-6, atol=1e-6)
