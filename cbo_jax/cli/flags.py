@@ -6,7 +6,8 @@
   ``--data.agents``, ``--M``, ``--local.lr``, ``--rounds`` (the sections in
   :data:`~cbo_jax.experiments.federated.FLAT_SECTIONS` without their name), the short names of
   earlier versions (:data:`SHORT_NAMES`: ``--agents``, ``--epochs``, ...) as aliases, and
-  ``--config FILE`` (JSON, nested as ``config.json`` records it, or flat names) under them.
+  ``--config FILE`` (JSON, nested as ``config.json`` records it, or flat names) under them
+  (``--dataset cifar10`` is ``--data.dataset cifar10``).
 * ``cbo-jax optimize``'s flags come from :class:`~cbo_jax.CBOConfig` and
   :class:`cbo_jax.cli.optimize.OptimizeOptions` through :func:`cbo_jax.config.add_options`.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from cbo_jax import config as cfgs
 from cbo_jax import models
-from cbo_jax.experiments.federated import FLAT_SECTIONS, default_config, experiment_class
+from cbo_jax.experiments.federated import FLAT_SECTIONS, default_config, experiment_class, model_of
 from cbo_jax.federated.runner import model_record
 
 __all__ = ["Defaults", "SHORT_NAMES", "add_run_arguments", "config_from_args"]
@@ -43,7 +44,8 @@ class Defaults(argparse.HelpFormatter):
 # The short names of the data and local-training options, as flags (--agents, --epochs) and as top-level
 # names of a flat --config file -> their place in the nested config (--data.agents, --local.epochs).
 SHORT_NAMES = {
-    "source": ("data", "source"), "data_dir": ("data", "data_dir"), "agents": ("data", "agents"),
+    "dataset": ("data", "dataset"), "source": ("data", "source"), "data_dir": ("data", "data_dir"),
+    "agents": ("data", "agents"),
     "clusters": ("data", "clusters"), "samples_per_agent": ("data", "samples_per_agent"), "data_seed": ("data", "seed"),
     "epochs": ("config", "local", "epochs"), "batch_size": ("config", "local", "batch_size"),
     "lr": ("config", "local", "lr"), "momentum": ("config", "local", "momentum"),
@@ -74,7 +76,8 @@ def add_run_arguments(p: argparse.ArgumentParser, algorithm: str) -> dict:
     """The flags of ``cbo-jax run ALGORITHM``, generated from its config; returns their fields."""
     sections = {f.name: f.type for f in dataclasses.fields(experiment_class(algorithm))}
     dests = {}
-    for section, title in (("data", "data (rotated MNIST)"), ("config", algorithm), ("run", "run")):
+    for section, title in (("data", "data (rotated MNIST, or --dataset: another image set)"), ("config", algorithm),
+                           ("run", "run")):
         strip = (section,) if section in FLAT_SECTIONS else ()
         aliases = {"--" + k.replace("_", "-"): ".".join(path[len(strip):])
                    for k, path in _short_names(algorithm, section).items()}
@@ -86,20 +89,25 @@ def config_from_args(algorithm: str, args: argparse.Namespace, dests: dict, base
     """``--config FILE`` (JSON) first, then every explicitly given flag over it."""
     cfg = base if base is not None else default_config(algorithm)
     values: dict = {}
+    recorded_model = None  # a --config file's record of the model trained: checked against this run's
     if getattr(args, "config", None):
         path = Path(args.config)
         raw = _read_config_file(path)
         if isinstance(raw, dict) and raw.get("algorithm", algorithm) != algorithm:
             raise ValueError(f"--config {path} is a {raw['algorithm']!r} config, not {algorithm!r}")
         if isinstance(raw, dict) and "model" in raw:
-            _check_model(raw["model"], path)
+            recorded_model = (raw["model"], path)
+            _check_model(raw["model"], path, None)  # the record's form, before the options are read
         raw = {k: v for k, v in raw.items() if k not in ("algorithm", "model")} if isinstance(raw, dict) else raw
         values.update(cfgs.values_from_dict(raw, experiment_class(algorithm), flat=_flat_names(algorithm),
                                             source=f"--config {path}"))
     values.update(cfgs.values_from_args(args, dests))
     if algorithm == "ifca" and ("config", "k") not in values and ("data", "clusters") in values:
         values[("config", "k")] = values[("data", "clusters")]
-    return cfgs.build(cfg, values)
+    built = cfgs.build(cfg, values)
+    if recorded_model is not None:
+        _check_model(*recorded_model, built)
+    return built
 
 
 def _read_config_file(path: Path) -> Any:
@@ -119,16 +127,19 @@ def _read_config_file(path: Path) -> Any:
         raise ValueError(f"--config {path}: cannot be read ({err.strerror or err})") from None
 
 
-def _check_model(recorded: Any, path: Path) -> None:
+def _check_model(recorded: Any, path: Path, cfg: Any) -> None:
     """A ``--config`` file's ``"model"`` (what ``config.json`` records) must name the model this
-    command trains (:func:`cbo_jax.experiments.federated.build`: MLP 784-200-10): its name, and
-    its classes, loss and number of parameters where the record has them. It is a record, not an
-    option: another model was trained by other code, and a rerun from its file here would train
-    this one under that record's name."""
-    ours: dict = model_record(models.mlp_mnist()) or {}
+    command trains for ``cfg`` (:func:`cbo_jax.experiments.federated.model_of`: MLP 784-200-10 on
+    MNIST): its name, and its classes, loss and number of parameters where the record has them.
+    It is a record, not an option: another model was trained by other code, and a rerun from its
+    file here would train this one under that record's name. ``cfg`` ``None``: the record's form
+    only (the default config's model named in the message)."""
+    ours: dict = model_record(model_of(cfg.data) if cfg is not None else models.mlp_mnist()) or {}
     if not isinstance(recorded, dict) or not isinstance(recorded.get("name"), str):
         raise ValueError(f"--config {path}: model is the record of the model trained, an object with its "
                          f"\"name\" ({ours['name']!r} here), got {recorded!r}")
+    if cfg is None:
+        return
     differs = [k for k in ("name", "num_classes", "loss", "parameters") if k in recorded and recorded[k] != ours[k]]
     if differs:
         raise ValueError(f"--config {path} records the model {recorded['name']!r} "

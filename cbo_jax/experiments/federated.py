@@ -1,4 +1,4 @@
-"""Configured federated runs on rotated MNIST: ``cbo-jax run ALGORITHM``.
+"""Configured federated runs on rotated MNIST and other image sets: ``cbo-jax run ALGORITHM``.
 
 An experiment's configuration is one nested dataclass per algorithm
 (:func:`experiment_class`): ``data`` (:class:`RotatedMNISTConfig`), ``config`` (the
@@ -10,6 +10,12 @@ command-line flags and the ``--config`` file format are generated from it
 :func:`run_experiment` loads the data, builds the model and the algorithm and runs it
 through :func:`cbo_jax.federated.run`, which writes the results directory
 (``config.json``, ``metrics.jsonl``, ``summary.json``, ``metrics.png``).
+
+The data section's ``dataset`` picks the images (``--dataset cifar10``): MNIST (default, the
+FedCBO paper's), or EMNIST-balanced, Fashion-MNIST, CIFAR-10 or CIFAR-100 through
+tensorflow-datasets (:mod:`cbo_jax.federated.datasets`), rotated per cluster the same way;
+its ``model`` the network (:func:`model_of`: the paper's MLP for MNIST, the CNN of McMahan et
+al. 2017, :func:`cbo_jax.models.cnn`, for the other sets).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import jax
 from cbo_jax import _checks, models
 from cbo_jax import config as cfgs
 from cbo_jax.federated import data as fdata
+from cbo_jax.federated import datasets as fdatasets
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
 from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
@@ -33,7 +40,7 @@ from cbo_jax.federated.runner import ON_DIVERGED, RunResult, finished, model_rec
 from cbo_jax.runtime.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "FLAT_SECTIONS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config",
-           "load_data", "resolve_data", "build", "run_experiment", "comparison", "replace"]
+           "load_data", "resolve_data", "model_of", "build", "run_experiment", "comparison", "replace"]
 
 ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
 
@@ -41,14 +48,21 @@ ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig
 # names of a flat --config file; the data's keep their section (--data.agents).
 FLAT_SECTIONS = ("config", "run")
 
+# The images of ``data.dataset`` (MNIST from its own sources, the others from tensorflow-datasets)
+# and the networks of ``data.model`` ("auto": the MLP for MNIST, the CNN for the others).
+DATASETS = tuple(fdatasets.DATASETS)
+MODELS = ("auto", "mlp", "cnn")
+
 
 @dataclasses.dataclass(frozen=True)
 class RotatedMNISTConfig:
-    """The rotated-MNIST benchmark (FedCBO §2.4; defaults: the paper's Table 1).
+    """The rotated-MNIST benchmark (FedCBO §2.4; defaults: the paper's Table 1), or another image set rotated alike.
 
     Attributes:
-      source: MNIST source: auto (IDX files from data_dir or CBO_JAX_DATA_DIR, else the bundled subset), idx, tfds, bundled.
-      data_dir: directory of the MNIST IDX files.
+      source: MNIST source: auto (IDX files from data_dir or CBO_JAX_DATA_DIR, else the bundled subset), idx, tfds, bundled
+        (for the other data sets auto or tfds).
+      data_dir: directory of the MNIST IDX files, or the tensorflow-datasets data directory
+        (source tfds; none: tfds' default).
       agents: number of agents N (a multiple of clusters).
       clusters: rotations K (1, 2 or 4).
       samples_per_agent: training images per agent (none: the whole training set partitioned).
@@ -58,6 +72,10 @@ class RotatedMNISTConfig:
         partition).
       partition: label skew within each rotation, none for the paper's equal random split
         (iid, dirichlet:ALPHA, classes:K, shards:S or quantity:BETA).
+      dataset: the images: mnist, emnist (balanced, 47 classes), fashion_mnist, cifar10 or
+        cifar100 (all but mnist through tensorflow-datasets).
+      model: the network: auto (mlp for mnist, cnn for the others), mlp (one hidden layer of
+        200) or cnn (McMahan et al. 2017's: two 5x5 convolutions, dense 512).
     """
 
     source: str = "auto"
@@ -68,10 +86,17 @@ class RotatedMNISTConfig:
     seed: int = 0
     subset: int | None = None
     partition: str | None = None
+    dataset: str = "mnist"
+    model: str = "auto"
 
     def __post_init__(self):
         cfgs.check_types(self)
+        _checks.one_of("dataset", self.dataset, DATASETS)
+        _checks.one_of("model", self.model, MODELS)
         _checks.one_of("source", self.source, mnist.SOURCES)
+        if self.dataset != "mnist" and self.source not in ("auto", "tfds"):
+            raise ValueError(f"data.source {self.source!r} is MNIST's; the {self.dataset} images are read with "
+                             f"tensorflow-datasets (source auto or tfds, data_dir its data directory)")
         if self.partition is not None:
             from cbo_jax.federated.partition import parse
 
@@ -159,21 +184,51 @@ def default_config(algorithm: str, **sections):
 
 
 def resolve_data(data: RotatedMNISTConfig) -> RotatedMNISTConfig:
-    """``data`` with the MNIST it reads made explicit (:func:`cbo_jax.federated.mnist.resolve_source`).
+    """``data`` with the MNIST it reads made explicit (:func:`cbo_jax.federated.mnist.resolve_source`),
+    and its model.
 
     ``source="auto"`` becomes ``"idx"`` with the absolute directory of the IDX files (from
     ``data_dir`` or ``$CBO_JAX_DATA_DIR``), or ``"bundled"``; an explicit source is kept.
-    :func:`run_experiment` records this in ``config.json``, so a rerun from that file reads
-    the same data (or fails naming the missing files) whatever its environment.
+    The other data sets' ``"auto"`` becomes ``"tfds"``, with ``data_dir`` absolute when given
+    (``None``: tfds' default; ``$CBO_JAX_DATA_DIR``, MNIST's IDX directory, is not read).
+    ``model="auto"`` becomes the model :func:`model_of` trains (``"mlp"`` for MNIST, ``"cnn"``
+    for the others). :func:`run_experiment` records this in ``config.json``, so a rerun from
+    that file reads the same data (or fails naming the missing files) whatever its environment.
     """
+    model = _model_kind(data)
+    if data.dataset != "mnist":
+        data_dir = str(Path(data.data_dir).expanduser().absolute()) if data.data_dir else None
+        return dataclasses.replace(data, source="tfds", data_dir=data_dir, model=model)
     source, data_dir = mnist.resolve_source(data.source, data.data_dir)
-    return dataclasses.replace(data, source=source, data_dir=data_dir)
+    return dataclasses.replace(data, source=source, data_dir=data_dir, model=model)
+
+
+def _model_kind(data: RotatedMNISTConfig) -> str:
+    """``data.model`` with ``"auto"`` made explicit: ``"mlp"`` for MNIST, ``"cnn"`` for the other sets."""
+    if data.model != "auto":
+        return data.model
+    return "mlp" if data.dataset == "mnist" else "cnn"
+
+
+def model_of(data: RotatedMNISTConfig) -> models.Model:
+    """The model ``cbo-jax run`` trains on ``data``: for its image shape and classes, the
+    FedCBO paper's MLP (one hidden layer of 200: 784-200-10 on MNIST, :func:`cbo_jax.models.mlp_mnist`)
+    or the CNN of McMahan et al. 2017 (:func:`cbo_jax.models.cnn`); ``model="auto"``: the MLP
+    for MNIST, the CNN for the other image sets."""
+    spec = fdatasets.DATASETS[data.dataset]
+    if _model_kind(data) == "cnn":
+        return models.cnn(spec.image_shape, spec.num_classes)
+    return models.mlp_mnist(num_classes=spec.num_classes, input_shape=spec.image_shape)
 
 
 def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
-    """Rotated MNIST as configured (the MNIST :func:`resolve_data` names)."""
+    """Rotated MNIST, or the rotated image set ``data.dataset``, as configured (the data
+    :func:`resolve_data` names)."""
     import os
 
+    if data.dataset != "mnist":
+        source = fdatasets.load_dataset(data.dataset, data.data_dir)
+        return _rotated(source, data)
     try:
         source = mnist.load_mnist(data.source, data.data_dir)
     except mnist.DataError as err:
@@ -183,6 +238,10 @@ def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
             raise mnist.DataError(f"{err}; CBO_JAX_DATA_DIR={env!r} names this directory: unset it, or pass "
                                   "--source bundled, to use the bundled subset") from None
         raise
+    return _rotated(source, data)
+
+
+def _rotated(source: mnist.MNIST, data: RotatedMNISTConfig) -> fdata.FederatedData:
     split = None
     if data.partition is not None:
         from cbo_jax.federated.partition import parse
@@ -194,7 +253,7 @@ def load_data(data: RotatedMNISTConfig) -> fdata.FederatedData:
 
 def build(cfg, num_agents: int, mesh=None):
     """The model and the algorithm; with ``mesh``, FedCBO exchanges its downloads between devices."""
-    model = models.mlp_mnist()
+    model = model_of(cfg.data)
     if cfg.algorithm == "fedcbo":
         downloads = None
         if mesh is not None:
@@ -226,7 +285,7 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     if cfg.run.memory_budget_gb is not None and cfg.algorithm == "fedcbo":
         from cbo_jax.federated.memory import eval_chunk_for_budget
 
-        chunk, plan = eval_chunk_for_budget(models.mlp_mnist(), cfg.config, data.train, cfg.run.memory_budget_gb * 2**30,
+        chunk, plan = eval_chunk_for_budget(model_of(cfg.data), cfg.config, data.train, cfg.run.memory_budget_gb * 2**30,
                                             mesh=mesh)
         print(f"memory budget {cfg.run.memory_budget_gb} GiB: eval_chunk={chunk} (planned GiB per round: "
               + ", ".join(f"{c}: {b / 2**30:.2f}" for c, b in plan.items()) + ")", flush=True)
@@ -241,10 +300,11 @@ def run_experiment(cfg, out_dir: str | Path | None = None, progress: bool = True
     if resume and out_dir is not None:
         # A finished run: its results are read back, not computed again (with a checkpoint it
         # would be restored and its summary rewritten with the seconds of the resume). Records
-        # of older versions, whose config.json did not name the model, lack "model".
+        # of older versions, whose config.json did not name the model, lack "model"; those
+        # before data.dataset and data.model lack them (MNIST and its MLP, then the only ones).
         recorded = _as_recorded(cfg, Path(out_dir))
         done = finished(out_dir, algorithm, data, cfg.run.rounds, key, every=cfg.run.eval_every,
-                        config=_record(recorded, model), earlier=[recorded])
+                        config=_record(recorded, model), earlier=[recorded, *_before_datasets(recorded, model)])
         if done is not None:
             print(f"{out_dir}: finished earlier, its results read back", flush=True)
             return done
@@ -261,6 +321,16 @@ def _record(config: dict, model: models.Model) -> dict:
     name, classes, loss and number of parameters, as :func:`cbo_jax.federated.run` records
     it without a ``config``)."""
     return {**config, "model": model_record(model)}
+
+
+def _before_datasets(recorded: dict, model: models.Model) -> list[dict]:
+    """``recorded`` as versions before ``data.dataset`` and ``data.model`` wrote it (with and
+    without the model's record), when it is such a run: MNIST with the MLP."""
+    data = recorded.get("data")
+    if not isinstance(data, dict) or data.get("dataset") != "mnist" or data.get("model") != "mlp":
+        return []
+    older = {**recorded, "data": {k: v for k, v in data.items() if k not in ("dataset", "model")}}
+    return [_record(older, model), older]
 
 
 # Options a resumed run may change: where the data is read from (the data's hash is in the

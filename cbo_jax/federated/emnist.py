@@ -10,14 +10,18 @@ tensorflow-datasets stores EMNIST images transposed (as the original files);
 :func:`load_emnist_tfds` transposes them back so they are upright like MNIST, which
 matters here because the clusters are rotations. EMNIST cannot be downloaded in this
 project's offline workplace; the loader is exercised with ``tfds.testing.mock_data``.
+It is :func:`cbo_jax.federated.datasets.load_tfds_images` with EMNIST's defaults;
+:func:`cbo_jax.federated.datasets.load_dataset` reads EMNIST-balanced (``"emnist"``) beside the
+other standard image sets.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from cbo_jax.federated.mnist import MNIST, DataError, _tfds_splits
+from cbo_jax.federated.datasets import load_tfds_images
+from cbo_jax.federated.datasets import prepare_hint as _hint
+from cbo_jax.federated.mnist import MNIST
 
 __all__ = ["EMNIST_BALANCED_CLASSES", "EMNIST_SOURCE_O", "EMNIST_TARGET_ZERO", "load_emnist_tfds", "prepare_hint"]
 
@@ -37,17 +41,7 @@ def load_emnist_tfds(data_dir: str | os.PathLike | None = None, split_name: str 
       transpose: swap rows and columns so that images are upright (EMNIST is stored
         transposed).
     """
-    name = f"emnist/{split_name}"
-    try:
-        splits = _tfds_splits(name, data_dir, download, transpose)
-    except DataError as err:
-        if download:
-            raise
-        root = Path(data_dir).expanduser() if data_dir is not None else None
-        if root is not None and not (root / name).is_dir():  # tfds' own text would speak of a tfrecord copy
-            err = DataError(f"EMNIST is not prepared in {root}: there is no {root / name}")
-        raise DataError(f"{err}\n{prepare_hint(name, data_dir)}") from err.__cause__
-    return MNIST(**splits, source=f"tfds:{name}")
+    return load_tfds_images(f"emnist/{split_name}", data_dir, download, transpose)
 
 
 def prepare_hint(name: str = "emnist/balanced", data_dir: str | os.PathLike | None = None) -> str:
@@ -57,11 +51,4 @@ def prepare_hint(name: str = "emnist/balanced", data_dir: str | os.PathLike | No
     the data set written as ``array_record`` files; a default ``tfds build`` writes
     ``tfrecord`` files, which it cannot read.
     """
-    where = str(data_dir) if data_dir is not None else "DIR"
-    return (f"{name} must be prepared as array_record files, on a machine with a network (the build needs "
-            f"TensorFlow):\n"
-            f"  pip install tensorflow tensorflow-datasets\n"
-            f"  tfds build {name} --file_format=array_record --data_dir={where}\n"
-            f"then copy {where} here and pass --data-dir {where} (the tfds data directory; without it tfds' "
-            f"default, ~/tensorflow_datasets or $TFDS_DATA_DIR). Data already built as tfrecord files can be "
-            f"converted: tfds convert_format --root_data_dir={where} --out_file_format=array_record.")
+    return _hint(name, data_dir)

@@ -49,9 +49,12 @@ class DataError(ValueError):
 
 
 class MNIST(NamedTuple):
-    train_images: np.ndarray  # (n_train, 28, 28) uint8
+    """The train and test splits of an image data set (MNIST's loaders, and those of
+    :mod:`cbo_jax.federated.datasets` for the other image sets)."""
+
+    train_images: np.ndarray  # (n_train, 28, 28) uint8; (n_train, H, W) or (n_train, H, W, C) for other image sets
     train_labels: np.ndarray  # (n_train,) int32
-    test_images: np.ndarray  # (n_test, 28, 28) uint8
+    test_images: np.ndarray  # (n_test, 28, 28) uint8 (likewise)
     test_labels: np.ndarray  # (n_test,) int32
     source: str
 
@@ -136,10 +139,11 @@ def load_tfds(data_dir: str | os.PathLike | None = None, download: bool = False)
 
 
 def _tfds_splits(name: str, data_dir, download: bool, transpose: bool = False) -> dict:
-    """The train and test images (uint8, ``(n, 28, 28)``) and labels (int32) of tfds dataset ``name``.
+    """The train and test images (uint8, ``(n, H, W)``; ``(n, H, W, C)`` for more than one
+    channel) and labels (int32) of tfds dataset ``name``.
 
     Through ``tfds.data_source`` (no TensorFlow needed); shared by :func:`load_tfds` and
-    :func:`cbo_jax.federated.emnist.load_emnist_tfds`. ``transpose`` swaps rows and columns.
+    :func:`cbo_jax.federated.datasets.load_tfds_images`. ``transpose`` swaps rows and columns.
     """
     try:
         import tensorflow_datasets as tfds
@@ -155,7 +159,7 @@ def _tfds_splits(name: str, data_dir, download: bool, transpose: bool = False) -
         if not examples:  # as load_idx_dir: an empty split fails here, not as a division by zero mid-run
             raise DataError(f"tensorflow-datasets gave 0 images for {name}/{split}; the {split} split must not be empty")
         arr = np.stack([np.asarray(ex["image"]) for ex in examples])
-        arr = arr[..., 0] if arr.ndim == 4 else arr
+        arr = arr[..., 0] if arr.ndim == 4 and arr.shape[-1] == 1 else arr  # one channel dropped, colour kept
         if transpose:
             arr = np.swapaxes(arr, 1, 2)
         out[f"{split}_images"] = np.ascontiguousarray(arr).astype(np.uint8)
