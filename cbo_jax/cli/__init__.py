@@ -85,8 +85,9 @@ def _add_run(sub) -> None:
     from cbo_jax.cli.flags import add_run_arguments
     from cbo_jax.experiments.federated import ALGORITHMS
 
-    p = sub.add_parser("run", help="run one federated algorithm on rotated MNIST",
-                       description="Run FedCBO or a baseline on rotated MNIST and write a results directory "
+    p = sub.add_parser("run", help="run one federated algorithm on rotated MNIST (or --dataset: another image set)",
+                       description="Run FedCBO or a baseline on rotated MNIST (or another image set, --dataset) and "
+                                   "write a results directory "
                                    "(config.json, metrics.jsonl, summary.json, metrics.png). `cbo-jax run ALGORITHM "
                                    "--help` lists the algorithm's options; they override --config.")
     algs = p.add_subparsers(dest="algorithm", required=True, metavar="ALGORITHM")

@@ -284,6 +284,15 @@ def test_the_demo_replaces_only_an_earlier_demo(finished, tmp_path, capsys):
         (earlier / algo / "config.json").write_text(json.dumps(to_dict(cfg)))
     (earlier / "ifca" / "config.json").unlink()
     demo._check_replaceable(earlier, configs)
+    # a demo recorded before data.dataset and data.model existed (MNIST and its MLP) is a demo's
+    old = json.loads((earlier / "fedcbo" / "config.json").read_text())
+    old["data"] = {k: v for k, v in old["data"].items() if k not in ("dataset", "model")}
+    (earlier / "fedcbo" / "config.json").write_text(json.dumps(old))
+    demo._check_replaceable(earlier, configs)
+    old["data"]["agents"] += 1  # another data set is not
+    (earlier / "fedcbo" / "config.json").write_text(json.dumps(old))
+    with pytest.raises(ValueError, match="not a demo's"):
+        demo._check_replaceable(earlier, configs)
 
 
 def test_rows_without_rounds_are_refused_on_resume(finished, tmp_path, capsys):
