@@ -7,7 +7,8 @@
   :data:`~cbo_jax.experiments.federated.FLAT_SECTIONS` without their name), the short names of
   earlier versions (:data:`SHORT_NAMES`: ``--agents``, ``--epochs``, ...) as aliases, and
   ``--config FILE`` (JSON, nested as ``config.json`` records it, or flat names) under them
-  (``--dataset cifar10`` is ``--data.dataset cifar10``).
+  (``--dataset cifar10`` is ``--data.dataset cifar10``, ``--partition dirichlet:0.3`` is
+  ``--data.partition dirichlet:0.3``).
 * ``cbo-jax optimize``'s flags come from :class:`~cbo_jax.CBOConfig` and
   :class:`cbo_jax.cli.optimize.OptimizeOptions` through :func:`cbo_jax.config.add_options`.
 """
@@ -44,7 +45,8 @@ class Defaults(argparse.HelpFormatter):
 # The short names of the data and local-training options, as flags (--agents, --epochs) and as top-level
 # names of a flat --config file -> their place in the nested config (--data.agents, --local.epochs).
 SHORT_NAMES = {
-    "dataset": ("data", "dataset"), "source": ("data", "source"), "data_dir": ("data", "data_dir"),
+    "dataset": ("data", "dataset"), "partition": ("data", "partition"), "source": ("data", "source"),
+    "data_dir": ("data", "data_dir"),
     "agents": ("data", "agents"),
     "clusters": ("data", "clusters"), "samples_per_agent": ("data", "samples_per_agent"), "data_seed": ("data", "seed"),
     "epochs": ("config", "local", "epochs"), "batch_size": ("config", "local", "batch_size"),

@@ -52,7 +52,7 @@ def test_run_with_a_label_skew_partition(tmp_path, capsys):
                  "--no-progress"]) == 0
     assert _last_json(capsys.readouterr().out)["rounds"] == 2
     assert json.loads((out / "config.json").read_text())["data"]["partition"] == "dirichlet:0.5"
-    assert main(["run", "fedavg", "--config", str(cfg), "--data.partition", "zipf:1", "--no-progress"]) != 0
+    assert main(["run", "fedavg", "--config", str(cfg), "--partition", "zipf:1", "--no-progress"]) != 0
     assert "unknown partition" in capsys.readouterr().err
 
 
