@@ -13,13 +13,14 @@ algorithms use (``local_train``, ``participants``, ``broadcast``, ``diverged``, 
 ``fedcbo(..., rule=)`` (``docs/guides/extending.md``, ``examples/federated_custom_algorithm.py``).
 """
 
-from cbo_jax.federated import metrics, partition, robust, selection
+from cbo_jax.federated import datasets, metrics, partition, robust, selection, sweep
 from cbo_jax.federated.aggregation import consensus_downloads, local_downloads
 from cbo_jax.federated.algorithms import (Algorithm, DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
                                           FedOptConfig, FedProxConfig, RobustConfig, fedadam, fedopt, fedprox,
                                           fedyogi, robust_dfedavg, DittoConfig, ditto,
                                           FedPDConfig, FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm,
-                                          fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only)
+                                          fedavg, fedcb2o, fedcbo, fedpd, fedsgld, ifca, local_only,
+                                          ScaffoldConfig, scaffold, CFLConfig, cfl)
 from cbo_jax.federated.algorithms.base import BaselineConfig, broadcast, diverged, participants, per_agent_fields
 from cbo_jax.federated.algorithms.fedcb2o import class_losses, robustness_criterion
 from cbo_jax.federated.attacks import AttackData
@@ -37,6 +38,7 @@ __all__ = ["AgentData", "Algorithm", "AttackData", "BaselineConfig", "DFedAvgMCo
            "fedcb2o", "fedcbo", "fedpd", "fedsgld", "from_flax", "ifca", "local_downloads", "local_only", "metrics", "partition",
            "robust", "median", "trimmed_mean", "krum", "RobustConfig", "robust_dfedavg",
            "FedOptConfig", "fedopt", "fedadam", "fedyogi", "FedProxConfig", "fedprox", "DittoConfig", "ditto",
+           "ScaffoldConfig", "scaffold", "CFLConfig", "cfl", "datasets", "sweep",
            "prob_sampling", "robustness_criterion", "rotated_mnist", "run", "uniform",
            # building an algorithm of one's own (docs/guides/extending.md)
            "broadcast", "diverged", "init_population", "local_train", "participants", "per_agent_fields", "selection"]

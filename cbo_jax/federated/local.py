@@ -94,7 +94,7 @@ class LocalResult(NamedTuple):
 
 
 def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformation, params, opt_state, x, y, count, key,
-               prox=None):
+               prox=None, correction=None):
     n_max = x.shape[0]
     b = cfg.batch_size
     full, rest = divmod(n_max, b)  # ``full`` batches of B rows, then one of ``rest`` rows (no padded rows)
@@ -109,6 +109,8 @@ def _train_one(model: Model, cfg: LocalSGDConfig, opt: optax.GradientTransformat
         if prox is not None:  # FedProx: + (mu / 2) |p - anchor|^2 in the minimised objective, not in the reported loss
             mu, anchor = prox
             grads = jax.tree_util.tree_map(lambda g, p, a: g + mu * (p - a).astype(g.dtype), grads, params, anchor)
+        if correction is not None:  # SCAFFOLD: a constant term added to every mini-batch gradient
+            grads = jax.tree_util.tree_map(lambda g, c: g + c.astype(g.dtype), grads, correction)
         updates, new_opt = opt.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         has_data = jnp.any(mask)
@@ -147,7 +149,8 @@ def agent_keys(key: jax.Array, num_agents: int) -> jax.Array:
 
 
 def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: PyTree | None, data: Any,
-                key: jax.Array, prox: tuple[float, PyTree] | None = None) -> LocalResult:
+                key: jax.Array, prox: tuple[float, PyTree] | None = None,
+                correction: PyTree | None = None) -> LocalResult:
     """Run :class:`LocalSGDConfig` local training on every agent (vmapped).
 
     Args:
@@ -160,6 +163,9 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
       key: PRNG key; agent ``j`` uses ``fold_in(key, j)``.
       prox: ``(mu, anchor)``: FedProx's proximal term ``(mu / 2) |θ - anchor|²`` added to every
         agent's objective (``anchor`` stacked as ``params``); ``None``: plain SGD.
+      correction: a stacked pytree (as ``params``) added to every mini-batch gradient of its agent,
+        ``g_j(θ) + correction[j]`` (SCAFFOLD's ``c - c_j``); ``None``: none (the same program as
+        without the argument).
     """
     n_params = jax.tree_util.tree_leaves(params)[0].shape[0]
     if n_params != data.counts.shape[0]:
@@ -168,15 +174,14 @@ def local_train(model: Model, cfg: LocalSGDConfig, params: PyTree, opt_state: Py
     if opt_state is None or cfg.reset_optimizer:
         opt_state = jax.vmap(opt.init)(params)
     args = (params, opt_state, data.x, data.y, data.counts, agent_keys(key, data.counts.shape[0]))
-    if prox is not None:
-        mu, anchor = prox
-        args = args + (anchor,)
+    mu = None if prox is None else prox[0]
+    args = args + tuple(t for t in (None if prox is None else prox[1], correction) if t is not None)
 
-        def one(p, s, xi, yi, c, k, a):
-            return _train_one(model, cfg, opt, p, s, xi, yi, c, k, prox=(mu, a))
-    else:
-        def one(p, s, xi, yi, c, k):
-            return _train_one(model, cfg, opt, p, s, xi, yi, c, k)
+    def one(p, s, xi, yi, c, k, *rest):  # rest: the agent's anchor, then its correction, those given
+        a = rest[0] if prox is not None else None
+        corr = rest[-1] if correction is not None else None
+        return _train_one(model, cfg, opt, p, s, xi, yi, c, k, prox=None if prox is None else (mu, a),
+                          correction=corr)
     if cfg.agent_chunk is None:
         return LocalResult(*jax.vmap(one)(*args))
     return LocalResult(*jax.lax.map(lambda a: one(*a), args, batch_size=cfg.agent_chunk))

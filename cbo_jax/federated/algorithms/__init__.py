@@ -13,6 +13,8 @@ fedpd         :func:`fedpd` (also noisy FedPD)            :class:`AgentData`
 fedsgld       :func:`fedsgld` (FedSGLD Algorithm 1)       :class:`AgentData`
 fedadam       :func:`fedadam`, :func:`fedyogi`            :class:`AgentData`
               (server optimisers, :func:`fedopt`)
+scaffold      :func:`scaffold` (control variates)         :class:`AgentData`
+cfl           :func:`cfl` (clusters split by updates)     :class:`AgentData`
 fedcb2o       :func:`fedcb2o` (FedCB²O Algorithm 1)       ``attacks.AttackData``
 dfedavgm      :func:`dfedavgm` (the oracles)              ``attacks.AttackData``
 dfedavg_RULE  :func:`robust_dfedavg` (median,             ``attacks.AttackData``
@@ -21,6 +23,7 @@ dfedavg_RULE  :func:`robust_dfedavg` (median,             ``attacks.AttackData``
 """
 
 from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig
+from cbo_jax.federated.algorithms.cfl import CFLConfig, cfl
 from cbo_jax.federated.algorithms.dfedavgm import DFedAvgMConfig, dfedavgm
 from cbo_jax.federated.algorithms.fedavg import FedAvgConfig, fedavg
 from cbo_jax.federated.algorithms.fedcb2o import FedCB2OConfig, fedcb2o
@@ -32,9 +35,10 @@ from cbo_jax.federated.algorithms.fedsgld import FedPDConfig, FedSGLDConfig, fed
 from cbo_jax.federated.algorithms.ifca import IFCAConfig, ifca
 from cbo_jax.federated.algorithms.local_only import LocalConfig, local_only
 from cbo_jax.federated.algorithms.robust_dfedavg import RobustConfig, robust_dfedavg
+from cbo_jax.federated.algorithms.scaffold import ScaffoldConfig, scaffold
 from cbo_jax.federated.langevin import SGLDConfig
 
 __all__ = ["AgentData", "Algorithm", "BaselineConfig", "DFedAvgMConfig", "DittoConfig", "FedAvgConfig", "FedCB2OConfig", "FedCBOConfig",
            "FedOptConfig", "FedProxConfig", "FedPDConfig", "FedSGLDConfig", "IFCAConfig", "LocalConfig", "RobustConfig", "SGLDConfig", "dfedavgm", "fedavg", "fedcb2o",
            "fedcbo", "fedpd", "fedsgld", "ifca", "local_only", "robust_dfedavg",
-           "fedopt", "fedadam", "fedyogi", "fedprox", "ditto"]
+           "fedopt", "fedadam", "fedyogi", "fedprox", "ditto", "ScaffoldConfig", "scaffold", "CFLConfig", "cfl"]
