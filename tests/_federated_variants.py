@@ -19,9 +19,11 @@ import numpy as np
 
 from cbo_jax import models
 from cbo_jax.federated import attacks, metrics as fm, run
-from cbo_jax.federated.algorithms import (DFedAvgMConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig, FedPDConfig,
-                                          FedSGLDConfig, IFCAConfig, LocalConfig, SGLDConfig, dfedavgm, fedavg, fedcb2o,
-                                          fedcbo, fedpd, fedsgld, ifca, local_only)
+from cbo_jax.federated.algorithms import (DFedAvgMConfig, DittoConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
+                                          FedOptConfig, FedPDConfig, FedProxConfig, FedSGLDConfig, IFCAConfig,
+                                          LocalConfig, RobustConfig, SGLDConfig, dfedavgm, ditto, fedadam, fedavg,
+                                          fedcb2o, fedcbo, fedpd, fedprox, fedsgld, fedyogi, ifca, local_only,
+                                          robust_dfedavg)
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.mnist import MNIST
@@ -107,11 +109,18 @@ def _primal_dual(alg):
     return alg, data, [fm.round_stats], [fm.test_accuracy(LR_MODEL, data)], 12
 
 
-def _attack(alg, data, nb=None):
+def _attack(alg, data, nb=None, extra=()):
+    """``extra``: round metrics besides attack_selection (which the robust rules' infos, without
+    download weights, do not feed)."""
     ds = attack_dataset()
     cluster = ds.cluster if nb is None else ds.cluster[:nb]
     malicious = ds.malicious if nb is None else ds.malicious[:nb]
-    return alg, data, [fm.attack_selection(cluster, malicious)], [fm.attack_accuracy(TINY4, ds, cluster)], 13
+    return alg, data, [fm.attack_selection(cluster, malicious), *extra], [fm.attack_accuracy(TINY4, ds, cluster)], 13
+
+
+def _robust(cfg):
+    ds = attack_dataset()
+    return _attack(robust_dfedavg(TINY4, cfg, ds.cluster, ds.malicious), ds.attack_data(), extra=(fm.round_stats,))
 
 
 def variants() -> dict:
@@ -150,6 +159,16 @@ def variants() -> dict:
         "oracle_min": lambda: _attack(dfedavgm(TINY4, DFedAvgMConfig(M=3, local=ALOC), ds().cluster[:ds().num_benign],
                                                name="oracle_min"), ds().attack_data(attackers=False),
                                       ds().num_benign),
+        # v5 (issue 62): the baselines beside FedCBO and FedCB²O, each with numbers off its defaults
+        "fedprox": lambda: _clustered(fedprox(MODEL, FedProxConfig(local=LOC, mu=0.5, participation=0.7), n)),
+        "fedadam": lambda: _clustered(fedadam(MODEL, FedOptConfig(local=LOC, server_lr=0.05, beta1=0.8, beta2=0.95,
+                                                                  tau=1e-2), n)),
+        "fedyogi": lambda: _clustered(fedyogi(MODEL, FedOptConfig(local=LOC, server_lr=0.03, beta1=0.85, beta2=0.9,
+                                                                  tau=3e-3, participation=0.6), n)),
+        "ditto": lambda: _clustered(ditto(MODEL, DittoConfig(local=LOC, lam=0.5, participation=0.8), n)),
+        "dfedavg_median": lambda: _robust(RobustConfig(rule="median", M=4, agent_chunk=3, local=ALOC)),
+        "dfedavg_trimmed_mean": lambda: _robust(RobustConfig(rule="trimmed_mean", M=5, beta=0.34, local=ALOC)),
+        "dfedavg_krum": lambda: _robust(RobustConfig(rule="krum", M=5, f=1, m_select=2, local=ALOC)),
     }
 
 

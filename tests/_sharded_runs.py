@@ -113,6 +113,7 @@ for name in fv.variants():
     out[f"fed_{name}_vs_pinned_mesh8"] = worst(c8)
     out[f"fed_{name}_vs_single"] = worst(c1)
     out[f"fed_{name}_missing"] = sorted(set(c8["missing"]) - fv.DROPPED)
+    out[f"fed_{name}_pinned_arrays"] = len(c8["diffs"])
 
 print(f"federated variants: {time.perf_counter() - t_fed:.1f} s", file=sys.stderr)
 # FedCBO's downloads through the all_to_all exchange: the same run, no population gather.
@@ -156,7 +157,7 @@ frunner._pad_state = jax.jit(lambda state, layout: layout.pad_state(state), stat
 fpad.Layout.pad_state, AgentData.pad = poisoned_state, poisoned_agents
 try:
     for name in ("fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld", "fedcb2o_G",
-                 "oracle_max"):
+                 "oracle_max", "fedprox", "ditto", "dfedavg_krum"):
         s, h = fv.run_variant(name, mesh)
         ref_s, ref_h = runs[name]
         out[f"fed_{name}_poisoned"] = max([float(np.max(np.abs(np.nan_to_num(ref_s[k] - s[k])), initial=0))

@@ -23,7 +23,8 @@ over 100 steps) still held, so they depend on the JAX version alone (:func:`on_p
 Recording host per pin: a pin recorded later on another kind of CPU (the pinned federated run
 that FedCBO's draw from the participating agents moved, recorded on that Intel Xeon) is exact
 only on its own kind. :func:`host_kind` names a kind (``"amd-avx2"``: :data:`PINNED_HOST_KIND`,
-the kind above; ``"intel-avx512"``: that Xeon), a pin file stores the kind each run was
+the kind above; ``"intel-avx512"``: that Xeon; ``"amd-avx512"``: an AMD CPU with AVX-512, where
+the pins of the baselines added in issue 62 were recorded), a pin file stores the kind each run was
 recorded on, and ``on_pinned_stack(recorded_on=kind)`` asks for that kind instead of the default
 (a kind is taken, as above, to round like the host that recorded on it).
 """

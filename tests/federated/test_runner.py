@@ -25,7 +25,8 @@ import cbo_jax.federated as fl
 from cbo_jax.federated import padding
 from cbo_jax.writer import read_jsonl
 
-REGISTRY = ("fedcbo_egreedy_iso", "fedavg", "ifca", "local", "fedpd", "fedsgld", "fedcb2o_G", "oracle_max")
+REGISTRY = ("fedcbo_egreedy_iso", "fedavg", "ifca", "local", "fedpd", "fedsgld", "fedcb2o_G", "oracle_max",
+            "fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
 
 
 def _float_leaves(tree):
@@ -47,10 +48,12 @@ def _poison_data(padded, original):
     return padded._replace(**{last: _poison_data(getattr(padded, last), getattr(original, last))})
 
 
-# Seven of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD, Local, FedAvg
-# and IFCA, whose engine paths FedCBO's covers) run in CI's slow step, for the default run's
-# time budget.
-_SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld", "local", "fedavg", "ifca")
+# Thirteen of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD, Local, FedAvg
+# and IFCA, whose engine paths FedCBO's covers; FedProx, FedYogi and Ditto, whose paths FedAdam's
+# and FedAvg's cover but for the proximal term and the personal models; the robust rules, beside
+# DFedAvgM's) run in CI's slow step, for the default run's time budget.
+_SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld", "local", "fedavg", "ifca", "fedprox", "fedyogi",
+                  "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_CONTRACT else n
@@ -103,8 +106,10 @@ def test_pinned_runs_equal_the_pinned_code(name, optimized_xla):
 
 
 # Where each pinned run was recorded (tests/pinned/README.md): FedCBO's one run with partial
-# participation on an Intel Xeon with AVX-512, the others on the pins' AMD kind.
-RECORDED_ELSEWHERE = {"fedcbo_egreedy_iso": "intel-avx512"}
+# participation on an Intel Xeon with AVX-512 (v4), the baselines of issue 62 on an AMD CPU with
+# AVX-512 (v5), the others on the pins' AMD kind (AVX2).
+V5_RUNS = ("fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
+RECORDED_ELSEWHERE = {"fedcbo_egreedy_iso": "intel-avx512", **dict.fromkeys(V5_RUNS, "amd-avx512")}
 
 
 def test_the_pins_say_where_each_run_was_recorded():
@@ -113,6 +118,7 @@ def test_the_pins_say_where_each_run_was_recorded():
     assert {k for k in pins.files if k.startswith("meta/")} == {f"meta/{r}/recorded_on" for r in runs}
     for r in runs:
         assert fv.recorded_on(r) == RECORDED_ELSEWHERE.get(r, "amd-avx2"), r
+    assert runs == set(fv.variants())  # every variant has its pin, and every pin its variant
 
 
 def test_host_kinds():
@@ -129,6 +135,7 @@ def test_host_kinds():
 def _check_pinned(name):
     s, h = fv.run_variant(name)
     c = fv.compare(name, "single", s, h, np.load(fv.PINNED))
+    assert c["diffs"], f"{name} has no pinned run in {fv.PINNED.name}"  # else there is nothing to compare
     assert set(c["missing"]) <= fv.DROPPED, c["missing"]
     atol = fv.pinned_atol(fv.recorded_on(name))
     for key, d in c["diffs"].items():
