@@ -1,8 +1,9 @@
 """The ``cbo-jax`` command (``python -m cbo_jax.cli``).
 
     cbo-jax optimize --objective rastrigin --dim 20 [options]
-    cbo-jax run fedcbo|fedavg|ifca|local [options | --config FILE]   (--help: the algorithm's options)
-    cbo-jax sweep fedcbo|fedavg|ifca|local --alpha 1,10,100 [options]  (a grid as one program)
+    cbo-jax run ALGORITHM [options | --config FILE]   (fedcbo, fedavg, ifca, local, fedprox, fedopt, ditto,
+                                                      scaffold, cfl; --help: the algorithm's options)
+    cbo-jax sweep ALGORITHM --alpha 1,10,100 [options]  (a grid of its numbers as one program)
     cbo-jax demo [--rounds R]
     cbo-jax --version
     cbo-jax reproduce --list

@@ -34,15 +34,18 @@ from cbo_jax.federated import data as fdata
 from cbo_jax.federated import datasets as fdatasets
 from cbo_jax.federated import metrics as fm
 from cbo_jax.federated import mnist
-from cbo_jax.federated.algorithms import (FedAvgConfig, FedCBOConfig, IFCAConfig, LocalConfig, fedavg, fedcbo, ifca,
-                                          local_only)
+from cbo_jax.federated.algorithms import (CFLConfig, DittoConfig, FedAvgConfig, FedCBOConfig, FedOptConfig, FedProxConfig,
+                                          IFCAConfig, LocalConfig, ScaffoldConfig, cfl, ditto, fedavg, fedcbo, fedopt,
+                                          fedprox, ifca, local_only, scaffold)
 from cbo_jax.federated.runner import ON_DIVERGED, RunResult, finished, model_record, run
 from cbo_jax.runtime.writer import json_safe, stable_text, to_python
 
 __all__ = ["ALGORITHMS", "FLAT_SECTIONS", "RotatedMNISTConfig", "RunOptions", "experiment_class", "default_config",
            "load_data", "resolve_data", "model_of", "build", "run_experiment", "comparison", "replace"]
 
-ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig}
+ALGORITHMS = {"fedcbo": FedCBOConfig, "fedavg": FedAvgConfig, "ifca": IFCAConfig, "local": LocalConfig,
+              "fedprox": FedProxConfig, "fedopt": FedOptConfig, "ditto": DittoConfig, "scaffold": ScaffoldConfig,
+              "cfl": CFLConfig}
 
 # The sections of an experiment config whose fields are top-level flags (--M, --rounds) and top-level
 # names of a flat --config file; the data's keep their section (--data.agents).
@@ -261,7 +264,8 @@ def build(cfg, num_agents: int, mesh=None):
 
             downloads = exchange_downloads(mesh)
         return model, fedcbo(model, cfg.config, num_agents, downloads=downloads)
-    builder = {"fedavg": fedavg, "ifca": ifca, "local": local_only}[cfg.algorithm]
+    builder = {"fedavg": fedavg, "ifca": ifca, "local": local_only, "fedprox": fedprox, "fedopt": fedopt,
+               "ditto": ditto, "scaffold": scaffold, "cfl": cfl}[cfg.algorithm]
     return model, builder(model, cfg.config, num_agents)
 
 
