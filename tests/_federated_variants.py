@@ -19,11 +19,11 @@ import numpy as np
 
 from cbo_jax import models
 from cbo_jax.federated import attacks, metrics as fm, run
-from cbo_jax.federated.algorithms import (DFedAvgMConfig, DittoConfig, FedAvgConfig, FedCB2OConfig, FedCBOConfig,
-                                          FedOptConfig, FedPDConfig, FedProxConfig, FedSGLDConfig, IFCAConfig,
-                                          LocalConfig, RobustConfig, SGLDConfig, dfedavgm, ditto, fedadam, fedavg,
-                                          fedcb2o, fedcbo, fedpd, fedprox, fedsgld, fedyogi, ifca, local_only,
-                                          robust_dfedavg)
+from cbo_jax.federated.algorithms import (CFLConfig, DFedAvgMConfig, DittoConfig, FedAvgConfig, FedCB2OConfig,
+                                          FedCBOConfig, FedOptConfig, FedPDConfig, FedProxConfig, FedSGLDConfig,
+                                          IFCAConfig, LocalConfig, RobustConfig, ScaffoldConfig, SGLDConfig, cfl,
+                                          dfedavgm, ditto, fedadam, fedavg, fedcb2o, fedcbo, fedpd, fedprox, fedsgld,
+                                          fedyogi, ifca, local_only, robust_dfedavg, scaffold)
 from cbo_jax.federated.data import FederatedData
 from cbo_jax.federated.local import LocalSGDConfig
 from cbo_jax.federated.mnist import MNIST
@@ -169,6 +169,14 @@ def variants() -> dict:
         "dfedavg_median": lambda: _robust(RobustConfig(rule="median", M=4, agent_chunk=3, local=ALOC)),
         "dfedavg_trimmed_mean": lambda: _robust(RobustConfig(rule="trimmed_mean", M=5, beta=0.34, local=ALOC)),
         "dfedavg_krum": lambda: _robust(RobustConfig(rule="krum", M=5, f=1, m_select=2, local=ALOC)),
+        # v6 (issue 62): SCAFFOLD with LOC's momentum 0.9 (option II's heavy-ball step weights W_j, unequal
+        # K_j = 4 or 6 steps), and CFL splitting once, in round 2 (index 1): in round 1 its one cluster
+        # meets ε1 and ε2 but warmup holds it; in round 3 neither cluster meets both; the non-participant
+        # of round 2 (agent 9) stays in cluster 0: 2 of the 3 slots used (tests/pinned/README.md, v6)
+        "scaffold": lambda: _clustered(scaffold(MODEL, ScaffoldConfig(local=LOC, server_lr=0.7, participation=0.75),
+                                                n)),
+        "cfl": lambda: _clustered(cfl(MODEL, CFLConfig(local=LOC, eps1=0.35, eps2=0.7, max_clusters=3, warmup=1,
+                                                       participation=0.8), n)),
     }
 
 

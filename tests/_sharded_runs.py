@@ -157,7 +157,7 @@ frunner._pad_state = jax.jit(lambda state, layout: layout.pad_state(state), stat
 fpad.Layout.pad_state, AgentData.pad = poisoned_state, poisoned_agents
 try:
     for name in ("fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld", "fedcb2o_G",
-                 "oracle_max", "fedprox", "ditto", "dfedavg_krum"):
+                 "oracle_max", "fedprox", "ditto", "dfedavg_krum", "scaffold", "cfl"):
         s, h = fv.run_variant(name, mesh)
         ref_s, ref_h = runs[name]
         out[f"fed_{name}_poisoned"] = max([float(np.max(np.abs(np.nan_to_num(ref_s[k] - s[k])), initial=0))

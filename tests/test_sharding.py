@@ -55,7 +55,7 @@ def test_sharded_equals_unsharded(sharded_results, name):
 VARIANTS = ("fedcbo_egreedy_iso", "fedcbo_uniform_aniso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedpd",
             "noisy_fedpd", "fedsgld", "fedsgld_cold", "fedcb2o_G", "fedcb2o_self", "fedcb2o_loss", "oracle_max",
             "oracle_min", "fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean",
-            "dfedavg_krum")
+            "dfedavg_krum", "scaffold", "cfl")
 
 
 @pytest.mark.slow
@@ -73,7 +73,7 @@ def test_federated_runs_sharded_equal_the_pinned_runs(sharded_results, name, opt
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["fedcbo_egreedy_iso", "fedcbo_probsampling", "fedavg", "ifca", "local", "fedsgld",
-                                  "fedcb2o_G", "oracle_max", "fedprox", "ditto", "dfedavg_krum"])
+                                  "fedcb2o_G", "oracle_max", "fedprox", "ditto", "dfedavg_krum", "scaffold", "cfl"])
 def test_padding_agents_never_count(sharded_results, name):
     # Padding agents given data (full counts) and garbage models change nothing: they are
     # never selected, downloaded, averaged or counted in a metric.

@@ -26,7 +26,8 @@ from cbo_jax.federated import padding
 from cbo_jax.writer import read_jsonl
 
 REGISTRY = ("fedcbo_egreedy_iso", "fedavg", "ifca", "local", "fedpd", "fedsgld", "fedcb2o_G", "oracle_max",
-            "fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
+            "fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum",
+            "scaffold", "cfl")
 
 
 def _float_leaves(tree):
@@ -48,12 +49,12 @@ def _poison_data(padded, original):
     return padded._replace(**{last: _poison_data(getattr(padded, last), getattr(original, last))})
 
 
-# Thirteen of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD, Local, FedAvg
+# Fifteen of them (FedCB²O and DFedAvgM with attackers, the longest; FedPD, FedSGLD, Local, FedAvg
 # and IFCA, whose engine paths FedCBO's covers; FedProx, FedYogi and Ditto, whose paths FedAdam's
 # and FedAvg's cover but for the proximal term and the personal models; the robust rules, beside
-# DFedAvgM's) run in CI's slow step, for the default run's time budget.
+# DFedAvgM's; SCAFFOLD and CFL, v6) run in CI's slow step, for the default run's time budget.
 _SLOW_CONTRACT = ("fedcb2o_G", "oracle_max", "fedpd", "fedsgld", "local", "fedavg", "ifca", "fedprox", "fedyogi",
-                  "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
+                  "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum", "scaffold", "cfl")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW_CONTRACT else n
@@ -107,9 +108,10 @@ def test_pinned_runs_equal_the_pinned_code(name, optimized_xla):
 
 # Where each pinned run was recorded (tests/pinned/README.md): FedCBO's one run with partial
 # participation on an Intel Xeon with AVX-512 (v4), the baselines of issue 62 on an AMD CPU with
-# AVX-512 (v5), the others on the pins' AMD kind (AVX2).
+# AVX-512 (v5, and SCAFFOLD and CFL in v6), the others on the pins' AMD kind (AVX2).
 V5_RUNS = ("fedprox", "fedadam", "fedyogi", "ditto", "dfedavg_median", "dfedavg_trimmed_mean", "dfedavg_krum")
-RECORDED_ELSEWHERE = {"fedcbo_egreedy_iso": "intel-avx512", **dict.fromkeys(V5_RUNS, "amd-avx512")}
+V6_RUNS = ("scaffold", "cfl")
+RECORDED_ELSEWHERE = {"fedcbo_egreedy_iso": "intel-avx512", **dict.fromkeys(V5_RUNS + V6_RUNS, "amd-avx512")}
 
 
 def test_the_pins_say_where_each_run_was_recorded():
