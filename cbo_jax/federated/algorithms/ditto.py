@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
-                                               per_agent_fields)
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, broadcast, per_agent_fields
+from cbo_jax.federated.algorithms.fedavg import trained_average, where_any
 from cbo_jax.federated.local import local_train
 from cbo_jax.models import Model
 
@@ -74,20 +73,14 @@ def ditto(model: Model, cfg: DittoConfig, num_agents: int) -> Algorithm:
     def round_fn(state: DittoState, data: AgentData):
         key, k_part, k_local, k_pers = jax.random.split(state.key, 4)
         n = data.counts.shape[0]
-        active = participants(k_part, data.agent_mask, cfg.participation)
-        start = broadcast(state.params, n)
-        trained = local_train(model, cfg.local, start, None, data, k_local)
-        personal = local_train(model, cfg.local, state.personal, None, data, k_pers, prox=(cfg.lam, start))
+        avg = trained_average(model, cfg, state.params, data, k_part, k_local)  # the global model: FedAvg's
+        personal = local_train(model, cfg.local, state.personal, None, data, k_pers,
+                               prox=(cfg.lam, broadcast(state.params, n)))
         keep_personal = jax.tree_util.tree_map(  # agents outside G_n keep their personal models
-            lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), personal.params,
+            lambda new, old: jnp.where(avg.active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), personal.params,
             state.personal)
-        clean, finite = pop.zero_nonfinite_rows(trained.params)
-        weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
-        averaged = pop.weighted_average(clean, weights)
-        params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
-                                        state.params)
-        return (DittoState(params, keep_personal, state.round + 1, key),
-                DittoInfo(active, trained.loss, personal.loss, active & ~finite))
+        return (DittoState(where_any(avg.any_ok, avg.average, state.params), keep_personal, state.round + 1, key),
+                DittoInfo(avg.active, avg.trained.loss, personal.loss, avg.diverged))
 
     return Algorithm("ditto", init, round_fn, lambda s: ("agent", s.personal), cfg, model=model, num_agents=num_agents,
                      build=lambda c: ditto(model, c, num_agents))

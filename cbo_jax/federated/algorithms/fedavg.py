@@ -26,7 +26,7 @@ from cbo_jax.models import Model
 
 PyTree = Any
 
-__all__ = ["FedAvgConfig", "FedAvgState", "FedAvgInfo", "fedavg"]
+__all__ = ["FedAvgConfig", "FedAvgState", "FedAvgInfo", "Averaged", "fedavg", "trained_average", "where_any"]
 
 
 class FedAvgConfig(BaselineConfig):
@@ -46,6 +46,36 @@ class FedAvgInfo(NamedTuple):
     diverged: jax.Array | None = None  # (N,) agents of G_n whose trained model held a NaN or an infinity (weight 0)
 
 
+class Averaged(NamedTuple):
+    """What the server of FedAvg and its variants (FedProx, FedOpt, Ditto's global model) gets
+    from one round of local training (:func:`trained_average`)."""
+
+    active: jax.Array  # (N,) agents in G_n
+    trained: Any  # the local training's LocalResult (params, opt_state, loss)
+    diverged: jax.Array  # (N,) agents of G_n whose trained model holds a NaN or an infinity (weight 0)
+    any_ok: jax.Array  # some agent of G_n has a finite trained model
+    average: PyTree  # Σ n_j θ_j / Σ n_j over the finite trained models of G_n (zeros with none)
+
+
+def trained_average(model: Model, cfg: BaselineConfig, params: PyTree, data: AgentData, k_part: jax.Array,
+                    k_local: jax.Array, prox_mu: Any = None) -> Averaged:
+    """``G_n`` drawn with ``k_part``; every agent trains from the global model ``params`` (with
+    ``prox_mu``, FedProx's proximal term towards it) with ``k_local``; the average of the finite
+    trained models of ``G_n`` weighted by the agents' numbers of samples."""
+    active = participants(k_part, data.agent_mask, cfg.participation)
+    start = broadcast(params, data.counts.shape[0])
+    prox = None if prox_mu is None else (prox_mu, start)
+    trained = local_train(model, cfg.local, start, None, data, k_local, prox=prox)
+    clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN
+    weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
+    return Averaged(active, trained, active & ~finite, jnp.sum(weights) > 0, pop.weighted_average(clean, weights))
+
+
+def where_any(ok: jax.Array, new: PyTree, old: PyTree) -> PyTree:
+    """``new`` where ``ok`` (a scalar), else ``old``: a round with no finite model keeps the old one."""
+    return jax.tree_util.tree_map(lambda a, b: jnp.where(ok, a, b), new, old)
+
+
 def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
     """FedAvg as a pure ``(init, round)`` pair for ``num_agents`` agents; the state holds
     the one global model."""
@@ -57,15 +87,9 @@ def fedavg(model: Model, cfg: FedAvgConfig, num_agents: int) -> Algorithm:
 
     def round_fn(state: FedAvgState, data: AgentData):
         key, k_part, k_local = jax.random.split(state.key, 3)
-        active = participants(k_part, data.agent_mask, cfg.participation)
-        start = broadcast(state.params, data.counts.shape[0])
-        trained = local_train(model, cfg.local, start, None, data, k_local)
-        clean, finite = pop.zero_nonfinite_rows(trained.params)  # 0 · NaN would be NaN
-        weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
-        averaged = pop.weighted_average(clean, weights)
-        params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
-                                        state.params)
-        return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)
+        avg = trained_average(model, cfg, state.params, data, k_part, k_local)
+        return (FedAvgState(where_any(avg.any_ok, avg.average, state.params), state.round + 1, key),
+                FedAvgInfo(avg.active, avg.trained.loss, avg.diverged))
 
     return Algorithm("fedavg", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
                      cfg, model=model, num_agents=num_agents, build=lambda c: fedavg(model, c, num_agents))

@@ -24,10 +24,8 @@ import jax.numpy as jnp
 import optax
 
 from cbo_jax import _checks
-from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import (AgentData, Algorithm, BaselineConfig, broadcast, participants,
-                                               per_agent_fields)
-from cbo_jax.federated.local import local_train
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, per_agent_fields
+from cbo_jax.federated.algorithms.fedavg import trained_average, where_any
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -99,18 +97,12 @@ def fedopt(model: Model, cfg: FedOptConfig, num_agents: int, name: str | None = 
 
     def round_fn(state: FedOptState, data: AgentData):
         key, k_part, k_local = jax.random.split(state.key, 3)  # as FedAvg: the same local training
-        active = participants(k_part, data.agent_mask, cfg.participation)
-        trained = local_train(model, cfg.local, broadcast(state.params, data.counts.shape[0]), None, data, k_local)
-        clean, finite = pop.zero_nonfinite_rows(trained.params)
-        weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
-        averaged = pop.weighted_average(clean, weights)
-        grad = jax.tree_util.tree_map(lambda x, a: (x - a).astype(x.dtype), state.params, averaged)  # -Δ
+        avg = trained_average(model, cfg, state.params, data, k_part, k_local)
+        grad = jax.tree_util.tree_map(lambda x, a: (x - a).astype(x.dtype), state.params, avg.average)  # -Δ
         updates, new_opt = opt.update(grad, state.opt_state, state.params)
         stepped = optax.apply_updates(state.params, updates)
-        any_ok = jnp.sum(weights) > 0
-        keep = lambda new, old: jax.tree_util.tree_map(lambda a, b: jnp.where(any_ok, a, b), new, old)  # noqa: E731
-        return (FedOptState(keep(stepped, state.params), keep(new_opt, state.opt_state), state.round + 1, key),
-                FedOptInfo(active, trained.loss, active & ~finite))
+        return (FedOptState(where_any(avg.any_ok, stepped, state.params), where_any(avg.any_ok, new_opt, state.opt_state),
+                            state.round + 1, key), FedOptInfo(avg.active, avg.trained.loss, avg.diverged))
 
     return Algorithm(name or f"fed{cfg.server}", init, round_fn,
                      lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)), cfg, model=model,

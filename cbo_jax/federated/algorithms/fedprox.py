@@ -19,10 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from cbo_jax import _checks
-from cbo_jax import population as pop
-from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig, broadcast, participants
-from cbo_jax.federated.algorithms.fedavg import FedAvgInfo, FedAvgState
-from cbo_jax.federated.local import local_train
+from cbo_jax.federated.algorithms.base import AgentData, Algorithm, BaselineConfig
+from cbo_jax.federated.algorithms.fedavg import FedAvgInfo, FedAvgState, trained_average, where_any
 from cbo_jax.models import Model
 
 PyTree = Any
@@ -55,15 +53,9 @@ def fedprox(model: Model, cfg: FedProxConfig, num_agents: int) -> Algorithm:
 
     def round_fn(state: FedAvgState, data: AgentData):
         key, k_part, k_local = jax.random.split(state.key, 3)
-        active = participants(k_part, data.agent_mask, cfg.participation)
-        start = broadcast(state.params, data.counts.shape[0])
-        trained = local_train(model, cfg.local, start, None, data, k_local, prox=(cfg.mu, start))
-        clean, finite = pop.zero_nonfinite_rows(trained.params)
-        weights = jnp.where(active & finite, data.counts, 0).astype(jnp.float32)
-        averaged = pop.weighted_average(clean, weights)
-        params = jax.tree_util.tree_map(lambda new, old: jnp.where(jnp.sum(weights) > 0, new, old), averaged,
-                                        state.params)
-        return FedAvgState(params, state.round + 1, key), FedAvgInfo(active, trained.loss, active & ~finite)
+        avg = trained_average(model, cfg, state.params, data, k_part, k_local, prox_mu=cfg.mu)
+        return (FedAvgState(where_any(avg.any_ok, avg.average, state.params), state.round + 1, key),
+                FedAvgInfo(avg.active, avg.trained.loss, avg.diverged))
 
     return Algorithm("fedprox", init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.params)),
                      cfg, model=model, num_agents=num_agents, build=lambda c: fedprox(model, c, num_agents))
