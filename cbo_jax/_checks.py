@@ -38,6 +38,11 @@ def swept(value: Any) -> bool:
     return isinstance(value, jax.core.Tracer) and _SWEPT.get()
 
 
+def float_or_swept(value: Any) -> Any:
+    """``float(value)``, or a sweep's traced number as it is (:func:`swept`)."""
+    return value if swept(value) else float(value)
+
+
 def finite_number(name: str, value: Any, *, f32: bool = False) -> float:
     """A finite real number (not a string, not a bool); with ``f32``, also within float32's range."""
     if swept(value):

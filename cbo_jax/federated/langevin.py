@@ -150,9 +150,10 @@ class SGLDConfig:
             raise ValueError("clipping='per_sample' needs a clip_norm (C); got clip_norm=None")
 
     def spec(self) -> OracleSpec:
-        return OracleSpec(self.steps, self.burn_in, float(self.lr), float(self.noise),
-                          None if self.clip_norm is None else float(self.clip_norm), float(self.sampling_rate),
-                          bool(self.decay), self.average, float(self.avg_decay), self.clipping)
+        num = _checks.float_or_swept  # a sweep's traced numbers stay traced (cbo_jax.federated.sweep)
+        return OracleSpec(self.steps, self.burn_in, num(self.lr), num(self.noise),
+                          None if self.clip_norm is None else num(self.clip_norm), num(self.sampling_rate),
+                          bool(self.decay), self.average, num(self.avg_decay), self.clipping)
 
 
 class OracleResult(NamedTuple):
@@ -228,7 +229,7 @@ def sgld_oracle(grad_fn: Callable[[PyTree, jax.Array], PyTree], x: PyTree, key: 
             clipped = jnp.maximum(clipped, batch_clipped.astype(jnp.float32)) if has_aux else batch_clipped
             h, _ = clip.update(h, optax.EmptyState())
         x = jax.tree_util.tree_map(lambda a, g: a - eta.astype(a.dtype) * g, x, h)
-        if spec.noise > 0:
+        if _checks.swept(spec.noise) or spec.noise > 0:  # a swept ε of 0 adds 0
             scale = jnp.sqrt(eta) * spec.noise
             x = jax.tree_util.tree_map(lambda a, z: a + scale.astype(a.dtype) * z, x, _normal_tree(k_noise, x))
         if spec.average == "last":

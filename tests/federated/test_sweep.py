@@ -110,9 +110,8 @@ def test_bad_grids_are_refused_naming_the_field_or_the_point(tmp_path):
     with pytest.raises(ValueError, match="without checkpoints.*checkpoint_every"):
         fl.run(alg, data, 1, key, params={"alpha": [1.0]}, out=tmp_path, checkpoint_every=1, progress=False)
     assert not list(tmp_path.iterdir())  # refused before anything is written
-    sgld = fl.fedsgld(fv.LR_MODEL, fl.FedSGLDConfig(oracle=fv.ORACLE), 13)
-    with pytest.raises(ValueError, match="fedsgld cannot be rebuilt"):
-        fl.run(sgld, fv.synthetic_data(), 1, key, params={"gamma": [1.0]}, progress=False)
+    with pytest.raises(ValueError, match="fedcbo cannot be rebuilt"):  # an Algorithm of one's own without `build`
+        fl.run(alg._replace(build=None), data, 1, key, params={"alpha": [1.0]}, progress=False)
 
 
 def test_a_field_that_chooses_the_program_is_refused_naming_it():
@@ -163,3 +162,27 @@ def test_a_sweep_of_fedcb2o_under_attack():
                                                                kappa=grid["kappa"][idx[1]]), ds.cluster, ds.malicious),
                      ds.attack_data(), 2, jax.random.key(3), progress=False)
         assert _max_diff(jax.tree_util.tree_map(lambda x: x[idx], res.state.params), one.state.params) <= 1e-5
+
+
+@pytest.mark.slow
+def test_a_sweep_of_fedsgld_and_fedpd():
+    """FedSGLD's γ and its oracle's step and noise (ε = 0 included: a separate run then draws no
+    noise), FedPD's γ and step: each point is its own run."""
+    data = fv.synthetic_data()
+    cfg = fl.FedSGLDConfig(oracle=fv.ORACLE, gamma=2.0, server_momentum=0.3, warm_start=True)
+    alg = fl.fedsgld(fv.LR_MODEL, cfg, 13)
+    grid = {"gamma": [1.0, 2.0], "oracle.lr": [0.02, 0.05], "oracle.noise": [0.0, 0.3]}
+    res = fl.run(alg, data, 2, jax.random.key(4), params=grid, progress=False)
+    for idx in [(0, 1, 0), (1, 0, 1)]:
+        point = dataclasses.replace(cfg, gamma=grid["gamma"][idx[0]], oracle=dataclasses.replace(
+            cfg.oracle, lr=grid["oracle.lr"][idx[1]], noise=grid["oracle.noise"][idx[2]]))
+        one = fl.run(fl.fedsgld(fv.LR_MODEL, point, 13), data, 2, jax.random.key(4), progress=False)
+        assert _max_diff(jax.tree_util.tree_map(lambda x: x[idx], res.state.server), one.state.server) <= 1e-5
+    pd_cfg = fl.FedPDConfig(local_steps=5, lr=0.05, gamma=2.0, sampling_rate=0.5)
+    pd = fl.fedpd(fv.LR_MODEL, pd_cfg, 13)
+    res = fl.run(pd, data, 2, jax.random.key(5), params={"gamma": [1.0, 3.0], "lr": [0.05]}, progress=False)
+    one = fl.run(fl.fedpd(fv.LR_MODEL, dataclasses.replace(pd_cfg, gamma=3.0), 13), data, 2, jax.random.key(5),
+                 progress=False)
+    assert _max_diff(jax.tree_util.tree_map(lambda x: x[1, 0], res.state.server), one.state.server) <= 1e-5
+    with pytest.raises(sweep.NotSweepableError, match="sampling_rate"):  # q >= 1 chooses the full batch
+        fl.run(pd, data, 1, jax.random.key(5), params={"sampling_rate": [0.5, 1.0]}, progress=False)

@@ -147,8 +147,9 @@ class FedPDConfig:
         return 0.0
 
     def spec(self) -> OracleSpec:
-        return OracleSpec(self.local_steps, self.local_steps, float(self.lr), float(self.noise),
-                          None if self.clip_norm is None else float(self.clip_norm), float(self.sampling_rate),
+        num = _checks.float_or_swept
+        return OracleSpec(self.local_steps, self.local_steps, num(self.lr), num(self.noise),
+                          None if self.clip_norm is None else num(self.clip_norm), num(self.sampling_rate),
                           False, "last", 0.0)
 
 
@@ -183,7 +184,7 @@ class PrimalDualInfo(NamedTuple):
 def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
     n = _checks.positive_int("num_agents", num_agents)
     spec = cfg.spec()
-    gamma, dual_lr, beta = float(cfg.gamma), float(cfg.dual_lr), float(cfg.server_momentum)
+    gamma, dual_lr, beta = (_checks.float_or_swept(v) for v in (cfg.gamma, cfg.dual_lr, cfg.server_momentum))
 
     def init(key):
         k_model, k_state = jax.random.split(key)
@@ -226,10 +227,8 @@ def _primal_dual(name: str, model: Model, cfg, num_agents: int) -> Algorithm:
         new = PrimalDualState(res.last, lam, broadcast(x0_bcast, rows), x0_new, state.round + 1, key)
         return new, PrimalDualInfo(train_loss, res.clipped, bad)
 
-    def eval_models(state):
-        return "server", jax.tree_util.tree_map(lambda leaf: leaf[None], state.server)
-
-    return Algorithm(name, init, round_fn, eval_models, cfg, model=model)
+    return Algorithm(name, init, round_fn, lambda s: ("server", jax.tree_util.tree_map(lambda a: a[None], s.server)),
+                     cfg, model=model, build=lambda c: _primal_dual(name, model, c, n))
 
 
 def fedsgld(model: Model, cfg: FedSGLDConfig, num_agents: int) -> Algorithm:
