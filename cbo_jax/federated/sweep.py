@@ -18,9 +18,11 @@ measures both).
 is their outer product, its axes in the order given. Only ``float`` fields are swept: an
 ``int`` sets array shapes (``M``, ``epochs``, ``batch_size``) and a string the program's
 structure, so a loop of runs is the way to vary them. A float field that the algorithm reads on
-the host to choose its program (``participation < 1`` draws ``G_n``; a momentum of 0 builds
-plain SGD) cannot be traced either: the run refuses it naming the field. Every point's config
-is built and checked on the host first, so a value out of range is refused naming the point.
+the host to choose its program (``participation < 1`` draws ``G_n``; a Poisson sampling rate of
+1 takes the full batch) cannot be traced either: the run refuses it naming the field. A term
+that a value of 0 leaves out of a single run (a momentum, the noise σ1 or ε) stays in a sweep's
+program with a weight that may be 0. Every point's config is built and checked on the host
+first, so a value out of range is refused naming the point.
 """
 
 from __future__ import annotations
