@@ -82,6 +82,15 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _add_file_arguments(q, command: str) -> None:
+    """The options ``cbo-jax run ALGORITHM`` and ``cbo-jax sweep ALGORITHM`` share first: --config,
+    --output (default results/COMMAND-ALGORITHM) and --no-progress."""
+    q.add_argument("--config", type=Path, default=None,
+                   help="JSON file of options: nested as config.json records them, or flat names")
+    q.add_argument("--output", type=Path, default=None, help=f"results directory (default results/{command}-ALGORITHM)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
+
+
 def _add_run(sub) -> None:
     from cbo_jax.cli.flags import add_run_arguments
     from cbo_jax.experiments.federated import ALGORITHMS
@@ -95,10 +104,7 @@ def _add_run(sub) -> None:
     for name in ALGORITHMS:
         q = algs.add_parser(name, help=f"run {name}", description=f"Run {name} on rotated MNIST. Options override "
                             "--config; nested options are written section.field (--local.lr).")
-        q.add_argument("--config", type=Path, default=None,
-                       help="JSON file of options: nested as config.json records them, or flat names")
-        q.add_argument("--output", type=Path, default=None, help="results directory (default results/run-ALGORITHM)")
-        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
+        _add_file_arguments(q, "run")
         q.add_argument("--resume", action="store_true",
                        help="continue from OUTPUT/checkpoint (written with --checkpoint-every N) when it exists; "
                             "refused when the checkpoint belongs to another configuration, seed or data")
@@ -149,10 +155,7 @@ def _add_sweep(sub) -> None:
     for name in ALGORITHMS:
         q = algs.add_parser(name, help=f"sweep {name}", description=f"Sweep {name}'s numbers on rotated MNIST (or "
                             "--dataset). A comma-separated list makes an option an axis of the grid.")
-        q.add_argument("--config", type=Path, default=None,
-                       help="JSON file of options: nested as config.json records them, or flat names")
-        q.add_argument("--output", type=Path, default=None, help="results directory (default results/sweep-ALGORITHM)")
-        q.add_argument("--no-progress", action="store_true", help="no progress bar (the results are the same)")
+        _add_file_arguments(q, "sweep")
         q.add_argument("--overwrite", action="store_true", help="replace the results already in OUTPUT")
         q.set_defaults(func=_cmd_sweep, run_flags=add_run_arguments(q, name))
 
